@@ -1,0 +1,252 @@
+"""Leaf names and name-based masks.
+
+Every leaf of a pytree gets a *name*: its tree path rendered as a string, with
+dict keys, attribute names and sequence indices joined by ``/``. A Flax linen
+bias is ``params/Dense_0/bias``, a Haiku bias ``mlp/~/linear_0/b`` and a leaf of
+a flat MXNet-style dict ``fc1_weight``.
+
+A :class:`Mask` is a rule on ``(name, leaf)``. Calling it on a pytree returns a
+pytree of Python ``bool`` with the same structure, so it can be passed wherever
+optax takes a mask (``optax.masked``, ``optax.add_decayed_weights(mask=...)``)
+and to this library's ``skip`` arguments. Masks combine with ``|``, ``&`` and
+``~``. Because the result is made of Python bools (decided from names, shapes
+and dtypes, all static under ``jit``), masked-out leaves cost nothing at run
+time.
+
+Presets name the parameters that the original optimizers exclude from the LARS
+trust ratio: :data:`MXNET_SKIP` (names ending in ``gamma``, ``beta`` or
+``bias``), :data:`FLAX_SKIP` (norm ``scale``/``bias`` and every ``bias``) and
+:data:`HAIKU_SKIP` (``b``, ``scale``, ``offset``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, Union
+
+import jax
+import numpy as np
+from jax import tree_util as jtu
+
+__all__ = [
+    "Mask",
+    "MaskLike",
+    "leaf_names",
+    "named_leaves",
+    "resolve_mask",
+    "by_suffix",
+    "by_substring",
+    "by_regex",
+    "by_leaf_name",
+    "by_predicate",
+    "by_ndim",
+    "everything",
+    "nothing",
+    "MXNET_SKIP",
+    "FLAX_SKIP",
+    "HAIKU_SKIP",
+]
+
+
+def _key_str(key: Any) -> str:
+  """Renders one path entry (dict key, attribute, index) as a string."""
+  if isinstance(key, jtu.DictKey):
+    return str(key.key)
+  if isinstance(key, jtu.GetAttrKey):
+    return key.name
+  if isinstance(key, jtu.SequenceKey):
+    return str(key.idx)
+  if isinstance(key, jtu.FlattenedIndexKey):
+    return str(key.key)
+  # Custom key types (e.g. Flax nnx paths) render through their own str().
+  name = getattr(key, "key", getattr(key, "name", key))
+  return str(name)
+
+
+def path_to_name(path: tuple[Any, ...]) -> str:
+  """Joins a ``jax.tree_util`` key path into a ``/``-separated name."""
+  return "/".join(_key_str(k) for k in path)
+
+
+def named_leaves(tree: Any) -> list[tuple[str, Any]]:
+  """Returns ``[(name, leaf), ...]`` in ``jax.tree.leaves`` order."""
+  flat, _ = jtu.tree_flatten_with_path(tree)
+  return [(path_to_name(path), leaf) for path, leaf in flat]
+
+
+def leaf_names(tree: Any) -> Any:
+  """Returns a pytree like ``tree`` whose leaves are the leaf names.
+
+  >>> leaf_names({"params": {"Dense_0": {"bias": 0, "kernel": 0}}})
+  {'params': {'Dense_0': {'bias': 'params/Dense_0/bias', 'kernel': 'params/Dense_0/kernel'}}}
+  """
+  return jtu.tree_map_with_path(lambda path, _: path_to_name(path), tree)
+
+
+Rule = Callable[[str, Any], Any]
+
+
+class Mask:
+  """A name-based rule that turns a pytree into a pytree of bools.
+
+  ``mask(tree)`` evaluates ``rule(name, leaf)`` for every leaf and returns a
+  pytree with the structure of ``tree`` and Python ``bool`` leaves. Combine
+  masks with ``|`` (either), ``&`` (both) and ``~`` (not).
+
+  Args:
+    rule: called with the leaf name and the leaf; must return something
+      ``bool()`` can convert without looking at array values (use the name,
+      ``leaf.ndim``, ``leaf.shape`` or ``leaf.dtype``: under ``jit`` the leaf
+      is a tracer).
+    description: shown in ``repr`` and error messages.
+  """
+
+  __slots__ = ("_rule", "description")
+
+  def __init__(self, rule: Rule, description: str = "custom rule"):
+    if not callable(rule):
+      raise TypeError(f"Mask rule must be callable, got {type(rule).__name__}.")
+    self._rule = rule
+    self.description = description
+
+  def matches(self, name: str, leaf: Any) -> bool:
+    """Whether the leaf called ``name`` is selected."""
+    return bool(self._rule(name, leaf))
+
+  def __call__(self, tree: Any) -> Any:
+    return jtu.tree_map_with_path(
+        lambda path, leaf: self.matches(path_to_name(path), leaf), tree)
+
+  def select(self, tree: Any) -> list[str]:
+    """Names of the leaves of ``tree`` that the mask selects."""
+    return [name for name, leaf in named_leaves(tree) if self.matches(name, leaf)]
+
+  def __or__(self, other: Mask) -> Mask:
+    other = _as_mask(other)
+    return Mask(lambda n, x: self.matches(n, x) or other.matches(n, x),
+                f"({self.description} | {other.description})")
+
+  def __and__(self, other: Mask) -> Mask:
+    other = _as_mask(other)
+    return Mask(lambda n, x: self.matches(n, x) and other.matches(n, x),
+                f"({self.description} & {other.description})")
+
+  def __invert__(self) -> Mask:
+    return Mask(lambda n, x: not self.matches(n, x), f"~{self.description}")
+
+  def __repr__(self) -> str:
+    return f"Mask({self.description})"
+
+
+def _as_mask(value: Any) -> Mask:
+  if isinstance(value, Mask):
+    return value
+  raise TypeError(
+      f"Masks combine only with other Mask objects, got {type(value).__name__}; "
+      "wrap a predicate with lars_optax.masks.by_predicate.")
+
+
+def _strings(arg_name: str, values: Iterable[str]) -> tuple[str, ...]:
+  values = tuple(values)
+  if not values:
+    raise ValueError(f"{arg_name}: give at least one string.")
+  for v in values:
+    if not isinstance(v, str) or not v:
+      raise TypeError(f"{arg_name}: expected non-empty strings, got {v!r}.")
+  return values
+
+
+def by_suffix(*suffixes: str) -> Mask:
+  """Leaves whose full name ends with any of ``suffixes`` (MXNet's rule)."""
+  s = _strings("suffixes", suffixes)
+  return Mask(lambda name, _: name.endswith(s), f"suffix in {list(s)}")
+
+
+def by_substring(*substrings: str) -> Mask:
+  """Leaves whose name contains any of ``substrings`` (TF's ``skip_list``)."""
+  s = _strings("substrings", substrings)
+  return Mask(lambda name, _: any(x in name for x in s),
+              f"substring in {list(s)}")
+
+
+def by_regex(pattern: str | re.Pattern[str]) -> Mask:
+  """Leaves whose name matches ``pattern`` anywhere (``re.search``)."""
+  try:
+    compiled = re.compile(pattern)
+  except (re.error, TypeError) as e:
+    raise ValueError(f"pattern: not a valid regular expression: {pattern!r} ({e})") from e
+  return Mask(lambda name, _: compiled.search(name) is not None,
+              f"regex {compiled.pattern!r}")
+
+
+def by_leaf_name(*names: str) -> Mask:
+  """Leaves whose last path component is exactly one of ``names``.
+
+  ``by_leaf_name("bias")`` selects ``params/Dense_0/bias`` but not
+  ``params/Dense_0/kernel`` or ``fc1_bias``.
+  """
+  s = frozenset(_strings("names", names))
+  return Mask(lambda name, _: name.rsplit("/", 1)[-1] in s,
+              f"leaf name in {sorted(s)}")
+
+
+def by_predicate(fn: Callable[[str, Any], Any], description: str | None = None) -> Mask:
+  """Leaves for which ``fn(name, leaf)`` is true (see :class:`Mask`)."""
+  if not callable(fn):
+    raise TypeError(f"fn: expected a callable, got {type(fn).__name__}.")
+  return Mask(fn, description or getattr(fn, "__name__", "predicate"))
+
+
+def by_ndim(max_ndim: int = 1) -> Mask:
+  """Leaves with at most ``max_ndim`` dimensions (biases and norm scales)."""
+  if isinstance(max_ndim, bool) or not isinstance(max_ndim, int) or max_ndim < 0:
+    raise ValueError(f"max_ndim: expected an int >= 0, got {max_ndim!r}.")
+  return Mask(lambda _, leaf: np.ndim(leaf) <= max_ndim, f"ndim <= {max_ndim}")
+
+
+everything = Mask(lambda *_: True, "everything")
+"""Selects every leaf."""
+nothing = Mask(lambda *_: False, "nothing")
+"""Selects no leaf."""
+
+MXNET_SKIP = by_suffix("gamma", "beta", "bias")
+"""MXNet LARS: names ending in ``gamma``, ``beta`` or ``bias`` keep ratio 1."""
+FLAX_SKIP = by_leaf_name("bias", "scale")
+"""Flax: every ``bias`` and the ``scale`` of norm layers."""
+HAIKU_SKIP = by_leaf_name("b", "scale", "offset")
+"""Haiku: linear/conv ``b`` and the ``scale``/``offset`` of norm layers."""
+
+MaskLike = Union[Mask, Callable[[Any], Any], Any, None]
+"""A :class:`Mask`, a callable ``tree -> bool pytree``, a bool pytree or None."""
+
+
+def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool]:
+  """Evaluates ``mask`` on ``tree`` and returns one Python bool per leaf.
+
+  ``None`` selects nothing. A callable is called with ``tree``; a pytree of
+  bools must have the structure of ``tree`` (optax's mask convention). Values
+  must be static: a traced boolean is rejected with a clear error.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  if mask is None:
+    return [False] * len(leaves)
+  value = mask(tree) if callable(mask) else mask
+  if isinstance(value, bool):
+    return [value] * len(leaves)
+  try:
+    flat = treedef.flatten_up_to(value)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        f"{arg_name}: the mask's tree structure does not match the parameters "
+        f"({e}).") from e
+  out = []
+  for (name, _), v in zip(named_leaves(tree), flat):
+    if isinstance(v, (bool, np.bool_)):
+      out.append(bool(v))
+    else:
+      raise TypeError(
+          f"{arg_name}: expected a Python bool for leaf {name!r}, got "
+          f"{type(v).__name__}; masks must be static (decided from names, "
+          "shapes and dtypes), not computed from array values.")
+  return out

@@ -1,0 +1,302 @@
+"""The small gradient transformations the optimizers are chained from.
+
+Rescaling, element-wise clipping and decoupled weight decay are optax's own
+(:func:`optax.scale`, :func:`optax.clip`, :func:`optax.add_decayed_weights`):
+they compute exactly what MXNet and TensorFlow compute. This module adds what
+optax lacks:
+
+* :func:`scale_by_lars_trust_ratio` -- the LARS layer-wise trust ratio, taken
+  from the incoming gradient and the params and applied to the output of an
+  inner transformation, with name-based skipping;
+* :func:`mxnet_momentum` -- SGD momentum with the learning rate inside the
+  accumulator, as MXNet's ``sgd_mom_update`` does;
+* :func:`lars_trust_ratio` -- the ratio of one leaf, for building variants;
+* :func:`trust_ratios` -- reads the last step's per-leaf ratios from a state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _validation as v
+from lars_optax import masks
+
+__all__ = [
+    "ScaleByLarsTrustRatioState",
+    "scale_by_lars_trust_ratio",
+    "lars_trust_ratio",
+    "trust_ratios",
+    "MXNetMomentumState",
+    "mxnet_momentum",
+]
+
+
+def _norm_dtype(dtype: Any) -> jnp.dtype:
+  """Norms accumulate in float32 or wider (float64 for float64 params)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _sq_norm(x: jax.Array) -> jax.Array:
+  return jnp.sum(jnp.square(x.astype(_norm_dtype(x.dtype))))
+
+
+def lars_trust_ratio(
+    param: jax.Array,
+    grad: jax.Array,
+    eta: float = 0.001,
+    weight_decay: float = 0.0,
+    epsilon: float = 0.0,
+    grad_scale: float = 1.0,
+) -> jax.Array:
+  r"""The LARS trust ratio of one leaf.
+
+  .. math::
+
+    \rho = \frac{\eta \, \|w\|}{\|s g\| + \lambda \|w\| + \epsilon},
+    \qquad \rho = 1 \text{ if } \|w\| = 0,\ \|s g\| = 0
+    \text{ or any of them is not finite,}
+
+  with :math:`s` = ``grad_scale`` and :math:`\lambda` = ``weight_decay``.
+  Norms are taken over the whole leaf in float32 (float64 for float64
+  leaves). :math:`\|s g\|` is computed as :math:`|s| \, \|g\|`, so the scaled
+  gradient is never materialised. The fallback is MXNet's (``000``: ratio 1
+  when a norm is zero, NaN or infinite); TensorFlow's ``LARSOptimizer`` agrees
+  wherever its result is finite.
+
+  Returns:
+    A scalar in float32 (float64 for float64 leaves).
+
+  References:
+    You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
+    <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  w_norm = jnp.sqrt(_sq_norm(param))
+  g_norm = jnp.sqrt(_sq_norm(grad))
+  if grad_scale != 1.0:
+    g_norm = g_norm * abs(grad_scale)
+  ratio = eta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
+  ok = ((w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm)
+        & jnp.isfinite(g_norm) & jnp.isfinite(ratio))
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+
+class ScaleByLarsTrustRatioState(NamedTuple):
+  """State of :func:`scale_by_lars_trust_ratio`.
+
+  Attributes:
+    trust_ratio: a pytree like the params holding each leaf's trust ratio of
+      the last step as a scalar (1 for skipped leaves and before the first
+      step). Log it with :func:`trust_ratios`.
+    inner_state: the state of the inner transformation.
+  """
+
+  trust_ratio: optax.Updates
+  inner_state: optax.OptState
+
+
+def scale_by_lars_trust_ratio(
+    inner: GradientTransformation | None = None,
+    *,
+    eta: float = 0.001,
+    weight_decay: float = 0.0,
+    epsilon: float = 0.0,
+    skip: masks.MaskLike = None,
+    rescale: float = 1.0,
+) -> GradientTransformationExtraArgs:
+  r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
+
+  For every leaf :math:`w` with incoming gradient :math:`g`:
+
+  .. math::
+
+    g_r = s\,g, \qquad
+    \rho = \frac{\eta \, \|w\|}{\|g_r\| + \lambda \|w\| + \epsilon}, \qquad
+    u = \rho \cdot \mathrm{inner}(g_r)
+
+  (:math:`s` = ``rescale``, :math:`\lambda` = ``weight_decay``; see
+  :func:`lars_trust_ratio` for the fallback to 1). The ratio is taken from the
+  gradient as it enters this transformation, whatever ``inner`` does to it
+  afterwards, so
+
+  * MXNet's LARS (ratio from the rescaled, unclipped gradient, applied after
+    clipping and weight decay) is
+    ``scale_by_lars_trust_ratio(chain(clip(c), add_decayed_weights(wd)),
+    rescale=s, ...)`` followed by :func:`mxnet_momentum`;
+  * TensorFlow's (ratio from the raw gradient, applied after the momentum
+    accumulation) is ``scale_by_lars_trust_ratio(trace(momentum), ...)``
+    followed by :func:`optax.scale_by_learning_rate`.
+
+  ``rescale`` does what chaining ``optax.scale(s)`` in front would do, but the
+  gradient norm is computed as :math:`|s|\,\|g\|`, so XLA never has to write
+  the rescaled gradient to memory: one pass over the gradients less per step.
+
+  Args:
+    inner: the transformation whose output is scaled (default: identity).
+    eta: the LARS coefficient :math:`\eta` (MXNet ``eta``, TF ``eeta``).
+    weight_decay: :math:`\lambda` in the ratio's denominator. It only enters
+      the ratio; add the decay itself with ``optax.add_decayed_weights``.
+    epsilon: added to the denominator.
+    skip: leaves whose ratio is 1 (a :class:`~lars_optax.masks.Mask`, a
+      callable returning a bool pytree, or a bool pytree). Skipped leaves cost
+      no norm computation.
+    rescale: the factor :math:`s` applied to the incoming gradient first
+      (MXNet's ``rescale_grad``).
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`; its state is a
+    :class:`ScaleByLarsTrustRatioState`. ``update`` requires ``params``.
+
+  References:
+    You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
+    <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  v.check_scalar("eta", eta, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("rescale", rescale, low=0.0, low_open=True)
+  if inner is not None and not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  if skip is not None and not callable(skip) and isinstance(skip, (str, int, float)):
+    raise TypeError(f"skip: expected a Mask, a callable or a bool pytree, got {skip!r}.")
+  inner_tx = optax.with_extra_args_support(inner or optax.identity())
+  name = "scale_by_lars_trust_ratio"
+
+  def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
+    v.check_float_params(params, name)
+    resolve = masks.resolve_mask(skip, params, "skip")
+    del resolve  # Checked here so a bad mask fails at init, not at the 1st step.
+    ones = jax.tree.map(lambda p: jnp.ones((), _norm_dtype(p.dtype)), params)
+    return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    v.check_same_structure(updates, params, name)
+    v.check_float_params(params, name)
+    skipped = masks.resolve_mask(skip, params, "skip")
+    flat_g, treedef = jax.tree.flatten(updates)
+    flat_p = treedef.flatten_up_to(params)
+    ratios = [
+        jnp.ones((), _norm_dtype(p.dtype)) if s else lars_trust_ratio(
+            p, g, eta, weight_decay, epsilon, grad_scale=rescale)
+        for g, p, s in zip(flat_g, flat_p, skipped)
+    ]
+    if rescale != 1.0:
+      updates = jax.tree.map(lambda g: g * rescale, updates)
+    inner_updates, inner_state = inner_tx.update(
+        updates, state.inner_state, params, **extra_args)
+    flat_u = treedef.flatten_up_to(inner_updates)
+    scaled = [u if s else u * r.astype(u.dtype)
+              for u, r, s in zip(flat_u, ratios, skipped)]
+    return (jax.tree.unflatten(treedef, scaled),
+            ScaleByLarsTrustRatioState(jax.tree.unflatten(treedef, ratios),
+                                       inner_state))
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def trust_ratios(state: optax.OptState) -> optax.Updates:
+  """Returns the per-leaf trust ratios of the last step from an optimizer state.
+
+  Finds the first :class:`ScaleByLarsTrustRatioState` in ``state`` (which may
+  be the state of a chain, of a wrapper, or of :func:`lars_optax.lars` itself)
+  and returns its ``trust_ratio`` pytree: a scalar per parameter leaf, 1 for
+  skipped leaves.
+
+  Raises:
+    ValueError: when ``state`` holds no LARS trust-ratio state.
+  """
+  found = _find_state(state)
+  if found is None:
+    raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
+                     "state of an optimizer that uses scale_by_lars_trust_ratio.")
+  return found.trust_ratio
+
+
+def _find_state(node: Any) -> ScaleByLarsTrustRatioState | None:
+  if isinstance(node, ScaleByLarsTrustRatioState):
+    return node
+  if isinstance(node, (tuple, list)):
+    for child in node:
+      found = _find_state(child)
+      if found is not None:
+        return found
+  if isinstance(node, dict):
+    for child in node.values():
+      found = _find_state(child)
+      if found is not None:
+        return found
+  return None
+
+
+class MXNetMomentumState(NamedTuple):
+  """State of :func:`mxnet_momentum`.
+
+  Attributes:
+    count: number of updates done so far (int32); schedules are called with it.
+    momentum: the momentum buffer, like the params; ``None`` when
+      ``momentum == 0`` (MXNet keeps no state then).
+  """
+
+  count: jax.Array
+  momentum: optax.Updates | None
+
+
+def mxnet_momentum(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: float = 0.0,
+) -> GradientTransformation:
+  r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
+
+  .. math::
+
+    m_t = \mu \, m_{t-1} - \eta_t \, u_t, \qquad \text{update} = m_t
+    \qquad (m_0 = 0),
+
+  and with :math:`\mu = 0` simply :math:`\text{update} = -\eta_t u_t` with no
+  buffer. Because :math:`\eta_t` multiplies the incoming update before it is
+  accumulated, a change of learning rate affects only new contributions
+  (unlike :func:`optax.trace` followed by a learning rate, TensorFlow's
+  convention). The update already carries the minus sign: apply it with
+  :func:`optax.apply_updates`.
+
+  Args:
+    learning_rate: a scalar or an optax schedule, called with the number of
+      updates done before this one (0 at the first update, optax's
+      convention).
+    momentum: :math:`\mu` in [0, 1).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
+  """
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  use_buffer = momentum != 0.0
+
+  def init_fn(params: optax.Params) -> MXNetMomentumState:
+    v.check_float_params(params, "mxnet_momentum")
+    buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
+    return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
+
+  def update_fn(updates, state, params=None):
+    del params
+    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+
+    def step(u):
+      return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
+
+    if use_buffer:
+      new_m = jax.tree.map(lambda m, u: momentum * m - step(u),
+                           state.momentum, updates)
+      updates = new_m
+    else:
+      new_m = None
+      updates = jax.tree.map(lambda u: -step(u), updates)
+    return updates, MXNetMomentumState(optax.safe_int32_increment(state.count),
+                                       new_m)
+
+  return GradientTransformation(init_fn, update_fn)
