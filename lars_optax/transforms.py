@@ -16,6 +16,7 @@ optax lacks:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -45,6 +46,15 @@ def _sq_norm(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(x.astype(_norm_dtype(x.dtype))))
 
 
+def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
+  """The LARS ratio from norms (scalars or vectors), with MXNet's fallback."""
+  ratio = eta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
+  # Both norms are square roots of sums that did not overflow, so wn + gn is
+  # finite exactly when both are; then the ratio is finite too.
+  ok = (w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm + g_norm)
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+
 def lars_trust_ratio(
     param: jax.Array,
     grad: jax.Array,
@@ -64,8 +74,8 @@ def lars_trust_ratio(
   with :math:`s` = ``grad_scale`` and :math:`\lambda` = ``weight_decay``.
   Norms are taken over the whole leaf in float32 (float64 for float64
   leaves). :math:`\|s g\|` is computed as :math:`|s| \, \|g\|`, so the scaled
-  gradient is never materialised. The fallback is MXNet's (``000``: ratio 1
-  when a norm is zero, NaN or infinite); TensorFlow's ``LARSOptimizer`` agrees
+  gradient is never materialised. The fallback is MXNet's (ratio 1 when a
+  norm is zero, NaN or infinite); TensorFlow's ``LARSOptimizer`` agrees
   wherever its result is finite.
 
   Returns:
@@ -79,23 +89,29 @@ def lars_trust_ratio(
   g_norm = jnp.sqrt(_sq_norm(grad))
   if grad_scale != 1.0:
     g_norm = g_norm * abs(grad_scale)
-  ratio = eta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
-  ok = ((w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm)
-        & jnp.isfinite(g_norm) & jnp.isfinite(ratio))
-  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+  return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
+
+
+def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon, grad_scale):
+  """Per-leaf trust ratios, None for skipped leaves (which cost nothing)."""
+  return [None if s else lars_trust_ratio(p, g, eta, weight_decay, epsilon, grad_scale)
+          for p, g, s in zip(flat_p, flat_g, skipped)]
 
 
 class ScaleByLarsTrustRatioState(NamedTuple):
   """State of :func:`scale_by_lars_trust_ratio`.
 
   Attributes:
-    trust_ratio: a pytree like the params holding each leaf's trust ratio of
-      the last step as a scalar (1 for skipped leaves and before the first
-      step). Log it with :func:`trust_ratios`.
+    trust_ratio: a vector with one entry per parameter leaf, in
+      ``jax.tree.leaves(params)`` order: each leaf's trust ratio at the last
+      step (1 for skipped leaves and before the first step). Float32, or
+      float64 when a leaf is float64. :func:`trust_ratios` turns it into a
+      pytree or a ``{name: ratio}`` dict for logging. (One vector rather than
+      one scalar per leaf: a single output buffer per step.)
     inner_state: the state of the inner transformation.
   """
 
-  trust_ratio: optax.Updates
+  trust_ratio: jax.Array
   inner_state: optax.OptState
 
 
@@ -167,11 +183,15 @@ def scale_by_lars_trust_ratio(
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
+  def ratio_dtype(params):
+    return functools.reduce(jnp.promote_types,
+                            (_norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
+                            jnp.dtype(jnp.float32))
+
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
-    resolve = masks.resolve_mask(skip, params, "skip")
-    del resolve  # Checked here so a bad mask fails at init, not at the 1st step.
-    ones = jax.tree.map(lambda p: jnp.ones((), _norm_dtype(p.dtype)), params)
+    masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
+    ones = jnp.ones(len(jax.tree.leaves(params)), ratio_dtype(params))
     return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -180,41 +200,52 @@ def scale_by_lars_trust_ratio(
     skipped = masks.resolve_mask(skip, params, "skip")
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
-    ratios = [
-        jnp.ones((), _norm_dtype(p.dtype)) if s else lars_trust_ratio(
-            p, g, eta, weight_decay, epsilon, grad_scale=rescale)
-        for g, p, s in zip(flat_g, flat_p, skipped)
-    ]
+    ratios = _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon,
+                          rescale)
     if rescale != 1.0:
       updates = jax.tree.map(lambda g: g * rescale, updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
     flat_u = treedef.flatten_up_to(inner_updates)
-    scaled = [u if s else u * r.astype(u.dtype)
-              for u, r, s in zip(flat_u, ratios, skipped)]
+    scaled = [u if r is None else u * r.astype(u.dtype)
+              for u, r in zip(flat_u, ratios)]
+    dt = ratio_dtype(params)
+    one = jnp.ones((), dt)
+    vec = (jnp.stack([one if r is None else r.astype(dt) for r in ratios])
+           if ratios else jnp.ones((0,), dt))
     return (jax.tree.unflatten(treedef, scaled),
-            ScaleByLarsTrustRatioState(jax.tree.unflatten(treedef, ratios),
-                                       inner_state))
+            ScaleByLarsTrustRatioState(vec, inner_state))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def trust_ratios(state: optax.OptState) -> optax.Updates:
-  """Returns the per-leaf trust ratios of the last step from an optimizer state.
+def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
+  """The per-leaf trust ratios of the last step, from an optimizer state.
 
-  Finds the first :class:`ScaleByLarsTrustRatioState` in ``state`` (which may
-  be the state of a chain, of a wrapper, or of :func:`lars_optax.lars` itself)
-  and returns its ``trust_ratio`` pytree: a scalar per parameter leaf, 1 for
-  skipped leaves.
+  Finds the first :class:`ScaleByLarsTrustRatioState` in ``state`` (the state
+  of :func:`lars_optax.lars`, :func:`lars_optax.tf_lars`, a chain or a wrapper
+  holding one) and returns its ratios (1 for skipped leaves):
+
+  * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
+    order (works under ``jit``);
+  * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
+    ``{"params/Dense_0/kernel": 0.012, ...}``, ready for a logger.
 
   Raises:
-    ValueError: when ``state`` holds no LARS trust-ratio state.
+    ValueError: when ``state`` holds no LARS trust-ratio state, or ``params``
+      has a different number of leaves.
   """
   found = _find_state(state)
   if found is None:
     raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
                      "state of an optimizer that uses scale_by_lars_trust_ratio.")
-  return found.trust_ratio
+  if params is None:
+    return found.trust_ratio
+  named = masks.named_leaves(params)
+  if len(named) != found.trust_ratio.shape[0]:
+    raise ValueError(f"params: has {len(named)} leaves but the state holds "
+                     f"{found.trust_ratio.shape[0]} trust ratios.")
+  return {n: found.trust_ratio[i] for i, (n, _) in enumerate(named)}
 
 
 def _find_state(node: Any) -> ScaleByLarsTrustRatioState | None:
