@@ -42,6 +42,11 @@ def _norm_dtype(dtype: Any) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
+def _is_one(x: Any) -> bool:
+  """True for a concrete scale of exactly 1 (then no multiply is emitted)."""
+  return isinstance(x, (int, float)) and x == 1
+
+
 def _sq_norm(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(x.astype(_norm_dtype(x.dtype))))
 
@@ -87,8 +92,8 @@ def lars_trust_ratio(
   """
   w_norm = jnp.sqrt(_sq_norm(param))
   g_norm = jnp.sqrt(_sq_norm(grad))
-  if grad_scale != 1.0:
-    g_norm = g_norm * abs(grad_scale)
+  if not _is_one(grad_scale):
+    g_norm = g_norm * jnp.abs(grad_scale)
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
 
 
@@ -202,7 +207,7 @@ def scale_by_lars_trust_ratio(
     flat_p = treedef.flatten_up_to(params)
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon,
                           rescale)
-    if rescale != 1.0:
+    if not _is_one(rescale):
       updates = jax.tree.map(lambda g: g * rescale, updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
