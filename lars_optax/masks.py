@@ -46,6 +46,7 @@ __all__ = [
     "MXNET_SKIP",
     "FLAX_SKIP",
     "HAIKU_SKIP",
+    "PRESETS",
 ]
 
 
@@ -217,20 +218,29 @@ FLAX_SKIP = by_leaf_name("bias", "scale")
 HAIKU_SKIP = by_leaf_name("b", "scale", "offset")
 """Haiku: linear/conv ``b`` and the ``scale``/``offset`` of norm layers."""
 
-MaskLike = Union[Mask, Callable[[Any], Any], Any, None]
-"""A :class:`Mask`, a callable ``tree -> bool pytree``, a bool pytree or None."""
+PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAIKU_SKIP}
+"""Presets by name, accepted wherever a mask is (``skip="flax"``)."""
+
+MaskLike = Union[str, Mask, Callable[[Any], Any], Any, None]
+"""A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``), a :class:`Mask`, a
+callable ``tree -> bool pytree``, a bool pytree, or None (no leaf)."""
 
 
 def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool]:
   """Evaluates ``mask`` on ``tree`` and returns one Python bool per leaf.
 
-  ``None`` selects nothing. A callable is called with ``tree``; a pytree of
+  ``None`` selects nothing; a string names a preset (:data:`PRESETS`). A callable is called with ``tree``; a pytree of
   bools must have the structure of ``tree`` (optax's mask convention). Values
   must be static: a traced boolean is rejected with a clear error.
   """
   leaves, treedef = jax.tree.flatten(tree)
   if mask is None:
     return [False] * len(leaves)
+  if isinstance(mask, str):
+    if mask not in PRESETS:
+      raise ValueError(f"{arg_name}: unknown preset {mask!r}; valid presets are "
+                       f"{sorted(PRESETS)}.")
+    mask = PRESETS[mask]
   value = mask(tree) if callable(mask) else mask
   if isinstance(value, bool):
     return [value] * len(leaves)

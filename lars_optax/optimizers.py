@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import optax
 
 from lars_optax import _validation as v
@@ -25,7 +26,7 @@ def lars(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    skip: masks.MaskLike = masks.MXNET_SKIP,
+    skip: masks.MaskLike = "mxnet",
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``).
 
@@ -59,8 +60,11 @@ def lars(
     wd: weight decay :math:`\lambda` >= 0 (in the ratio and in the update).
     rescale_grad: gradient multiplier :math:`s` > 0 (e.g. 1 / batch size).
     clip_gradient: element-wise clipping bound :math:`c` > 0, or None.
-    skip: leaves that keep ratio 1 (default :data:`lars_optax.masks.MXNET_SKIP`;
-      any mask, callable returning a bool pytree, bool pytree, or None).
+    skip: leaves that keep ratio 1: a preset name (default ``"mxnet"``, i.e.
+      :data:`lars_optax.masks.MXNET_SKIP`; also ``"flax"``, ``"haiku"``), a
+      :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, a
+      bool pytree, or None (no leaf skipped). Pass a callable mask through
+      ``static_args`` when wrapping with ``optax.inject_hyperparams``.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -82,7 +86,7 @@ def lars(
   inner = []
   if clip_gradient is not None:
     inner.append(optax.clip(clip_gradient))
-  if wd != 0.0:
+  if not (isinstance(wd, (int, float)) and wd == 0):  # wd=0: w is not read
     inner.append(optax.add_decayed_weights(wd))
   return optax.chain(
       scale_by_lars_trust_ratio(
@@ -149,11 +153,17 @@ def tf_lars(
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   v.check_scalar("eeta", eeta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  if not isinstance(use_nesterov, bool):
+  if not isinstance(use_nesterov, (bool, np.bool_)):
     raise TypeError(f"use_nesterov: expected a bool, got {use_nesterov!r}.")
+  use_nesterov = bool(use_nesterov)
   if isinstance(skip_list, str):
     raise TypeError("skip_list: expected a list of strings, got the single "
                     f"string {skip_list!r}; write [{skip_list!r}].")
+  if skip_list is not None:
+    skip_list = list(skip_list)
+    bad = [s for s in skip_list if not isinstance(s, str) or not s]
+    if bad:
+      raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
   skip = masks.by_substring(*skip_list) if skip_list else None
   return optax.chain(
       scale_by_lars_trust_ratio(

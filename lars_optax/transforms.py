@@ -42,9 +42,14 @@ def _norm_dtype(dtype: Any) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def _is_one(x: Any) -> bool:
-  """True for a concrete scale of exactly 1 (then no multiply is emitted)."""
-  return isinstance(x, (int, float)) and x == 1
+def _is_const(x: Any, value: float) -> bool:
+  """True when ``x`` is a Python number equal to ``value``.
+
+  Used to leave out work that a hyperparameter makes a no-op (a scale of 1, a
+  momentum of 0). Arrays and tracers (e.g. from ``optax.inject_hyperparams``)
+  are never treated as constants, so they always take the general path.
+  """
+  return isinstance(x, (int, float)) and x == value
 
 
 def _sq_norm(x: jax.Array) -> jax.Array:
@@ -92,7 +97,7 @@ def lars_trust_ratio(
   """
   w_norm = jnp.sqrt(_sq_norm(param))
   g_norm = jnp.sqrt(_sq_norm(grad))
-  if not _is_one(grad_scale):
+  if not _is_const(grad_scale, 1):
     g_norm = g_norm * jnp.abs(grad_scale)
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
 
@@ -183,8 +188,11 @@ def scale_by_lars_trust_ratio(
   if inner is not None and not isinstance(inner, GradientTransformation):
     raise TypeError("inner: expected an optax.GradientTransformation, got "
                     f"{type(inner).__name__}.")
-  if skip is not None and not callable(skip) and isinstance(skip, (str, int, float)):
-    raise TypeError(f"skip: expected a Mask, a callable or a bool pytree, got {skip!r}.")
+  if isinstance(skip, str) and skip not in masks.PRESETS:
+    raise ValueError(f"skip: unknown preset {skip!r}; valid presets are "
+                     f"{sorted(masks.PRESETS)}.")
+  if isinstance(skip, (int, float)) and not isinstance(skip, bool):
+    raise TypeError(f"skip: expected a mask, a preset name or a bool pytree, got {skip!r}.")
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
@@ -207,7 +215,7 @@ def scale_by_lars_trust_ratio(
     flat_p = treedef.flatten_up_to(params)
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon,
                           rescale)
-    if not _is_one(rescale):
+    if not _is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * rescale, updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
@@ -311,7 +319,7 @@ def mxnet_momentum(
   """
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  use_buffer = momentum != 0.0
+  use_buffer = not _is_const(momentum, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
     v.check_float_params(params, "mxnet_momentum")
