@@ -57,10 +57,11 @@ def _sq_norm(x: jax.Array) -> jax.Array:
 
 
 def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
-  """The LARS ratio from norms (scalars or vectors), with MXNet's fallback."""
+  """The LARS ratio from the two norms, with MXNet's fallback to 1."""
   ratio = eta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
-  # Both norms are square roots of sums that did not overflow, so wn + gn is
-  # finite exactly when both are; then the ratio is finite too.
+  # A finite norm is the square root of a finite sum, so it is far below the
+  # dtype's maximum and wn + gn cannot overflow: the sum is finite exactly when
+  # both norms are. With both finite and > 0, the ratio is finite too.
   ok = (w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm + g_norm)
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
