@@ -35,6 +35,7 @@ __all__ = [
     "leaf_names",
     "named_leaves",
     "resolve_mask",
+    "check_mask_like",
     "by_suffix",
     "by_substring",
     "by_regex",
@@ -226,6 +227,16 @@ MaskLike = Union[str, Mask, Callable[[Any], Any], Any, None]
 callable ``tree -> bool pytree``, a bool pytree, or None (no leaf)."""
 
 
+def check_mask_like(mask: MaskLike, arg_name: str = "mask") -> None:
+  """Rejects an unknown preset name or a number where a mask is expected."""
+  if isinstance(mask, str) and mask not in PRESETS:
+    raise ValueError(f"{arg_name}: unknown preset {mask!r}; valid presets are "
+                     f"{sorted(PRESETS)}.")
+  if isinstance(mask, (int, float)) and not isinstance(mask, bool):
+    raise TypeError(f"{arg_name}: expected a mask, a preset name or a bool pytree, "
+                    f"got {mask!r}.")
+
+
 def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool]:
   """Evaluates ``mask`` on ``tree`` and returns one Python bool per leaf.
 
@@ -236,10 +247,8 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool
   leaves, treedef = jax.tree.flatten(tree)
   if mask is None:
     return [False] * len(leaves)
+  check_mask_like(mask, arg_name)
   if isinstance(mask, str):
-    if mask not in PRESETS:
-      raise ValueError(f"{arg_name}: unknown preset {mask!r}; valid presets are "
-                       f"{sorted(PRESETS)}.")
     mask = PRESETS[mask]
   value = mask(tree) if callable(mask) else mask
   if isinstance(value, bool):

@@ -189,11 +189,7 @@ def scale_by_lars_trust_ratio(
   if inner is not None and not isinstance(inner, GradientTransformation):
     raise TypeError("inner: expected an optax.GradientTransformation, got "
                     f"{type(inner).__name__}.")
-  if isinstance(skip, str) and skip not in masks.PRESETS:
-    raise ValueError(f"skip: unknown preset {skip!r}; valid presets are "
-                     f"{sorted(masks.PRESETS)}.")
-  if isinstance(skip, (int, float)) and not isinstance(skip, bool):
-    raise TypeError(f"skip: expected a mask, a preset name or a bool pytree, got {skip!r}.")
+  masks.check_mask_like(skip, "skip")
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
