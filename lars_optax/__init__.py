@@ -1,7 +1,8 @@
 """lars_optax: large-batch and sign-based optimizers for JAX, as optax chains.
 
-Ports of Apache MXNet's and TensorFlow's LARS, reproduced number for number,
-built from small public transformations that compose with the rest of optax.
+Ports of Apache MXNet's LARS, Signum/signSGD, Adam and SGD and of TensorFlow's
+LARS, reproduced number for number, built from small public transformations
+that compose with the rest of optax.
 """
 
 from lars_optax import masks
@@ -19,13 +20,19 @@ from lars_optax.masks import (
     leaf_names,
     named_leaves,
 )
-from lars_optax.optimizers import lars, tf_lars
+from lars_optax.lazy import lazy_update, present_rows
+from lars_optax.optimizers import adam, lars, sgd, signsgd, signum, tf_lars
+from lars_optax.precision import MultiPrecisionState, master_params, multi_precision
+from lars_optax.registry import create, mxnet_schedule, register, registered
 from lars_optax.transforms import (
     MXNetMomentumState,
     ScaleByLarsTrustRatioState,
+    add_decayed_weights_per_leaf,
     lars_trust_ratio,
     mxnet_momentum,
     scale_by_lars_trust_ratio,
+    scale_by_mxnet_adam,
+    scale_per_leaf,
     trust_ratios,
 )
 
@@ -37,20 +44,36 @@ __all__ = [
     "MXNET_SKIP",
     "MXNetMomentumState",
     "Mask",
+    "MultiPrecisionState",
     "ScaleByLarsTrustRatioState",
+    "adam",
+    "add_decayed_weights_per_leaf",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",
     "by_regex",
     "by_substring",
     "by_suffix",
+    "create",
     "lars",
     "lars_trust_ratio",
+    "lazy_update",
     "leaf_names",
     "masks",
+    "master_params",
+    "multi_precision",
     "mxnet_momentum",
+    "mxnet_schedule",
     "named_leaves",
+    "present_rows",
+    "register",
+    "registered",
     "scale_by_lars_trust_ratio",
+    "scale_by_mxnet_adam",
+    "scale_per_leaf",
+    "sgd",
+    "signsgd",
+    "signum",
     "tf_lars",
     "trust_ratios",
 ]

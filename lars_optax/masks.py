@@ -22,7 +22,9 @@ trust ratio: :data:`MXNET_SKIP` (names ending in ``gamma``, ``beta`` or
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import difflib
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Union
 
 import jax
@@ -48,6 +50,9 @@ __all__ = [
     "FLAX_SKIP",
     "HAIKU_SKIP",
     "PRESETS",
+    "LeafValues",
+    "check_leaf_values",
+    "resolve_leaf_values",
 ]
 
 
@@ -269,3 +274,85 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool
           f"{type(v).__name__}; masks must be static (decided from names, "
           "shapes and dtypes), not computed from array values.")
   return out
+
+
+LeafValues = Union[Mapping[str, float], Iterable[tuple[MaskLike, float]], None]
+"""Per-leaf numbers (MXNet's ``lr_mult`` / ``wd_mult``), looked up by leaf name.
+
+Either a dict ``{leaf name: value}`` (every key must name a leaf), or a
+sequence of ``(mask, value)`` rules, where ``mask`` is anything a ``skip``
+argument accepts (a :class:`Mask`, a preset name, ...) and the first rule that
+selects a leaf gives its value. Leaves that no entry names keep the default
+(1 for a multiplier). None: every leaf keeps the default.
+"""
+
+
+def _check_value(arg_name: str, key: Any, value: Any) -> float:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+    raise TypeError(f"{arg_name}: the value for {key!r} must be a real number, "
+                    f"got {value!r}.")
+  value = float(value)
+  if not math.isfinite(value) or value < 0:
+    raise ValueError(f"{arg_name}: the value for {key!r} must be finite and >= 0, "
+                     f"got {value}.")
+  return value
+
+
+def _rules(spec: LeafValues, arg_name: str) -> list[tuple[Any, float]] | dict[str, float]:
+  """Validates ``spec`` and returns it as a dict or a list of (mask, value)."""
+  if isinstance(spec, Mapping):
+    out = {}
+    for key, value in spec.items():
+      if not isinstance(key, str):
+        raise TypeError(f"{arg_name}: dict keys must be leaf names (str), got "
+                        f"{key!r}; use a list of (mask, value) rules for masks.")
+      out[key] = _check_value(arg_name, key, value)
+    return out
+  if isinstance(spec, (str, bytes)) or not isinstance(spec, Iterable):
+    raise TypeError(f"{arg_name}: expected a dict {{leaf name: value}} or a list of "
+                    f"(mask, value) pairs, got {spec!r}.")
+  rules = []
+  for item in spec:
+    if not (isinstance(item, tuple) and len(item) == 2):
+      raise TypeError(f"{arg_name}: expected (mask, value) pairs, got {item!r}.")
+    mask, value = item
+    if mask is None:
+      raise TypeError(f"{arg_name}: a rule's mask is None; give a Mask, a preset "
+                      "name or a callable.")
+    check_mask_like(mask, arg_name)
+    rules.append((mask, _check_value(arg_name, mask, value)))
+  return rules
+
+
+def check_leaf_values(spec: LeafValues, arg_name: str) -> None:
+  """Checks the form of a :data:`LeafValues` argument (when it is built)."""
+  if spec is not None:
+    _rules(spec, arg_name)
+
+
+def resolve_leaf_values(spec: LeafValues, tree: Any, arg_name: str,
+                        default: float = 1.0) -> list[float]:
+  """One Python float per leaf of ``tree`` (see :data:`LeafValues`).
+
+  Raises:
+    ValueError: a dict key that names no leaf (with the closest names).
+  """
+  names = [name for name, _ in named_leaves(tree)]
+  if spec is None:
+    return [default] * len(names)
+  rules = _rules(spec, arg_name)
+  if isinstance(rules, dict):
+    unknown = [k for k in rules if k not in set(names)]
+    if unknown:
+      hints = {k: difflib.get_close_matches(k, names, n=3) for k in unknown}
+      raise ValueError(
+          f"{arg_name}: no parameter is named {unknown[0]!r}"
+          + (f" (did you mean {hints[unknown[0]]}?)" if hints[unknown[0]] else "")
+          + (f"; also unknown: {unknown[1:]}" if len(unknown) > 1 else "")
+          + f". Leaf names look like {names[:3]}.")
+    return [rules.get(n, default) for n in names]
+  out = [None] * len(names)
+  for mask, value in rules:
+    selected = resolve_mask(mask, tree, arg_name)
+    out = [value if (o is None and s) else o for o, s in zip(out, selected)]
+  return [default if o is None else o for o in out]

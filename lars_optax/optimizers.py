@@ -2,6 +2,18 @@
 
 * :func:`lars` -- MXNet's ``mx.optimizer.LARS`` (argument names and defaults).
 * :func:`tf_lars` -- TensorFlow's ``tf.contrib.opt.LARSOptimizer``.
+* :func:`signum` and :func:`signsgd` -- MXNet's ``mx.optimizer.Signum``.
+* :func:`adam` -- MXNet's ``mx.optimizer.Adam`` (epsilon outside the bias
+  correction, optional lazy updates).
+* :func:`sgd` -- MXNet's ``mx.optimizer.SGD`` (learning rate inside the
+  momentum buffer).
+
+The MXNet-flavoured ones share MXNet's optimizer-base arguments: ``wd``,
+``rescale_grad``, ``clip_gradient``, per-leaf ``lr_mult`` and ``wd_mult``
+(looked up by leaf name, see :data:`lars_optax.masks.LeafValues`) and
+``multi_precision`` (float32 master weights for float16/bfloat16 params, see
+:func:`lars_optax.multi_precision`). :func:`lars_optax.create` builds them by
+name, MXNet style.
 """
 
 from __future__ import annotations
@@ -13,9 +25,61 @@ import optax
 
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.transforms import mxnet_momentum, scale_by_lars_trust_ratio
+from lars_optax.lazy import lazy_update as _lazy_update
+from lars_optax.precision import multi_precision as _multi_precision
+from lars_optax.transforms import (
+    _is_const,
+    add_decayed_weights_per_leaf,
+    mxnet_momentum,
+    scale_by_lars_trust_ratio,
+    scale_by_mxnet_adam,
+    scale_per_leaf,
+)
 
-__all__ = ["lars", "tf_lars"]
+__all__ = ["lars", "tf_lars", "signum", "signsgd", "adam", "sgd"]
+
+
+def _check_flag(name: str, value: object) -> bool:
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name}: expected a bool, got {value!r}.")
+  return bool(value)
+
+
+def _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult):
+  """The checks of MXNet's optimizer-base arguments."""
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("wd", wd, low=0.0)
+  v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
+  if clip_gradient is not None:
+    v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  masks.check_leaf_values(wd_mult, "wd_mult")
+
+
+def _preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
+  """MXNet's gradient preprocessing: rescale, clip, then add ``wd * w``."""
+  parts = []
+  if not _is_const(rescale_grad, 1):
+    parts.append(optax.scale(rescale_grad))
+  if clip_gradient is not None:
+    parts.append(optax.clip(clip_gradient))
+  if not _is_const(wd, 0):  # wd=0: the params are not read
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+  return parts
+
+
+def _lr_mult(lr_mult) -> list:
+  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
+
+
+def _finish(parts: list, *, lazy: bool = False, multi_precision: bool = False):
+  """``optax.chain(*parts)``, wrapped for lazy updates and master weights."""
+  tx = optax.chain(*parts)
+  if lazy:
+    tx = _lazy_update(tx)
+  if multi_precision:
+    tx = _multi_precision(tx)
+  return tx
 
 
 def lars(
@@ -27,6 +91,10 @@ def lars(
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     skip: masks.MaskLike = "mxnet",
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``).
 
@@ -65,6 +133,13 @@ def lars(
       :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, a
       bool pytree, or None (no leaf skipped). Pass a callable mask through
       ``static_args`` when wrapping with ``optax.inject_hyperparams``.
+    lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
+      ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
+    wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
+    multi_precision: keep float32 master weights and state for float16 and
+      bfloat16 params (:func:`lars_optax.multi_precision`). The ratio's
+      :math:`\|w\|` is then taken from the master (MXNet takes it from the
+      float16 weight; the two differ by float16 rounding).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -74,27 +149,23 @@ def lars(
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
     ``mxnet.optimizer.LARS``.
   """
-  v.check_learning_rate("learning_rate", learning_rate)
+  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  v.check_scalar("wd", wd, low=0.0)
-  v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
-  if clip_gradient is not None:
-    v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
+  multi_precision = _check_flag("multi_precision", multi_precision)
 
-  inner = []
-  if clip_gradient is not None:
-    inner.append(optax.clip(clip_gradient))
-  if not (isinstance(wd, (int, float)) and wd == 0):  # wd=0: w is not read
-    inner.append(optax.add_decayed_weights(wd))
-  return optax.chain(
+  # The ratio is taken from the rescaled gradient before clipping, so the
+  # rescale is the ratio transformation's own and the rest runs inside it.
+  inner = _preprocess(1.0, clip_gradient, wd, wd_mult)
+  return _finish([
       scale_by_lars_trust_ratio(
           optax.chain(*inner) if inner else None,
           eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
-          rescale=rescale_grad),
+          rescale=rescale_grad, wd_mult=wd_mult),
+      *_lr_mult(lr_mult),
       mxnet_momentum(learning_rate, momentum),
-  )
+  ], multi_precision=multi_precision)
 
 
 def tf_lars(
@@ -171,3 +242,251 @@ def tf_lars(
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip),
       optax.scale_by_learning_rate(learning_rate),
   )
+
+
+def signum(
+    learning_rate: optax.ScalarOrSchedule = 0.01,
+    momentum: float = 0.9,
+    wd_lh: float = 0.0,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+) -> optax.GradientTransformation:
+  r"""Signum (sign of momentum) as Apache MXNet implements it.
+
+  With :math:`\mu` = ``momentum`` > 0, :math:`s` = ``rescale_grad``,
+  :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd`` and
+  :math:`\lambda_{lh}` = ``wd_lh``:
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
+    e_t &= \mu\,e_{t-1} + (1 - \mu)\,u_t \\
+    w_t &= (1 - \eta_t\lambda_{lh})\,w_{t-1} - \eta_t\,\mathrm{sign}(e_t)
+
+  (MXNet keeps :math:`m = -e`; the result is the same.) ``wd`` is coupled
+  (it enters the momentum), ``wd_lh`` is decoupled (Loshchilov and Hutter).
+  With ``momentum == 0`` this is :func:`signsgd`, as in MXNet, where both
+  decays are decoupled.
+
+  The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
+  optax.ema(momentum, debias=False), optax.scale_by_sign(),
+  add_decayed_weights_per_leaf(wd_lh), optax.scale_by_learning_rate(lr)``,
+  then :func:`~lars_optax.scale_per_leaf` for ``lr_mult``.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    momentum: :math:`\mu` in [0, 1); 0 selects signSGD.
+    wd_lh: decoupled weight decay >= 0.
+    wd: coupled weight decay >= 0 (multiplied per leaf by ``wd_mult``).
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd`` (not of ``wd_lh``, as in MXNet).
+    multi_precision: float32 master weights and state for float16/bfloat16.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+
+  References:
+    Bernstein, Wang, Azizzadenesheli and Anandkumar, `signSGD: Compressed
+    Optimisation for Non-Convex Problems <https://arxiv.org/abs/1802.04434>`_,
+    ICML 2018; Apache MXNet 2.0 ``mxnet.optimizer.Signum``.
+  """
+  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("wd_lh", wd_lh, low=0.0)
+  multi_precision = _check_flag("multi_precision", multi_precision)
+  if _is_const(momentum, 0):
+    return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
+                   clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
+                   multi_precision=multi_precision)
+  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [optax.ema(momentum, debias=False), optax.scale_by_sign()]
+  if not _is_const(wd_lh, 0):
+    parts.append(add_decayed_weights_per_leaf(wd_lh))
+  parts += [optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  return _finish(parts, multi_precision=multi_precision)
+
+
+def signsgd(
+    learning_rate: optax.ScalarOrSchedule = 0.01,
+    wd_lh: float = 0.0,
+    wd: float = 0.0,
+    *,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+) -> optax.GradientTransformation:
+  r"""signSGD as Apache MXNet implements it (Signum with ``momentum=0``).
+
+  .. math::
+
+    w_t = (1 - \eta_t(\lambda + \lambda_{lh}))\,w_{t-1} - \eta_t\,\mathrm{sign}(g_t)
+
+  with :math:`\mathrm{sign}(0) = 0`. Both decays are decoupled here (MXNet's
+  ``signsgd_update``). ``rescale_grad`` (> 0) and ``clip_gradient`` cannot
+  change a sign: they are accepted and checked, as MXNet accepts them, and have
+  no effect.
+
+  The chain is ``optax.scale_by_sign(), add_decayed_weights_per_leaf(wd,
+  wd_mult), add_decayed_weights_per_leaf(wd_lh),
+  optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    wd_lh: decoupled weight decay >= 0.
+    wd: weight decay >= 0 (multiplied per leaf by ``wd_mult``).
+    rescale_grad: gradient multiplier > 0 (no effect on a sign).
+    clip_gradient: clipping bound > 0 or None (no effect on a sign).
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights for float16/bfloat16.
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation` (apart from the
+    schedule's count).
+
+  References:
+    Bernstein et al., `signSGD <https://arxiv.org/abs/1802.04434>`_, 2018.
+  """
+  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("wd_lh", wd_lh, low=0.0)
+  multi_precision = _check_flag("multi_precision", multi_precision)
+  parts = [optax.scale_by_sign()]
+  if not _is_const(wd, 0):
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+  if not _is_const(wd_lh, 0):
+    parts.append(add_decayed_weights_per_leaf(wd_lh))
+  parts += [optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  return _finish(parts, multi_precision=multi_precision)
+
+
+def adam(
+    learning_rate: optax.ScalarOrSchedule = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    lazy_update: bool = False,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    begin_num_update: int = 0,
+) -> optax.GradientTransformation:
+  r"""Adam as Apache MXNet implements it (``mx.optimizer.Adam``).
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1) u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2) u_t^2 \\
+    w_t &= w_{t-1} - \eta_t \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
+      \cdot \frac{m_t}{\sqrt{v_t} + \epsilon}
+
+  Epsilon is added to :math:`\sqrt{v_t}`, not to the bias-corrected
+  :math:`\sqrt{\hat v_t}` as in :func:`optax.adam`, and ``wd`` is coupled (L2,
+  as in MXNet; not AdamW). With ``lazy_update=True`` only the rows (axis 0)
+  with a non-zero gradient entry update :math:`w`, :math:`m` and :math:`v`
+  (:func:`lars_optax.lazy_update`); :math:`t` counts every step.
+
+  The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
+  scale_by_mxnet_adam(beta1, beta2, epsilon),
+  optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    beta1: in [0, 1).
+    beta2: in [0, 1).
+    epsilon: >= 0.
+    wd: coupled weight decay >= 0.
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    lazy_update: update only the rows present in the gradient.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16.
+    begin_num_update: updates done before the first (MXNet's argument): the
+      bias correction's :math:`t` starts at ``begin_num_update + 1``.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.Adam``.
+  """
+  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  lazy_update = _check_flag("lazy_update", lazy_update)
+  multi_precision = _check_flag("multi_precision", multi_precision)
+  _check_count("begin_num_update", begin_num_update)
+  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
+            optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  return _finish(parts, lazy=lazy_update, multi_precision=multi_precision)
+
+
+def sgd(
+    learning_rate: optax.ScalarOrSchedule = 0.1,
+    momentum: float = 0.0,
+    lazy_update: bool = False,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+) -> optax.GradientTransformation:
+  r"""SGD with momentum as Apache MXNet implements it (``mx.optimizer.SGD``).
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
+    m_t &= \mu\,m_{t-1} - \eta_t u_t, \qquad w_t = w_{t-1} + m_t
+
+  (with :math:`\mu = 0`, :math:`w_t = w_{t-1} - \eta_t u_t` and no state).
+  The learning rate sits inside the buffer (:func:`lars_optax.mxnet_momentum`),
+  unlike :func:`optax.sgd`, so a learning-rate change only affects new
+  contributions. With ``lazy_update=True`` only the rows with a non-zero
+  gradient entry update :math:`w` and :math:`m`.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    momentum: :math:`\mu` in [0, 1).
+    lazy_update: update only the rows present in the gradient.
+    wd: coupled weight decay >= 0.
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+  """
+  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  lazy_update = _check_flag("lazy_update", lazy_update)
+  multi_precision = _check_flag("multi_precision", multi_precision)
+  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [*_lr_mult(lr_mult), mxnet_momentum(learning_rate, momentum)]
+  return _finish(parts, lazy=lazy_update, multi_precision=multi_precision)
+
+
+def _check_count(name: str, value: object) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f"{name}: expected an int >= 0, got {value!r}.")

@@ -11,16 +11,26 @@ optax lacks:
 * :func:`mxnet_momentum` -- SGD momentum with the learning rate inside the
   accumulator, as MXNet's ``sgd_mom_update`` does;
 * :func:`lars_trust_ratio` -- the ratio of one leaf, for building variants;
-* :func:`trust_ratios` -- reads the last step's per-leaf ratios from a state.
+* :func:`trust_ratios` -- reads the last step's per-leaf ratios from a state;
+* :func:`scale_by_mxnet_adam` -- Adam with MXNet's placement of epsilon
+  (outside the bias correction);
+* :func:`scale_per_leaf` and :func:`add_decayed_weights_per_leaf` -- a factor
+  and a weight decay that differ per leaf, looked up by leaf name (MXNet's
+  ``lr_mult`` and ``wd_mult``).
+
+The sign of Signum/signSGD is optax's :func:`optax.scale_by_sign`, and its
+momentum is :func:`optax.ema` (without debiasing).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
@@ -34,6 +44,9 @@ __all__ = [
     "trust_ratios",
     "MXNetMomentumState",
     "mxnet_momentum",
+    "scale_by_mxnet_adam",
+    "scale_per_leaf",
+    "add_decayed_weights_per_leaf",
 ]
 
 
@@ -103,10 +116,15 @@ def lars_trust_ratio(
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
 
 
-def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon, grad_scale):
+def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale):
   """Per-leaf trust ratios, None for skipped leaves (which cost nothing)."""
-  return [None if s else lars_trust_ratio(p, g, eta, weight_decay, epsilon, grad_scale)
-          for p, g, s in zip(flat_p, flat_g, skipped)]
+  return [None if s else lars_trust_ratio(p, g, eta, wd, epsilon, grad_scale)
+          for p, g, s, wd in zip(flat_p, flat_g, skipped, weight_decays)]
+
+
+def _times(value: Any, mult: float) -> Any:
+  """``value * mult`` that keeps Python numbers (and skips a factor of 1)."""
+  return value if mult == 1 else value * mult
 
 
 class ScaleByLarsTrustRatioState(NamedTuple):
@@ -134,6 +152,7 @@ def scale_by_lars_trust_ratio(
     epsilon: float = 0.0,
     skip: masks.MaskLike = None,
     rescale: float = 1.0,
+    wd_mult: masks.LeafValues = None,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -173,6 +192,9 @@ def scale_by_lars_trust_ratio(
       no norm computation.
     rescale: the factor :math:`s` applied to the incoming gradient first
       (MXNet's ``rescale_grad``).
+    wd_mult: per-leaf multipliers of ``weight_decay`` (MXNet's ``wd_mult``): a
+      dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
+      :data:`lars_optax.masks.LeafValues`.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; its state is a
@@ -190,6 +212,7 @@ def scale_by_lars_trust_ratio(
     raise TypeError("inner: expected an optax.GradientTransformation, got "
                     f"{type(inner).__name__}.")
   masks.check_mask_like(skip, "skip")
+  masks.check_leaf_values(wd_mult, "wd_mult")
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
@@ -201,6 +224,7 @@ def scale_by_lars_trust_ratio(
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult")
     ones = jnp.ones(len(jax.tree.leaves(params)), ratio_dtype(params))
     return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
 
@@ -210,8 +234,9 @@ def scale_by_lars_trust_ratio(
     skipped = masks.resolve_mask(skip, params, "skip")
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
-    ratios = _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decay, epsilon,
-                          rescale)
+    mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult")
+    ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
+                          [_times(weight_decay, m) for m in mults], epsilon, rescale)
     if not _is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * rescale, updates)
     inner_updates, inner_state = inner_tx.update(
@@ -258,19 +283,16 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   return {n: found.trust_ratio[i] for i, (n, _) in enumerate(named)}
 
 
-def _find_state(node: Any) -> ScaleByLarsTrustRatioState | None:
-  if isinstance(node, ScaleByLarsTrustRatioState):
+def _find_state(node: Any, cls: type = ScaleByLarsTrustRatioState) -> Any:
+  """The first instance of ``cls`` in a (nested) optimizer state, or None."""
+  if isinstance(node, cls):
     return node
-  if isinstance(node, (tuple, list)):
-    for child in node:
-      found = _find_state(child)
-      if found is not None:
-        return found
-  if isinstance(node, dict):
-    for child in node.values():
-      found = _find_state(child)
-      if found is not None:
-        return found
+  children = node.values() if isinstance(node, dict) else (
+      node if isinstance(node, (tuple, list)) else ())
+  for child in children:
+    found = _find_state(child, cls)
+    if found is not None:
+      return found
   return None
 
 
@@ -339,5 +361,189 @@ def mxnet_momentum(
       updates = jax.tree.map(lambda u: -step(u), updates)
     return updates, MXNetMomentumState(optax.safe_int32_increment(state.count),
                                        new_m)
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def scale_per_leaf(multipliers: masks.LeafValues, *,
+                   arg_name: str = "multipliers") -> GradientTransformation:
+  r"""Multiplies each leaf's update by its own constant (MXNet's ``lr_mult``).
+
+  .. math:: u_i \leftarrow c_i \, u_i
+
+  where :math:`c_i` is looked up by the leaf's name in ``multipliers`` (1 for
+  leaves it does not name). Placed after the learning rate (or before a
+  transformation that is linear in its input, such as :func:`mxnet_momentum`)
+  it gives each parameter the learning rate ``lr * lr_mult``.
+
+  Args:
+    multipliers: a dict ``{leaf name: c}`` or a sequence of ``(mask, c)``
+      rules (the first rule that selects a leaf wins); see
+      :data:`lars_optax.masks.LeafValues`. Values must be >= 0.
+    arg_name: how error messages name ``multipliers`` (e.g. ``"lr_mult"``).
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation`.
+  """
+  masks.check_leaf_values(multipliers, arg_name)
+
+  def init_fn(params):
+    masks.resolve_leaf_values(multipliers, params, arg_name)  # fail early
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    flat, treedef = jax.tree.flatten(updates)
+    mults = masks.resolve_leaf_values(multipliers, updates, arg_name)
+    flat = [u if c == 1 else u * jnp.asarray(c, u.dtype) for u, c in zip(flat, mults)]
+    return jax.tree.unflatten(treedef, flat), state
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def add_decayed_weights_per_leaf(
+    weight_decay: float,
+    multipliers: masks.LeafValues = None,
+    *,
+    arg_name: str = "multipliers",
+) -> GradientTransformation:
+  r"""Adds :math:`\lambda_i w` to each leaf's update, with a per-leaf rate.
+
+  .. math:: u_i \leftarrow u_i + \lambda \, c_i \, w_i
+
+  where :math:`c_i` is the leaf's entry in ``multipliers`` (MXNet's
+  ``wd_mult``; 1 for leaves it does not name). Where it sits in a chain
+  decides the kind of decay: before a preconditioner (momentum, Adam, sign)
+  it is L2 regularisation (MXNet's ``wd``); after it and before the learning
+  rate it is decoupled weight decay (Loshchilov and Hutter,
+  `Decoupled Weight Decay Regularization <https://arxiv.org/abs/1711.05101>`_;
+  Signum's ``wd_lh``). Leaves whose rate is a Python 0 are left untouched and
+  do not read the params.
+
+  Args:
+    weight_decay: :math:`\lambda` >= 0.
+    multipliers: per-leaf multipliers of ``weight_decay``; see
+      :data:`lars_optax.masks.LeafValues`.
+    arg_name: how error messages name ``multipliers`` (e.g. ``"wd_mult"``).
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation`; ``update`` needs
+    ``params``.
+  """
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  masks.check_leaf_values(multipliers, arg_name)
+  name = "add_decayed_weights_per_leaf"
+
+  def init_fn(params):
+    masks.resolve_leaf_values(multipliers, params, arg_name)  # fail early
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    v.check_same_structure(updates, params, name)
+    flat_u, treedef = jax.tree.flatten(updates)
+    flat_p = treedef.flatten_up_to(params)
+    mults = masks.resolve_leaf_values(multipliers, params, arg_name)
+    out = []
+    for u, p, c in zip(flat_u, flat_p, mults):
+      rate = _times(weight_decay, c)
+      if _is_const(rate, 0):
+        out.append(u)
+      else:
+        out.append(u + jnp.asarray(rate, u.dtype) * p.astype(u.dtype))
+    return jax.tree.unflatten(treedef, out), state
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
+  """``1 - beta**t`` in float32 without the cancellation of the direct form.
+
+  Written as ``-expm1(t * log(beta))`` with ``log(beta)`` taken in double
+  precision for Python numbers, so ``1 - 0.999**1`` is 1e-3 to float32
+  precision (the direct form is off by 1e-5 relative, because 0.999 is not a
+  float32 number).
+  """
+  if isinstance(beta, (int, float)):
+    if beta == 0:
+      return jnp.ones_like(t)
+    log_beta = jnp.asarray(math.log(beta), jnp.float32)
+  else:
+    log_beta = jnp.log(jnp.asarray(beta, jnp.float32))
+  return -jnp.expm1(t * log_beta)
+
+
+def scale_by_mxnet_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    initial_count: int = 0,
+) -> GradientTransformation:
+  r"""Adam's scaling with epsilon outside the bias correction (MXNet's rule).
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
+    \text{update} &= \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t} \cdot
+      \frac{m_t}{\sqrt{v_t} + \epsilon}
+
+  Follow it with :func:`optax.scale_by_learning_rate`. This is
+  :func:`optax.scale_by_adam` except for where :math:`\epsilon` sits: optax
+  divides by :math:`\sqrt{\hat v_t} + \epsilon`, i.e. MXNet's formula with
+  :math:`\epsilon` replaced by :math:`\epsilon \sqrt{1-\beta_2^t}`. The
+  two differ while :math:`\sqrt{v_t}` is comparable to :math:`\epsilon`
+  (small gradients, early steps).
+
+  ``m`` and ``v`` are kept in the parameter dtype; the division is done in
+  float32 or wider, so float16 states with ``eps=1e-8`` (which is 0 in
+  float16) do not divide 0 by 0.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    initial_count: updates already done before the first one (MXNet's
+      ``begin_num_update``): :math:`t` is ``initial_count + 1`` at the first
+      update.
+
+  Returns:
+    A :class:`optax.GradientTransformation` with an
+    :class:`optax.ScaleByAdamState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.Adam``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  if (isinstance(initial_count, bool) or not isinstance(initial_count, (int, np.integer))
+      or initial_count < 0):
+    raise ValueError(f"initial_count: expected an int >= 0, got {initial_count!r}.")
+  initial_count = int(initial_count)
+
+  def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
+    v.check_float_params(params, "scale_by_mxnet_adam")
+    return optax.ScaleByAdamState(
+        count=jnp.zeros([], jnp.int32),
+        mu=jax.tree.map(jnp.zeros_like, params),
+        nu=jax.tree.map(jnp.zeros_like, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, u: b1 * m + (1 - b1) * u, state.mu, updates)
+    nu = jax.tree.map(lambda n, u: b2 * n + (1 - b2) * jnp.square(u), state.nu, updates)
+    count = optax.safe_int32_increment(state.count)
+    t = (count + initial_count).astype(jnp.float32)
+    scale = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
+
+    def step(m, n):
+      dt = _norm_dtype(m.dtype)
+      out = scale.astype(dt) * m.astype(dt) / (jnp.sqrt(n.astype(dt)) + eps)
+      return out.astype(m.dtype)
+
+    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
   return GradientTransformation(init_fn, update_fn)

@@ -1,0 +1,122 @@
+"""Lazy (row-sparse) updates, as MXNet's ``lazy_update=True`` does them.
+
+MXNet sends embedding-style gradients as ``row_sparse`` arrays and, with
+``lazy_update=True``, updates only the rows that appear in the gradient: the
+weights *and* every optimizer buffer of an absent row stay as they were. JAX
+gradients are dense, so :func:`lazy_update` calls a row present when any of its
+entries is non-zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import masks
+
+__all__ = ["lazy_update", "present_rows"]
+
+
+def present_rows(grad: jax.Array) -> jax.Array:
+  """A bool vector with one entry per row (axis 0): any entry non-zero.
+
+  NaN counts as non-zero, so a non-finite gradient row is updated (and shows
+  up) rather than silently skipped.
+  """
+  if grad.ndim == 0:
+    raise ValueError("present_rows: a 0-d array has no rows.")
+  return jnp.any(grad != 0, axis=tuple(range(1, grad.ndim)))
+
+
+def _check_rows(tree: Any, where: str) -> None:
+  for name, leaf in masks.named_leaves(tree):
+    if np.ndim(leaf) == 0:
+      raise ValueError(
+          f"{where}: parameter {name!r} is 0-d (a scalar), so it has no rows; "
+          "lazy_update needs every leaf to have at least one axis. Exclude "
+          "scalars, e.g. with optax.masked or optax.partition.")
+
+
+def _keep_rows(new: jax.Array, old: jax.Array, rows: jax.Array) -> jax.Array:
+  where = rows.reshape(rows.shape + (1,) * (new.ndim - 1))
+  return jnp.where(where, new, old)
+
+
+def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArgs:
+  r"""Applies ``inner`` only to the rows present in the gradient.
+
+  For every leaf, a row (an index along axis 0) is *present* when any entry of
+  its gradient is non-zero (:func:`present_rows`). Then, per row :math:`r`:
+
+  .. math::
+
+    (u_r, s_r) = \begin{cases}
+      \mathrm{inner}(g, s)_r & r \text{ present} \\
+      (0,\ s_r) & r \text{ absent}
+    \end{cases}
+
+  i.e. an absent row gets a zero update and keeps every state buffer that has
+  the shape of the parameters (momentum, Adam's moments, ...). Scalar state
+  such as a step count still advances, as in MXNet (Adam's :math:`t` is the
+  step count of the whole parameter). With every row present this is exactly
+  ``inner``.
+
+  The buffers are found by structure: a subtree of the state with the params'
+  tree structure and leaf shapes (as optax keeps them). Buffers held in
+  another layout (e.g. inside :func:`optax.masked`) are not recognised and are
+  updated densely.
+
+  Example: MXNet's ``Adam(lazy_update=True)`` is
+  ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
+  around :func:`lars_optax.sgd`, :func:`lars_optax.signum` or any optax
+  transformation.
+
+  Args:
+    inner: the transformation to apply lazily.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` whose state is
+    ``inner``'s state. Raises a ValueError naming the leaf when a parameter
+    is 0-d (it has no rows).
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    _check_rows(params, "lazy_update")
+    return inner_tx.init(params)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    _check_rows(updates, "lazy_update")
+    flat_g, treedef = jax.tree.flatten(updates)
+    rows = [present_rows(g) for g in flat_g]
+    new_updates, new_state = inner_tx.update(updates, state, params, **extra_args)
+    flat_u = treedef.flatten_up_to(new_updates)
+    new_updates = jax.tree.unflatten(
+        treedef, [_keep_rows(u, jnp.zeros_like(u), r) for u, r in zip(flat_u, rows)])
+    shapes = [np.shape(g) for g in flat_g]
+
+    def is_params_like(node):
+      if jax.tree.structure(node) != treedef:
+        return False
+      return [np.shape(x) for x in jax.tree.leaves(node)] == shapes
+
+    def keep(new, old):
+      if not is_params_like(new):
+        return new
+      flat_new = treedef.flatten_up_to(new)
+      flat_old = treedef.flatten_up_to(old)
+      return jax.tree.unflatten(
+          treedef, [_keep_rows(n, o, r) for n, o, r in zip(flat_new, flat_old, rows)])
+
+    new_state = jax.tree.map(keep, new_state, state, is_leaf=is_params_like)
+    return new_updates, new_state
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,135 @@
+"""Multi-precision training: float32 master weights for float16/bfloat16 params.
+
+MXNet's ``multi_precision=True`` keeps, for every float16 weight, a float32
+copy (the *master*) and float32 optimizer state. The update is computed and
+applied on the master, and the float16 weight is the master cast down.
+:func:`multi_precision` does the same around any optax transformation, for
+float16 and bfloat16 leaves; float32 and float64 leaves pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _validation as v
+from lars_optax.transforms import _find_state
+
+__all__ = ["MultiPrecisionState", "multi_precision", "master_params", "LOW_PRECISION"]
+
+LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+"""The dtypes that get a float32 master copy."""
+
+
+def _is_low(x: Any) -> bool:
+  return jnp.dtype(getattr(x, "dtype", jnp.float32)) in LOW_PRECISION
+
+
+class MultiPrecisionState(NamedTuple):
+  """State of :func:`multi_precision`.
+
+  Attributes:
+    master: float32 copies of the float16/bfloat16 params, with the params'
+      tree structure; other leaves hold an empty :class:`optax.MaskedNode`.
+    inner_state: the wrapped transformation's state, built on the float32
+      params (so its buffers are float32).
+  """
+
+  master: Any
+  inner_state: optax.OptState
+
+
+def multi_precision(inner: GradientTransformation) -> GradientTransformationExtraArgs:
+  r"""Runs ``inner`` on float32 master copies of the low-precision params.
+
+  For every float16 or bfloat16 leaf :math:`w` (with master :math:`\bar w`,
+  initially :math:`\bar w = \mathrm{f32}(w)`):
+
+  .. math::
+
+    \Delta &= \mathrm{inner}(\mathrm{f32}(g), \bar w) \\
+    \bar w &\leftarrow \bar w + \Delta \\
+    \text{update} &= \mathrm{f32}(\mathrm{low}(\bar w)) - \mathrm{f32}(w)
+
+  so that :func:`optax.apply_updates` sets :math:`w` to the master cast down,
+  :math:`\mathrm{low}(\bar w)`. ``inner`` sees float32 gradients and float32
+  params, so its state (momentum, Adam's moments) is float32 too. float32 and
+  float64 leaves are passed to ``inner`` unchanged. This is MXNet's
+  ``multi_precision=True``, extended to bfloat16.
+
+  The update of a low-precision leaf is float32; apply it with
+  :func:`optax.apply_updates` (which casts the sum back to the param dtype).
+  The result equals the cast master exactly whenever the difference of the two
+  low-precision values is a float32 number, which holds unless one step moves
+  a weight between magnitudes more than about :math:`2^{16}` apart (e.g. from
+  2.0 to below 3e-5 in float16). Even then the next step starts again from
+  the master: the error does not accumulate. :func:`master_params` returns
+  the masters.
+
+  Args:
+    inner: the transformation to run in float32.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with a
+    :class:`MultiPrecisionState`.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  inner_tx = optax.with_extra_args_support(inner)
+  name = "multi_precision"
+
+  def master_tree(params, master):
+    return jax.tree.map(lambda p, m: m if _is_low(p) else p, params, master)
+
+  def init_fn(params):
+    v.check_float_params(params, name)
+    master = jax.tree.map(
+        lambda p: p.astype(jnp.float32) if _is_low(p) else optax.MaskedNode(), params)
+    return MultiPrecisionState(master, inner_tx.init(master_tree(params, master)))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    v.check_same_structure(updates, params, name)
+    full = master_tree(params, state.master)
+    grads = jax.tree.map(lambda g, p: g.astype(jnp.float32) if _is_low(p) else g,
+                         updates, params)
+    inner_updates, inner_state = inner_tx.update(grads, state.inner_state, full,
+                                                 **extra_args)
+
+    def new_master(p, m, u):
+      return (m + u.astype(jnp.float32)) if _is_low(p) else optax.MaskedNode()
+
+    master = jax.tree.map(new_master, params, state.master, inner_updates)
+
+    def out(p, m, u):
+      if not _is_low(p):
+        return u
+      return m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32)
+
+    new_updates = jax.tree.map(out, params, master, inner_updates)
+    return new_updates, MultiPrecisionState(master, inner_state)
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def master_params(state: optax.OptState, params: Any) -> Any:
+  """The params at full precision: masters for low-precision leaves.
+
+  Finds the first :class:`MultiPrecisionState` in ``state`` and returns
+  ``params`` with every float16/bfloat16 leaf replaced by its float32 master
+  (e.g. for evaluation or for saving a float32 checkpoint).
+
+  Raises:
+    ValueError: when ``state`` holds no :class:`MultiPrecisionState`.
+  """
+  found = _find_state(state, MultiPrecisionState)
+  if found is None:
+    raise ValueError("state: no MultiPrecisionState found; pass the state of an "
+                     "optimizer built with multi_precision=True or wrapped in "
+                     "lars_optax.multi_precision.")
+  return jax.tree.map(lambda p, m: m if _is_low(p) else p, params, found.master)
+

@@ -1,0 +1,239 @@
+"""``create(name, **kwargs)``: build an optimizer by name, as ``mx.optimizer.create`` does.
+
+Porting an MXNet training script usually means porting a line such as
+``mx.optimizer.create('adam', learning_rate=..., wd=..., lr_scheduler=...)``.
+:func:`create` takes the same name and the same arguments and returns the
+matching optax transformation. Parameter names come from the tree paths of the
+params (see :mod:`lars_optax.masks`), so ``lr_mult``/``wd_mult`` are dicts keyed
+by leaf name and no ``param_idx2name`` is needed.
+
+:func:`register` adds a user optimizer under a new name.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lars_optax import _validation as v
+from lars_optax import optimizers, precision
+
+__all__ = ["create", "register", "registered", "mxnet_schedule", "BASE_ARGS"]
+
+Factory = Callable[..., optax.GradientTransformation]
+
+BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_scheduler",
+             "begin_num_update", "multi_precision", "lr_mult", "wd_mult")
+"""MXNet optimizer-base arguments that :func:`create` accepts for every name."""
+
+# Accepted for compatibility; they choose between MXNet code paths that give
+# the same numbers, so they have no effect here.
+_NO_OP_ARGS = ("use_fused_step", "aggregate_num")
+
+_REGISTRY: dict[str, Factory] = {}
+
+
+def _own_args(factory: Factory) -> set[str]:
+  params = inspect.signature(factory).parameters.values()
+  return {p.name for p in params
+          if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def register(name: str, factory: Factory | None = None, *, overwrite: bool = False):
+  """Adds ``factory`` to :func:`create` under ``name`` (case-insensitive).
+
+  Usable as a decorator (``@lars_optax.register("mysgd")``) or a call
+  (``register("mysgd", my_factory)``). ``factory(**kwargs)`` must return an
+  optax transformation; it receives the optimizer-base arguments it declares
+  (``learning_rate`` as an optax schedule when ``lr_scheduler`` is given,
+  ``wd``, ...) plus its own.
+
+  Raises:
+    ValueError: the name is taken (pass ``overwrite=True`` to replace it).
+    TypeError: the name is not a string or the factory is not callable.
+  """
+  if not isinstance(name, str) or not name:
+    raise TypeError(f"name: expected a non-empty string, got {name!r}.")
+  key = name.lower()
+
+  def add(fn: Factory) -> Factory:
+    if not callable(fn):
+      raise TypeError(f"factory: expected a callable, got {type(fn).__name__}.")
+    if key in _REGISTRY and not overwrite:
+      raise ValueError(f"name: an optimizer called {name!r} is already registered; "
+                       "pass overwrite=True to replace it.")
+    _REGISTRY[key] = fn
+    return fn
+
+  return add if factory is None else add(factory)
+
+
+def registered() -> list[str]:
+  """The names :func:`create` accepts."""
+  return sorted(_REGISTRY)
+
+
+def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
+                   begin_num_update: int = 0) -> Callable[[jax.Array], jax.Array]:
+  """Turns an MXNet-style scheduler into an optax schedule.
+
+  MXNet calls its scheduler with the update count, which is
+  ``begin_num_update + 1`` at the first update; optax calls a schedule with
+  the number of updates done so far (0 at the first). The returned schedule
+  is ``count -> lr_scheduler(count + 1 + begin_num_update)``.
+
+  ``lr_scheduler`` may be a JAX-traceable function of the count (an optax
+  schedule, a ``lambda n: ...`` with ``jnp`` ops), used as is under ``jit``.
+  A Python scheduler that cannot be traced (one that branches on the count or
+  keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
+  host through :func:`jax.pure_callback` with the concrete count.
+  """
+  if not callable(lr_scheduler):
+    raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
+                    f"{type(lr_scheduler).__name__}.")
+  if isinstance(begin_num_update, bool) or not isinstance(
+      begin_num_update, (int, np.integer)) or begin_num_update < 0:
+    raise ValueError(f"begin_num_update: expected an int >= 0, got {begin_num_update!r}.")
+  offset = int(begin_num_update) + 1
+
+  def traced(count):
+    return jnp.asarray(lr_scheduler(count + offset), jnp.float32)
+
+  try:
+    out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
+    traceable = out.shape == ()
+  except Exception:  # noqa: BLE001 - any failure to trace means "call it on the host"
+    traceable = False
+  if traceable:
+    return traced
+
+  def host(count):
+    return np.asarray(lr_scheduler(int(count) + offset), np.float32)
+
+  def on_host(count):
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32),
+                             jnp.asarray(count, jnp.int32))
+
+  return on_host
+
+
+_UNSET = object()
+
+
+def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
+  """Builds an optimizer by name with MXNet's arguments (``mx.optimizer.create``).
+
+  Names (case-insensitive): ``lars``, ``signum``, ``signsgd``, ``adam``,
+  ``sgd``, and any added with :func:`register`. Every name takes the MXNet
+  optimizer-base arguments (:data:`BASE_ARGS`):
+
+  * ``learning_rate``, ``wd``, ``rescale_grad``, ``clip_gradient``;
+  * ``lr_scheduler``: called with the update count, 1 at the first update
+    (``begin_num_update`` shifts it), see :func:`mxnet_schedule`. As in MXNet,
+    a scheduler object with a ``base_lr`` attribute gets ``base_lr`` set to
+    the learning rate (the optimizer's default when none is given), on a copy:
+    the object passed in is not changed. A plain callable takes the place of
+    the learning rate, so giving both is an error;
+  * ``begin_num_update``: also the start of Adam's bias-correction count;
+  * ``multi_precision``: float32 master weights for float16/bfloat16 params;
+  * ``lr_mult``, ``wd_mult``: per-leaf multipliers by leaf name (dicts such as
+    MXNet's ``set_lr_mult`` takes, or ``(mask, value)`` rules);
+
+  plus each optimizer's own (e.g. ``momentum``, ``eta``, ``beta1``,
+  ``lazy_update``, ``wd_lh``). ``use_fused_step`` and ``aggregate_num`` are
+  accepted and ignored (they select MXNet code paths with the same results).
+
+  Raises:
+    ValueError: an unknown name or argument (the message lists the valid
+      ones), or an argument the optimizer rejects.
+  """
+  if not isinstance(name, str):
+    raise TypeError(f"name: expected a string, got {name!r}.")
+  key = name.lower()
+  if key not in _REGISTRY:
+    close = difflib.get_close_matches(key, list(_REGISTRY), n=1)
+    raise ValueError(f"name: unknown optimizer {name!r}"
+                     + (f" (did you mean {close[0]!r}?)" if close else "")
+                     + f"; valid names are {registered()}.")
+  factory = _REGISTRY[key]
+  own = _own_args(factory)
+  if "param_idx2name" in kwargs or "sym" in kwargs or "param_dict" in kwargs:
+    bad = next(k for k in ("param_idx2name", "sym", "param_dict") if k in kwargs)
+    raise ValueError(f"{bad}: not needed; parameter names come from the paths of the "
+                     "params tree (use lr_mult / wd_mult dicts keyed by leaf name).")
+  valid = sorted(set(BASE_ARGS) | own | set(_NO_OP_ARGS))
+  unknown = sorted(set(kwargs) - set(valid))
+  if unknown:
+    raise ValueError(f"{unknown[0]}: not an argument of {key!r}"
+                     + (f" (also unknown: {unknown[1:]})" if len(unknown) > 1 else "")
+                     + f"; valid arguments are {valid}.")
+  for k in _NO_OP_ARGS:
+    kwargs.pop(k, None)
+
+  lr_scheduler = kwargs.pop("lr_scheduler", None)
+  begin = kwargs.pop("begin_num_update", 0)
+  optimizers._check_count("begin_num_update", begin)
+  if lr_scheduler is not None:
+    kwargs["learning_rate"] = mxnet_schedule(
+        _with_base_lr(lr_scheduler, kwargs.get("learning_rate", _UNSET), factory), begin)
+  if "begin_num_update" in own:
+    kwargs["begin_num_update"] = begin
+
+  # A base argument that a registered factory does not declare is fine at its
+  # neutral value and an error otherwise (it would be silently ignored).
+  neutral = {"wd": 0.0, "rescale_grad": 1.0, "clip_gradient": None,
+             "multi_precision": False, "lr_mult": None, "wd_mult": None}
+  wrap = False
+  if "multi_precision" not in own and "multi_precision" in kwargs:
+    # MXNet's base class gives every optimizer master weights; so does the wrapper.
+    wrap = optimizers._check_flag("multi_precision", kwargs.pop("multi_precision"))
+  for k in sorted(set(kwargs) - own):
+    if k in neutral and kwargs[k] == neutral[k]:
+      del kwargs[k]
+    else:
+      raise ValueError(f"{k}: {key!r} does not support this argument; its "
+                       f"arguments are {sorted(own)}.")
+  tx = factory(**kwargs)
+  return precision.multi_precision(tx) if wrap else tx
+
+
+def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
+  """MXNet's rule: a scheduler object's ``base_lr`` becomes the learning rate."""
+  if not hasattr(lr_scheduler, "base_lr"):
+    if lr is not _UNSET:
+      raise ValueError("learning_rate: give either learning_rate or a plain "
+                       "lr_scheduler callable, not both (the scheduler returns the "
+                       "learning rate).")
+    return lr_scheduler
+  if lr is _UNSET:
+    lr = _default(factory, "learning_rate")  # MXNet uses the class default too
+  if lr is _UNSET or lr is None:
+    return lr_scheduler
+  v.check_scalar("learning_rate", lr, low=0.0)
+  if lr_scheduler.base_lr != lr:
+    warnings.warn(f"lr_scheduler: base_lr {lr_scheduler.base_lr} is replaced by "
+                  f"learning_rate {lr}, as MXNet does.", stacklevel=3)
+  lr_scheduler = copy.copy(lr_scheduler)
+  lr_scheduler.base_lr = lr
+  return lr_scheduler
+
+
+def _default(factory: Factory, arg: str) -> Any:
+  p = inspect.signature(factory).parameters.get(arg)
+  return _UNSET if p is None or p.default is p.empty else p.default
+
+
+register("lars", optimizers.lars)
+register("signum", optimizers.signum)
+register("signsgd", optimizers.signsgd)
+register("adam", optimizers.adam)
+register("sgd", optimizers.sgd)
