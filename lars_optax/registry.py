@@ -222,7 +222,7 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   if lr_scheduler.base_lr != lr:
     warnings.warn(f"lr_scheduler: base_lr {lr_scheduler.base_lr} is replaced by "
                   f"learning_rate {lr}, as MXNet does.", stacklevel=3)
-  lr_scheduler = copy.copy(lr_scheduler)
+  lr_scheduler = copy.deepcopy(lr_scheduler)
   lr_scheduler.base_lr = lr
   return lr_scheduler
 

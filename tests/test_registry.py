@@ -1,0 +1,266 @@
+"""lars_optax.create / register: MXNet's ``mx.optimizer.create`` by name.
+
+The numbers of every built-in name are checked against MXNet itself in
+``test_reference_mxnet_optimizers.py``; here: name and argument handling, the
+1-based scheduler count, ``base_lr`` overwriting, host-side schedulers,
+``register`` and the errors.
+"""
+
+import warnings
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+
+
+def _params():
+  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "fc1_bias": jnp.array([0.1, -0.2])}
+
+
+def _grads():
+  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.2, 0.4]]), "fc1_bias": jnp.array([0.5, -0.5])}
+
+
+def _run(tx, steps=3, jit=True):
+  params = _params()
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  for _ in range(steps):
+    updates, state = update(_grads(), state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+@pytest.mark.parametrize("name, factory, kwargs", [
+    ("lars", lars_optax.lars, {"momentum": 0.9, "eta": 0.1, "wd": 1e-3}),
+    ("LARS", lars_optax.lars, {}),
+    ("Signum", lars_optax.signum, {"wd_lh": 0.01}),
+    ("signsgd", lars_optax.signsgd, {"wd": 0.01}),
+    ("adam", lars_optax.adam, {"beta1": 0.8, "wd": 1e-2, "clip_gradient": 0.3}),
+    ("SGD", lars_optax.sgd, {"momentum": 0.9, "rescale_grad": 0.5}),
+])
+def test_create_matches_the_function(name, factory, kwargs):
+  chex.assert_trees_all_close(_run(lars_optax.create(name, **kwargs)), _run(factory(**kwargs)),
+                              rtol=0, atol=0)
+
+
+def test_registered_names():
+  assert {"lars", "signum", "signsgd", "adam", "sgd"} <= set(lars_optax.registered())
+
+
+def test_unknown_name_lists_the_valid_ones():
+  with pytest.raises(ValueError, match=r"name: unknown optimizer 'adamw' \(did you mean "
+                     r"'adam'\?\); valid names are \[.*'lars'.*'sgd'"):
+    lars_optax.create("adamw")
+
+
+def test_name_must_be_a_string():
+  with pytest.raises(TypeError, match="name: expected a string"):
+    lars_optax.create(3)
+
+
+def test_unknown_argument_lists_the_valid_ones():
+  with pytest.raises(ValueError, match=r"momentum: not an argument of 'adam'; valid arguments "
+                     r"are \[.*'beta1'.*'lr_scheduler'"):
+    lars_optax.create("adam", momentum=0.9)
+
+
+@pytest.mark.parametrize("arg", ["param_idx2name", "sym", "param_dict"])
+def test_index_maps_are_not_needed(arg):
+  with pytest.raises(ValueError, match=f"{arg}: not needed; parameter names come from"):
+    lars_optax.create("sgd", **{arg: {0: "fc1_weight"}})
+
+
+def test_fused_path_switches_are_accepted_and_ignored():
+  a = _run(lars_optax.create("sgd", momentum=0.9, use_fused_step=False, aggregate_num=4))
+  chex.assert_trees_all_close(a, _run(lars_optax.sgd(momentum=0.9)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, kwargs, match", [
+    ("adam", {"beta1": 1.0}, "beta1: must be in"),
+    ("adam", {"beta2": -0.1}, "beta2: must be in"),
+    ("signum", {"momentum": 1.0}, "momentum: must be in"),
+    ("signum", {"wd_lh": -1e-3}, "wd_lh: must be >= 0"),
+    ("sgd", {"wd": -1.0}, "wd: must be >= 0"),
+    ("lars", {"rescale_grad": 0.0}, "rescale_grad: must be > 0"),
+    ("signsgd", {"clip_gradient": -1.0}, "clip_gradient: must be > 0"),
+    ("adam", {"begin_num_update": -1}, "begin_num_update: expected an int >= 0"),
+    ("sgd", {"begin_num_update": 1.5}, "begin_num_update: expected an int >= 0"),
+    ("sgd", {"multi_precision": "yes"}, "multi_precision: expected a bool"),
+    ("adam", {"lazy_update": 1}, "lazy_update: expected a bool"),
+    ("sgd", {"lr_mult": {"fc1_weight": -1.0}}, "lr_mult: the value for 'fc1_weight' must be"),
+    ("sgd", {"lr_scheduler": 0.1}, "lr_scheduler: expected a callable"),
+])
+def test_bad_arguments_name_the_argument(name, kwargs, match):
+  with pytest.raises((ValueError, TypeError), match=match):
+    lars_optax.create(name, **kwargs)
+
+
+def test_lr_mult_with_an_unknown_leaf_name_fails_at_init():
+  tx = lars_optax.create("adam", lr_mult={"fc1_weigth": 2.0})
+  with pytest.raises(ValueError, match=r"lr_mult: no parameter is named 'fc1_weigth' "
+                     r"\(did you mean \['fc1_weight'"):
+    tx.init(_params())
+
+
+# --------------------------------------------------------------------------
+# lr_scheduler and begin_num_update
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("begin", [0, 5])
+@pytest.mark.parametrize("jit", [False, True])
+def test_traceable_scheduler_gets_the_one_based_count(begin, jit):
+  # SGD without momentum: the update is -lr(n) * g, so lr(n) = n shows n.
+  tx = lars_optax.create("sgd", lr_scheduler=lambda n: n * 1.0, begin_num_update=begin)
+  params = _params()
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  g = _grads()
+  for step in range(1, 4):
+    updates, state = update(g, state, params)
+    np.testing.assert_allclose(updates["fc1_bias"], -(begin + step) * g["fc1_bias"], rtol=1e-6)
+
+
+def test_optax_schedule_as_lr_scheduler():
+  sched = optax.linear_schedule(1.0, 0.0, 10)
+  tx = lars_optax.create("sgd", lr_scheduler=sched)
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
+  # MXNet's count is 1 at the first update.
+  np.testing.assert_allclose(updates["fc1_bias"], -0.9 * _grads()["fc1_bias"], rtol=1e-6)
+
+
+class FactorScheduler:
+  """A stateful Python scheduler written like MXNet's (cannot be traced)."""
+
+  def __init__(self, step, factor=1.0, base_lr=0.01):
+    self.step, self.factor, self.base_lr, self.count = step, factor, base_lr, 0
+    self.calls = []
+
+  def __call__(self, num_update):
+    self.calls.append(num_update)
+    while num_update > self.count + self.step:
+      self.count += self.step
+      self.base_lr *= self.factor
+    return self.base_lr
+
+
+def test_python_scheduler_runs_on_the_host_under_jit():
+  sched = FactorScheduler(step=2, factor=0.5, base_lr=1.0)
+  tx = lars_optax.create("sgd", learning_rate=1.0, lr_scheduler=sched, begin_num_update=1)
+  params, g = _params(), _grads()
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  lrs = []
+  for _ in range(6):
+    updates, state = update(g, state, params)
+    lrs.append(float(-updates["fc1_bias"][0] / g["fc1_bias"][0]))
+  # num_update = 2..7; lr = base * factor ** floor((n - 1) / step).
+  np.testing.assert_allclose(lrs, [1.0, 0.5, 0.5, 0.25, 0.25, 0.125], rtol=1e-6)
+  # create() calls a copy: the object passed in keeps its state.
+  assert (sched.calls, sched.count, sched.base_lr) == ([], 0, 1.0)
+
+
+def test_scheduler_base_lr_is_replaced_by_learning_rate_as_in_mxnet():
+  sched = FactorScheduler(step=100, base_lr=0.5)
+  with pytest.warns(UserWarning, match="base_lr 0.5 is replaced by learning_rate 0.25"):
+    tx = lars_optax.create("sgd", learning_rate=0.25, lr_scheduler=sched)
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
+  np.testing.assert_allclose(updates["fc1_bias"], -0.25 * _grads()["fc1_bias"], rtol=1e-6)
+  assert sched.base_lr == 0.5  # the caller's object is not changed
+
+
+def test_scheduler_base_lr_takes_the_optimizer_default_as_in_mxnet():
+  # mx.optimizer.Adam passes its default learning_rate=0.001 to the base class,
+  # which overwrites the scheduler's base_lr.
+  sched = FactorScheduler(step=100, base_lr=0.001)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tx = lars_optax.create("adam", lr_scheduler=sched)
+  ref = lars_optax.adam(learning_rate=0.001)
+  chex.assert_trees_all_close(_run(tx, jit=False), _run(ref, jit=False), rtol=1e-6)
+
+
+def test_plain_scheduler_and_learning_rate_conflict():
+  with pytest.raises(ValueError, match="learning_rate: give either learning_rate or a plain "
+                     "lr_scheduler"):
+    lars_optax.create("sgd", learning_rate=0.1, lr_scheduler=lambda n: 0.1)
+
+
+def test_begin_num_update_starts_adams_bias_correction():
+  tx = lars_optax.create("adam", learning_rate=0.1, begin_num_update=9)
+  updates, state = tx.update(_grads(), tx.init(_params()), _params())
+  g = np.asarray(_grads()["fc1_bias"], np.float64)
+  t = 10
+  m, v = 0.1 * g, 0.001 * g**2
+  expected = -0.1 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t) * m / (np.sqrt(v) + 1e-8)
+  np.testing.assert_allclose(updates["fc1_bias"], expected, rtol=1e-5)
+
+
+def test_mxnet_schedule_directly():
+  sched = lars_optax.mxnet_schedule(lambda n: 1.0 / n, begin_num_update=1)
+  np.testing.assert_allclose(sched(jnp.asarray(0)), 0.5)
+  np.testing.assert_allclose(jax.jit(sched)(jnp.asarray(2)), 0.25)
+
+
+# --------------------------------------------------------------------------
+# register
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_registry():
+  saved = dict(lars_optax.registry._REGISTRY)
+  yield
+  lars_optax.registry._REGISTRY.clear()
+  lars_optax.registry._REGISTRY.update(saved)
+
+
+def test_register_as_decorator(clean_registry):
+  @lars_optax.register("MyOpt")
+  def my_opt(learning_rate=0.5, wd=0.0):
+    return optax.chain(optax.add_decayed_weights(wd), optax.sgd(learning_rate))
+
+  assert "myopt" in lars_optax.registered()
+  chex.assert_trees_all_close(_run(lars_optax.create("myopt", wd=0.1)),
+                              _run(my_opt(wd=0.1)), rtol=0, atol=0)
+
+
+def test_register_gets_the_mxnet_schedule(clean_registry):
+  lars_optax.register("plain", lambda learning_rate=0.1: optax.sgd(learning_rate))
+  tx = lars_optax.create("plain", lr_scheduler=lambda n: 2.0 * n)
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
+  np.testing.assert_allclose(updates["fc1_bias"], -2.0 * _grads()["fc1_bias"], rtol=1e-6)
+
+
+def test_register_duplicate_needs_overwrite(clean_registry):
+  with pytest.raises(ValueError, match="name: an optimizer called 'adam' is already registered"):
+    lars_optax.register("adam", lars_optax.sgd)
+  lars_optax.register("adam", lars_optax.sgd, overwrite=True)
+  chex.assert_trees_all_close(_run(lars_optax.create("adam")), _run(lars_optax.sgd()))
+
+
+@pytest.mark.parametrize("name, factory, exc", [
+    ("", optax.sgd, TypeError), (3, optax.sgd, TypeError), ("x", 3, TypeError)])
+def test_register_bad_input(clean_registry, name, factory, exc):
+  with pytest.raises(exc, match="name: expected|factory: expected"):
+    lars_optax.register(name, factory)
+
+
+def test_register_factory_without_a_base_argument(clean_registry):
+  lars_optax.register("plain", lambda learning_rate=0.1: optax.sgd(learning_rate))
+  lars_optax.create("plain", wd=0.0, rescale_grad=1.0)  # neutral values are fine
+  with pytest.raises(ValueError, match="wd: 'plain' does not support this argument"):
+    lars_optax.create("plain", wd=1e-4)
+
+
+def test_register_factory_gets_multi_precision_from_the_wrapper(clean_registry):
+  lars_optax.register("plain", lambda learning_rate=0.1: optax.sgd(learning_rate))
+  tx = lars_optax.create("plain", multi_precision=True)
+  state = tx.init({"w": jnp.ones(3, jnp.float16)})
+  assert isinstance(state, lars_optax.MultiPrecisionState)
