@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -488,5 +490,8 @@ def sgd(
 
 
 def _check_count(name: str, value: object) -> None:
+  """An int >= 0; an integer array (e.g. from optax.inject_hyperparams) passes."""
+  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
+    return
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
     raise ValueError(f"{name}: expected an int >= 0, got {value!r}.")

@@ -435,6 +435,7 @@ def add_decayed_weights_per_leaf(
   name = "add_decayed_weights_per_leaf"
 
   def init_fn(params):
+    v.check_float_params(params, name)
     masks.resolve_leaf_values(multipliers, params, arg_name)  # fail early
     return optax.EmptyState()
 
@@ -519,10 +520,11 @@ def scale_by_mxnet_adam(
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
-  if (isinstance(initial_count, bool) or not isinstance(initial_count, (int, np.integer))
-      or initial_count < 0):
+  if isinstance(initial_count, jax.Array) and jnp.issubdtype(initial_count.dtype, jnp.integer):
+    pass  # e.g. from optax.inject_hyperparams
+  elif (isinstance(initial_count, bool) or not isinstance(initial_count, (int, np.integer))
+        or initial_count < 0):
     raise ValueError(f"initial_count: expected an int >= 0, got {initial_count!r}.")
-  initial_count = int(initial_count)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, "scale_by_mxnet_adam")

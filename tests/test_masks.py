@@ -481,3 +481,55 @@ def test_combining_with_non_mask(other):
 def test_combining_with_non_mask_message():
   with pytest.raises(TypeError, match="by_predicate"):
     lars_optax.by_suffix("bias") | (lambda n, x: True)  # pylint: disable=expression-not-assigned
+
+
+# --------------------------------------------------------------------------
+# Per-leaf values (lr_mult / wd_mult)
+# --------------------------------------------------------------------------
+
+_MULT_TREE = {"fc1_weight": np.ones((2, 2)), "fc1_bias": np.ones(2), "bn_gamma": np.ones(2)}
+
+
+def test_leaf_values_none_gives_the_default():
+  assert masks.resolve_leaf_values(None, _MULT_TREE, "lr_mult") == [1.0, 1.0, 1.0]
+  assert masks.resolve_leaf_values(None, _MULT_TREE, "x", default=0.5) == [0.5] * 3
+
+
+def test_leaf_values_dict_by_name():
+  # jax.tree.leaves order: bn_gamma, fc1_bias, fc1_weight
+  got = masks.resolve_leaf_values({"fc1_bias": 0.0, "fc1_weight": 2}, _MULT_TREE, "wd_mult")
+  assert got == [1.0, 0.0, 2.0]
+
+
+def test_leaf_values_rules_first_match_wins():
+  rules = [(masks.by_suffix("bias"), 0.0), ("mxnet", 3.0), (masks.everything, 0.5)]
+  got = masks.resolve_leaf_values(rules, _MULT_TREE, "lr_mult")
+  assert got == [3.0, 0.0, 0.5]
+
+
+def test_leaf_values_rule_with_a_bool_pytree_mask():
+  mask = {"fc1_weight": True, "fc1_bias": False, "bn_gamma": False}
+  assert masks.resolve_leaf_values([(mask, 4.0)], _MULT_TREE, "lr_mult") == [1.0, 1.0, 4.0]
+
+
+def test_leaf_values_unknown_name_suggests_close_ones():
+  with pytest.raises(ValueError, match=r"wd_mult: no parameter is named 'fc1_weigth' \(did you "
+                     r"mean \['fc1_weight'"):
+    masks.resolve_leaf_values({"fc1_weigth": 0.0}, _MULT_TREE, "wd_mult")
+
+
+@pytest.mark.parametrize("spec, exc, match", [
+    ({"fc1_bias": -1.0}, ValueError, "must be finite and >= 0"),
+    ({"fc1_bias": float("nan")}, ValueError, "must be finite and >= 0"),
+    ({"fc1_bias": "2"}, TypeError, "must be a real number"),
+    ({"fc1_bias": True}, TypeError, "must be a real number"),
+    ({1: 2.0}, TypeError, "dict keys must be leaf names"),
+    (0.5, TypeError, "expected a dict"),
+    ("fc1_bias", TypeError, "expected a dict"),
+    ([("mxnet", 2.0, 1)], TypeError, r"expected \(mask, value\) pairs"),
+    ([(None, 2.0)], TypeError, "a rule's mask is None"),
+    ([("nopreset", 2.0)], ValueError, "unknown preset"),
+])
+def test_leaf_values_bad_specs(spec, exc, match):
+  with pytest.raises(exc, match="lr_mult: .*" + match):
+    masks.check_leaf_values(spec, "lr_mult")

@@ -158,3 +158,138 @@ def test_mxnet_chain_equals_lars():
     ua, sa = a.update(grads, sa, params)
     ub, sb = b.update(grads, sb, params)
     chex.assert_trees_all_equal(ua, ub)
+
+
+# --------------------------------------------------------------------------
+# scale_per_leaf, add_decayed_weights_per_leaf, scale_by_mxnet_adam
+# --------------------------------------------------------------------------
+
+_TREE = {"fc1_weight": jnp.array([1.0, -2.0]), "fc1_bias": jnp.array([0.5, 4.0])}
+_G = {"fc1_weight": jnp.array([0.1, 0.2]), "fc1_bias": jnp.array([-0.3, 0.4])}
+
+
+def test_scale_per_leaf():
+  tx = lars_optax.scale_per_leaf({"fc1_bias": 0.5})
+  out, _ = tx.update(_G, tx.init(_TREE))
+  chex.assert_trees_all_close(out, {"fc1_weight": _G["fc1_weight"],
+                                    "fc1_bias": 0.5 * _G["fc1_bias"]})
+
+
+def test_scale_per_leaf_rules_and_dtype():
+  tx = lars_optax.scale_per_leaf([(lars_optax.by_suffix("weight"), 2.0)])
+  g16 = jax.tree.map(lambda x: x.astype(jnp.float16), _G)
+  out, _ = jax.jit(tx.update)(g16, tx.init(_TREE))
+  chex.assert_trees_all_equal_dtypes(out, g16)
+  np.testing.assert_allclose(out["fc1_weight"], 2 * np.asarray(g16["fc1_weight"]))
+
+
+def test_scale_per_leaf_unknown_name_names_the_argument():
+  tx = lars_optax.scale_per_leaf({"nope": 2.0}, arg_name="lr_mult")
+  with pytest.raises(ValueError, match="lr_mult: no parameter is named 'nope'"):
+    tx.init(_TREE)
+
+
+def test_add_decayed_weights_per_leaf():
+  tx = lars_optax.add_decayed_weights_per_leaf(0.1, {"fc1_bias": 0.0, "fc1_weight": 3.0})
+  out, _ = tx.update(_G, tx.init(_TREE), _TREE)
+  chex.assert_trees_all_close(out, {"fc1_weight": _G["fc1_weight"] + 0.3 * _TREE["fc1_weight"],
+                                    "fc1_bias": _G["fc1_bias"]})
+
+
+def test_add_decayed_weights_per_leaf_zero_rate_does_not_read_params():
+  tx = lars_optax.add_decayed_weights_per_leaf(0.1, {"fc1_bias": 0.0})
+  jaxpr = jax.make_jaxpr(lambda g, p: tx.update(g, tx.init(p), p)[0])(_G, _TREE)
+  # Only fc1_weight's decay: one multiply and one add.
+  assert [e.primitive.name for e in jaxpr.eqns].count("mul") == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"weight_decay": -1.0}, "weight_decay: must be >= 0"),
+    ({"weight_decay": 0.1, "multipliers": {"fc1_bias": -2.0}}, "multipliers: the value"),
+])
+def test_add_decayed_weights_per_leaf_bad_input(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    lars_optax.add_decayed_weights_per_leaf(**kwargs)
+
+
+def test_add_decayed_weights_per_leaf_needs_params():
+  tx = lars_optax.add_decayed_weights_per_leaf(0.1)
+  with pytest.raises(ValueError, match="params are required"):
+    tx.update(_G, tx.init(_TREE))
+
+
+def _np_mxnet_adam(grads, b1, b2, eps, t0=0):
+  m = v = 0.0
+  out = []
+  for t, g in enumerate(grads, start=t0 + 1):
+    g = np.asarray(g, np.float64)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    out.append(np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps))
+  return out
+
+
+@pytest.mark.parametrize("b1, b2, eps, t0", [(0.9, 0.999, 1e-8, 0), (0.8, 0.99, 1e-3, 0),
+                                             (0.9, 0.999, 1e-8, 7), (0.0, 0.5, 0.0, 0)])
+def test_scale_by_mxnet_adam_formula(b1, b2, eps, t0):
+  rng = np.random.default_rng(0)
+  grads = [rng.normal(size=4).astype(np.float32) * 10.0**-k for k in range(6)]
+  tx = lars_optax.scale_by_mxnet_adam(b1, b2, eps, initial_count=t0)
+  state = tx.init(jnp.zeros(4))
+  update = jax.jit(tx.update)
+  for g, exp in zip(grads, _np_mxnet_adam(grads, b1, b2, eps, t0)):
+    out, state = update(jnp.asarray(g), state)
+    np.testing.assert_allclose(out, exp, rtol=2e-6)
+
+
+def test_scale_by_mxnet_adam_equals_optax_adam_without_epsilon():
+  rng = np.random.default_rng(1)
+  ours, theirs = lars_optax.scale_by_mxnet_adam(eps=0.0), optax.scale_by_adam(eps=0.0)
+  s1, s2 = ours.init(jnp.zeros(5)), theirs.init(jnp.zeros(5))
+  for _ in range(5):
+    g = jnp.asarray(rng.normal(size=5), jnp.float32)
+    u1, s1 = ours.update(g, s1)
+    u2, s2 = theirs.update(g, s2)
+    # optax forms 1 - 0.999**t directly in float32 (off by up to ~1e-5).
+    np.testing.assert_allclose(u1, u2, rtol=3e-5)
+
+
+def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
+  g = jnp.full(3, 1e-7)  # sqrt(v) comparable to eps: the placements differ
+  u1, _ = lars_optax.scale_by_mxnet_adam().update(g, lars_optax.scale_by_mxnet_adam().init(g))
+  u2, _ = optax.scale_by_adam().update(g, optax.scale_by_adam().init(g))
+  # ours: (1e-7 * 0.1) * sqrt(1e-3) / 0.1 / (sqrt(1e-3) * 1e-7 + 1e-8)
+  np.testing.assert_allclose(u1, 1e-7 / (1e-7 + 1e-8 / np.sqrt(1e-3)), rtol=1e-5)
+  np.testing.assert_allclose(u2, 1e-7 / (1e-7 + 1e-8), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
+  tx = lars_optax.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
+  g = jnp.zeros(3, dtype)
+  out, state = tx.update(g, tx.init(g))
+  assert out.dtype == dtype and state.mu.dtype == dtype
+  np.testing.assert_array_equal(out, 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"b1": 1.0}, "b1: must be in"), ({"b2": -0.5}, "b2: must be in"),
+    ({"eps": -1.0}, "eps: must be >= 0"), ({"initial_count": -1}, "initial_count"),
+    ({"initial_count": 2.5}, "initial_count")])
+def test_scale_by_mxnet_adam_bad_input(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    lars_optax.scale_by_mxnet_adam(**kwargs)
+
+
+def test_bias_correction_is_accurate_in_float32():
+  from lars_optax.transforms import _one_minus_pow  # pylint: disable=g-import-not-at-top
+  t = jnp.arange(1.0, 5.0)
+  np.testing.assert_allclose(_one_minus_pow(0.999, t), 1 - 0.999 ** np.arange(1, 5), rtol=1e-6)
+
+
+def test_lars_wd_mult_enters_the_trust_ratio():
+  p, g = {"a_weight": jnp.array([3.0, 4.0])}, {"a_weight": jnp.array([0.6, 0.8])}
+  tx = lars_optax.scale_by_lars_trust_ratio(eta=1.0, weight_decay=0.1,
+                                            wd_mult={"a_weight": 2.0})
+  _, state = tx.update(g, tx.init(p), p)
+  np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)

@@ -1,0 +1,272 @@
+"""Construction and behaviour of signum, signsgd, adam and sgd (MXNet flavour).
+
+The number-for-number comparison with MXNet is in
+``test_reference_mxnet_optimizers.py``; here: argument checks, the rules on
+small hand-made cases, per-leaf multipliers, dtypes, jit and composition.
+"""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+
+MXNET = {
+    "signum": lars_optax.signum,
+    "signsgd": lars_optax.signsgd,
+    "adam": lars_optax.adam,
+    "sgd": lars_optax.sgd,
+    "lars": lars_optax.lars,
+}
+
+
+def _params(dtype=jnp.float32):
+  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype),
+          "fc1_bias": jnp.array([0.1, -0.2], dtype)}
+
+
+def _grads(dtype=jnp.float32, scale=1.0):
+  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * scale,
+          "fc1_bias": jnp.array([0.5, -0.5], dtype) * scale}
+
+
+def _run(tx, steps=3, dtype=jnp.float32, jit=True):
+  params = _params(dtype)
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  for k in range(steps):
+    updates, state = update(_grads(dtype, scale=1.0 + k), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+# --------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, arg, value, match", [
+    ("adam", "beta1", 1.0, r"beta1: must be in \[0, 1\), got 1"),
+    ("adam", "beta1", -0.1, r"beta1: must be in \[0, 1\)"),
+    ("adam", "beta2", 1.5, r"beta2: must be in \[0, 1\)"),
+    ("adam", "epsilon", -1e-8, "epsilon: must be >= 0"),
+    ("signum", "momentum", 1.0, r"momentum: must be in \[0, 1\)"),
+    ("signum", "momentum", -0.5, r"momentum: must be in \[0, 1\)"),
+    ("signum", "wd_lh", -1e-3, "wd_lh: must be >= 0"),
+    ("signsgd", "wd_lh", -1e-3, "wd_lh: must be >= 0"),
+    ("sgd", "momentum", 1.0, r"momentum: must be in \[0, 1\)"),
+    ("adam", "begin_num_update", -1, "begin_num_update: expected an int >= 0"),
+])
+def test_out_of_range(name, arg, value, match):
+  with pytest.raises(ValueError, match=match):
+    MXNET[name](**{arg: value})
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+@pytest.mark.parametrize("arg, value, exc, match", [
+    ("learning_rate", -0.1, ValueError, "learning_rate: must be >= 0"),
+    ("wd", -1.0, ValueError, "wd: must be >= 0"),
+    ("wd", math.nan, ValueError, "wd: must be finite"),
+    ("rescale_grad", 0.0, ValueError, "rescale_grad: must be > 0"),
+    ("clip_gradient", 0.0, ValueError, "clip_gradient: must be > 0"),
+    ("multi_precision", 1, TypeError, "multi_precision: expected a bool"),
+    ("lr_mult", {"fc1_weight": -1.0}, ValueError, "lr_mult: the value for 'fc1_weight'"),
+    ("wd_mult", [("nopreset", 1.0)], ValueError, "wd_mult: unknown preset 'nopreset'"),
+    ("lr_mult", 2.0, TypeError, "lr_mult: expected a dict"),
+])
+def test_base_arguments_are_checked(name, arg, value, exc, match):
+  with pytest.raises(exc, match=match):
+    MXNET[name](**{arg: value})
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_lazy_update_flag_and_scalar_leaf(name):
+  with pytest.raises(TypeError, match="lazy_update: expected a bool"):
+    MXNET[name](lazy_update="yes")
+  tx = MXNET[name](lazy_update=True)
+  with pytest.raises(ValueError, match="lazy_update: parameter 'step_scale' is 0-d"):
+    tx.init({"w": jnp.ones(3), "step_scale": jnp.ones(())})
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_unknown_multiplier_name_fails_at_init(name):
+  tx = MXNET[name](lr_mult={"fc1_wieght": 2.0}, wd_mult={"fc1_bias": 0.0})
+  with pytest.raises(ValueError, match="lr_mult: no parameter is named 'fc1_wieght'"):
+    tx.init(_params())
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_integer_params_rejected(name):
+  with pytest.raises(TypeError, match="only real floating"):
+    MXNET[name](wd=0.1).init({"w": jnp.ones(3, jnp.int32)})
+
+
+# --------------------------------------------------------------------------
+# The rules by hand
+# --------------------------------------------------------------------------
+
+
+def test_signum_one_step_by_hand():
+  lr, mu, wd, wd_lh, s, c = 0.1, 0.9, 0.01, 0.02, 0.5, 0.2
+  tx = lars_optax.signum(lr, mu, wd_lh=wd_lh, wd=wd, rescale_grad=s, clip_gradient=c)
+  p, g = _params(), _grads()
+  updates, state = tx.update(g, tx.init(p), p)
+  for k in p:
+    w, gg = np.asarray(p[k], np.float64), np.asarray(g[k], np.float64)
+    m = -(1 - mu) * (np.clip(s * gg, -c, c) + wd * w)
+    expected = (1 - lr * wd_lh) * w + lr * np.sign(m)
+    np.testing.assert_allclose(p[k] + updates[k], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_signum_momentum_zero_is_signsgd():
+  kw = {"learning_rate": 0.05, "wd_lh": 0.01, "wd": 0.02}
+  a, sa = _run(lars_optax.signum(momentum=0.0, rescale_grad=0.3, clip_gradient=0.1, **kw))
+  b, _ = _run(lars_optax.signsgd(**kw))
+  chex.assert_trees_all_equal(a, b)
+  assert not any(np.size(x) > 1 for x in jax.tree.leaves(sa))  # no momentum buffer
+
+
+def test_signsgd_rule_and_sign_of_zero():
+  lr, wd, wd_lh = 0.1, 0.01, 0.02
+  tx = lars_optax.signsgd(lr, wd_lh=wd_lh, wd=wd)
+  p, g = _params(), _grads()  # fc1_weight[1, 0] has a zero gradient
+  updates, _ = tx.update(g, tx.init(p), p)
+  for k in p:
+    w = np.asarray(p[k], np.float64)
+    expected = (1 - lr * (wd + wd_lh)) * w - lr * np.sign(np.asarray(g[k]))
+    np.testing.assert_allclose(p[k] + updates[k], expected, rtol=1e-6, atol=1e-7)
+  # sign(0) = 0: only the decay moves that entry.
+  np.testing.assert_allclose(updates["fc1_weight"][1, 0], -lr * (wd + wd_lh) * 0.5, rtol=1e-6)
+
+
+def test_sgd_by_hand():
+  lr, mu, wd, s, c = 0.1, 0.9, 1e-2, 0.5, 0.2
+  tx = lars_optax.sgd(lr, mu, wd=wd, rescale_grad=s, clip_gradient=c)
+  p = _params()
+  state = tx.init(p)
+  m = {k: 0.0 for k in p}
+  w = {k: np.asarray(v, np.float64) for k, v in p.items()}
+  for step in range(3):
+    g = _grads(scale=1.0 + step)
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+    for k in w:
+      m[k] = mu * m[k] - lr * (np.clip(s * np.asarray(g[k]), -c, c) + wd * w[k])
+      w[k] = w[k] + m[k]
+      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
+
+
+def test_sgd_without_momentum_keeps_no_buffer():
+  _, state = _run(lars_optax.sgd(momentum=0.0))
+  assert optax.tree_utils.tree_get(state, "momentum") is None
+
+
+def test_adam_by_hand_with_begin_num_update():
+  lr, b1, b2, eps, wd, t0 = 0.01, 0.8, 0.99, 1e-6, 1e-2, 4
+  tx = lars_optax.adam(lr, b1, b2, eps, wd=wd, begin_num_update=t0)
+  p = _params()
+  state = tx.init(p)
+  m = {k: 0.0 for k in p}
+  v = dict(m)
+  w = {k: np.asarray(x, np.float64) for k, x in p.items()}
+  for step in range(1, 4):
+    g = _grads(scale=float(step))
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+    t = t0 + step
+    for k in w:
+      u = np.asarray(g[k], np.float64) + wd * w[k]
+      m[k] = b1 * m[k] + (1 - b1) * u
+      v[k] = b2 * v[k] + (1 - b2) * u * u
+      w[k] = w[k] - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m[k] / (np.sqrt(v[k]) + eps)
+      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# lr_mult / wd_mult
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_lr_mult_zero_freezes_a_leaf(name):
+  params, _ = _run(MXNET[name](wd=0.01, lr_mult={"fc1_bias": 0.0}))
+  chex.assert_trees_all_equal(params["fc1_bias"], _params()["fc1_bias"])
+  assert not np.allclose(params["fc1_weight"], _params()["fc1_weight"])
+
+
+@pytest.mark.parametrize("name", ["adam", "signum", "signsgd", "sgd"])
+def test_lr_mult_scales_one_step(name):
+  tx_mult = MXNET[name](lr_mult=[(lars_optax.by_suffix("bias"), 3.0)])
+  p, g = _params(), _grads()
+  u1, _ = tx_mult.update(g, tx_mult.init(p), p)
+  u0, _ = MXNET[name]().update(g, MXNET[name]().init(p), p)
+  np.testing.assert_allclose(u1["fc1_bias"], 3.0 * u0["fc1_bias"], rtol=1e-6)
+  np.testing.assert_allclose(u1["fc1_weight"], u0["fc1_weight"], rtol=0)
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_wd_mult_zero_equals_no_weight_decay_for_that_leaf(name):
+  a, _ = _run(MXNET[name](wd=0.05, wd_mult={"fc1_bias": 0.0}))
+  b, _ = _run(MXNET[name](wd=0.0))
+  c, _ = _run(MXNET[name](wd=0.05))
+  np.testing.assert_allclose(a["fc1_bias"], b["fc1_bias"], rtol=1e-6)
+  np.testing.assert_allclose(a["fc1_weight"], c["fc1_weight"], rtol=1e-6)
+
+
+def test_wd_mult_does_not_scale_wd_lh():
+  a, _ = _run(lars_optax.signum(wd_lh=0.05, wd_mult={"fc1_bias": 0.0}))
+  b, _ = _run(lars_optax.signum(wd_lh=0.05))
+  chex.assert_trees_all_close(a, b, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------
+# dtypes, jit, composition
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_low_precision_keeps_its_dtype_end_to_end(name, dtype):
+  tx = MXNET[name](wd=0.01)
+  params, state = _run(tx, dtype=dtype)
+  chex.assert_trees_all_equal_dtypes(params, _params(dtype))
+  for leaf in jax.tree.leaves(state):
+    if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.ndim > 1:
+      assert leaf.dtype == dtype, (name, leaf.dtype)
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_jit_and_eager_agree(name):
+  tx = MXNET[name](wd=0.01, rescale_grad=0.5, clip_gradient=0.3, lr_mult={"fc1_bias": 2.0})
+  a, _ = _run(tx, jit=True)
+  b, _ = _run(tx, jit=False)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["adam", "signum", "sgd"])
+def test_schedule(name):
+  sched = optax.exponential_decay(0.1, 1, 0.5)
+  a, _ = _run(MXNET[name](learning_rate=sched), steps=1)
+  b, _ = _run(MXNET[name](learning_rate=0.1), steps=1)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+def test_adam_with_inject_hyperparams():
+  tx = optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01, beta1=0.8, wd=0.01)
+  a, state = _run(tx)
+  b, _ = _run(lars_optax.adam(0.01, beta1=0.8, wd=0.01))
+  chex.assert_trees_all_close(a, b, rtol=1e-5)
+  assert float(state.hyperparams["beta1"]) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("name", list(MXNET))
+def test_empty_tree(name):
+  tx = MXNET[name](wd=0.1)
+  updates, _ = tx.update({}, tx.init({}), {})
+  assert updates == {}
