@@ -4,7 +4,8 @@ One jit-compiled step = ``opt.update`` + ``optax.apply_updates`` with params and
 optimizer state donated. All optimizers run in the same process, interleaved
 round by round (so a noisy neighbour hits them all alike); the table gives the
 median step time, its ratio to ``optax.sgd(momentum=0.9)`` measured in the same
-run, and the median compile time and its ratio.
+run, its ratio to the optax peer (``optax.lars`` for LARS rows, ``optax.adam``
+for Adam rows), and the median compile time and its ratio.
 
     python benchmarks/step_time.py            # markdown table on stdout
     python benchmarks/step_time.py --rounds 50 --json out.json
@@ -28,9 +29,9 @@ import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from resnet50_tree import resnet50_params  # noqa: E402
+from resnet50_tree import resnet50_params
 
-import lars_optax  # noqa: E402
+import lars_optax
 
 LR = 0.1
 
@@ -47,6 +48,15 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
           lambda: lars_optax.tf_lars(LR, use_nesterov=True, skip_list=["bias", "_bn_"]),
+      "lars_optax.signum": lambda: lars_optax.signum(LR),
+      "lars_optax.signum(wd, wd_lh, rescale_grad, clip_gradient)":
+          lambda: lars_optax.signum(LR, wd=1e-4, wd_lh=1e-4, rescale_grad=1 / 256,
+                                    clip_gradient=1.0),
+      "optax.adam": lambda: optax.adam(1e-3),
+      "lars_optax.adam": lambda: lars_optax.adam(1e-3),
+      "lars_optax.adam(wd, rescale_grad, clip_gradient)":
+          lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
+      "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
   }
 
 
@@ -73,17 +83,21 @@ def format_table(result: dict) -> str:
   """The results as a markdown table (ratios against the same run's peers)."""
   by_name = {r["optimizer"]: r for r in result["rows"]}
   lars_ms = by_name.get("optax.lars", {}).get("step_ms")
+  adam_ms = by_name.get("optax.adam", {}).get("step_ms")
   lines = [
       f"ResNet-50 tree: {result['leaves']} leaves, {result['parameters']:,} float32 "
       f"parameters; {result['device']}; jax {result['jax']}, optax {result['optax']}; "
       f"median of {result['rounds']} steps.", "",
-      "| optimizer | step (ms) | step / sgd-momentum | step / optax.lars "
+      "| optimizer | step (ms) | step / sgd-momentum | step / peer "
       "| compile (s) | compile / sgd-momentum |",
       "|---|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
-    vs_lars = f"{r['step_ms'] / lars_ms:.2f}" if lars_ms else "-"
+    # The peer: optax.lars for the LARS rows, optax.adam for the Adam rows.
+    peer = (lars_ms if "lars" in r["optimizer"] else
+            adam_ms if "adam" in r["optimizer"] else None)
+    vs_peer = f"{r['step_ms'] / peer:.2f}" if peer else "-"
     lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.2f} | {r['step_ratio']:.2f} | "
-                 f"{vs_lars} | {r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
+                 f"{vs_peer} | {r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
   return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ that compose with the rest of optax.
 """
 
 from lars_optax import masks
+from lars_optax.lazy import lazy_update, present_rows
 from lars_optax.masks import (
     FLAX_SKIP,
     HAIKU_SKIP,
@@ -20,9 +21,13 @@ from lars_optax.masks import (
     leaf_names,
     named_leaves,
 )
-from lars_optax.lazy import lazy_update, present_rows
 from lars_optax.optimizers import adam, lars, sgd, signsgd, signum, tf_lars
-from lars_optax.precision import MultiPrecisionState, master_params, multi_precision
+from lars_optax.precision import (
+    LOW_PRECISION,
+    MultiPrecisionState,
+    master_params,
+    multi_precision,
+)
 from lars_optax.registry import create, mxnet_schedule, register, registered
 from lars_optax.transforms import (
     MXNetMomentumState,
@@ -41,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FLAX_SKIP",
     "HAIKU_SKIP",
+    "LOW_PRECISION",
     "MXNET_SKIP",
     "MXNetMomentumState",
     "Mask",

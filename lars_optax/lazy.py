@@ -67,9 +67,11 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
   ``inner``.
 
   The buffers are found by structure: a subtree of the state with the params'
-  tree structure and leaf shapes (as optax keeps them). Buffers held in
-  another layout (e.g. inside :func:`optax.masked`) are not recognised and are
-  updated densely.
+  tree structure and, at each leaf, an array of the param's shape or an empty
+  :class:`optax.MaskedNode` (as optax, :func:`optax.masked` and
+  :func:`lars_optax.multi_precision` keep them). Buffers held in another
+  layout are not recognised and are updated densely; a state array that
+  happens to have the params' structure and shape is treated as a buffer.
 
   Example: MXNet's ``Adam(lazy_update=True)`` is
   ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
@@ -103,18 +105,29 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
         treedef, [_keep_rows(u, jnp.zeros_like(u), r) for u, r in zip(flat_u, rows)])
     shapes = [np.shape(g) for g in flat_g]
 
+    def subtrees(node):
+      """``node`` split along the params' structure, or None if it does not fit."""
+      try:
+        subs = treedef.flatten_up_to(node)
+      except (ValueError, TypeError):
+        return None
+      # A buffer holds an array of the param's shape per leaf; wrappers such as
+      # multi_precision or optax.masked put an empty MaskedNode where they keep none.
+      fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
+                 for x, sh in zip(subs, shapes))
+      return subs if fits and any(hasattr(x, "shape") for x in subs) else None
+
     def is_params_like(node):
-      if jax.tree.structure(node) != treedef:
-        return False
-      return [np.shape(x) for x in jax.tree.leaves(node)] == shapes
+      return subtrees(node) is not None
 
     def keep(new, old):
-      if not is_params_like(new):
+      flat_new = subtrees(new)
+      if flat_new is None:
         return new
-      flat_new = treedef.flatten_up_to(new)
       flat_old = treedef.flatten_up_to(old)
-      return jax.tree.unflatten(
-          treedef, [_keep_rows(n, o, r) for n, o, r in zip(flat_new, flat_old, rows)])
+      return jax.tree.unflatten(treedef, [
+          n if isinstance(n, optax.MaskedNode) else _keep_rows(n, o, r)
+          for n, o, r in zip(flat_new, flat_old, rows)])
 
     new_state = jax.tree.map(keep, new_state, state, is_leaf=is_params_like)
     return new_updates, new_state

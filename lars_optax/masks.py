@@ -21,9 +21,9 @@ trust ratio: :data:`MXNET_SKIP` (names ending in ``gamma``, ``beta`` or
 
 from __future__ import annotations
 
-import re
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Union
 
@@ -32,27 +32,27 @@ import numpy as np
 from jax import tree_util as jtu
 
 __all__ = [
-    "Mask",
-    "MaskLike",
-    "leaf_names",
-    "named_leaves",
-    "resolve_mask",
-    "check_mask_like",
-    "by_suffix",
-    "by_substring",
-    "by_regex",
-    "by_leaf_name",
-    "by_predicate",
-    "by_ndim",
-    "everything",
-    "nothing",
-    "MXNET_SKIP",
-    "FLAX_SKIP",
-    "HAIKU_SKIP",
-    "PRESETS",
-    "LeafValues",
-    "check_leaf_values",
-    "resolve_leaf_values",
+  "FLAX_SKIP",
+  "HAIKU_SKIP",
+  "MXNET_SKIP",
+  "PRESETS",
+  "LeafValues",
+  "Mask",
+  "MaskLike",
+  "by_leaf_name",
+  "by_ndim",
+  "by_predicate",
+  "by_regex",
+  "by_substring",
+  "by_suffix",
+  "check_leaf_values",
+  "check_mask_like",
+  "everything",
+  "leaf_names",
+  "named_leaves",
+  "nothing",
+  "resolve_leaf_values",
+  "resolve_mask",
 ]
 
 

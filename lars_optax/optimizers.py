@@ -38,7 +38,7 @@ from lars_optax.transforms import (
     scale_per_leaf,
 )
 
-__all__ = ["lars", "tf_lars", "signum", "signsgd", "adam", "sgd"]
+__all__ = ["adam", "lars", "sgd", "signsgd", "signum", "tf_lars"]
 
 
 def _check_flag(name: str, value: object) -> bool:

@@ -19,7 +19,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _validation as v
 from lars_optax.transforms import _find_state
 
-__all__ = ["MultiPrecisionState", "multi_precision", "master_params", "LOW_PRECISION"]
+__all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
 
 LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 """The dtypes that get a float32 master copy."""

@@ -27,7 +27,7 @@ import optax
 from lars_optax import _validation as v
 from lars_optax import optimizers, precision
 
-__all__ = ["create", "register", "registered", "mxnet_schedule", "BASE_ARGS"]
+__all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
 Factory = Callable[..., optax.GradientTransformation]
 

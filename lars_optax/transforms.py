@@ -38,15 +38,15 @@ from lars_optax import _validation as v
 from lars_optax import masks
 
 __all__ = [
-    "ScaleByLarsTrustRatioState",
-    "scale_by_lars_trust_ratio",
-    "lars_trust_ratio",
-    "trust_ratios",
-    "MXNetMomentumState",
-    "mxnet_momentum",
-    "scale_by_mxnet_adam",
-    "scale_per_leaf",
-    "add_decayed_weights_per_leaf",
+  "MXNetMomentumState",
+  "ScaleByLarsTrustRatioState",
+  "add_decayed_weights_per_leaf",
+  "lars_trust_ratio",
+  "mxnet_momentum",
+  "scale_by_lars_trust_ratio",
+  "scale_by_mxnet_adam",
+  "scale_per_leaf",
+  "trust_ratios",
 ]
 
 

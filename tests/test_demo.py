@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from lars_optax import demo  # noqa: E402
+from lars_optax import demo
 
 
 def test_demo_runs(capsys):

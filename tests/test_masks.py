@@ -373,7 +373,7 @@ def test_resolve_mask_callable():
   expected = [True, True, True, False, True, True]
   assert masks.resolve_mask(lars_optax.FLAX_SKIP, params) == expected
   # Any callable returning a bool pytree (optax's convention).
-  plain = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)  # noqa: E731
+  plain = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)
   assert masks.resolve_mask(plain, params) == expected
 
 

@@ -384,7 +384,7 @@ def test_skip_bool_pytree():
 
 def test_skip_plain_callable():
   params = _mxnet_tree()
-  skip = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)  # noqa: E731
+  skip = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)
   _, ratios = _step_ratios(lars_optax.lars(0.1, eta=0.01, skip=skip), params)
   for n, p in params.items():
     assert (float(ratios[n]) == 1.0) == (p.ndim == 1), n

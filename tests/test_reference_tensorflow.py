@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import lars_optax
 from conftest import x64
 
+import lars_optax
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "reference"))
-from tf_lars_numpy import tf_lars_steps  # noqa: E402
+from tf_lars_numpy import tf_lars_steps
 
 RTOL = {"float32": 1e-5, "float64": 1e-12}
 

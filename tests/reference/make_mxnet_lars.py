@@ -114,9 +114,8 @@ import json
 import os
 import sys
 
-import numpy as np
-
 import mxnet as mx
+import numpy as np
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_lars.json")
 GENERATOR = "tests/reference/make_mxnet_lars.py"

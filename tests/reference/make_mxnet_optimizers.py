@@ -232,9 +232,8 @@ import math
 import os
 import sys
 
-import numpy as np
-
 import mxnet as mx
+import numpy as np
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_optimizers.json")
 GENERATOR = "tests/reference/make_mxnet_optimizers.py"

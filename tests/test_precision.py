@@ -1,0 +1,334 @@
+"""Tests for lars_optax.precision: multi_precision, MultiPrecisionState, master_params.
+
+Covered, for float16 and bfloat16 and several inner optimizers: after every
+step of a jitted training loop the low-precision params equal the float32
+master cast down and keep their dtype, the inner state is float32, and the
+master follows the same optimizer run on float32 params; float32 and float64
+leaves pass through; the ``multi_precision=True`` arguments equal the wrapper;
+trust ratios are readable through it; the argument checks; and a float16 run
+whose steps are below float16's resolution, which only moves with the wrapper.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import x64
+
+import lars_optax
+from lars_optax import MultiPrecisionState, master_params, multi_precision
+from lars_optax.precision import LOW_PRECISION
+
+LOW_DTYPES = [jnp.float16, jnp.bfloat16]
+
+INNERS = {
+    "lars": lambda: lars_optax.lars(momentum=0.9, eta=0.1),
+    "adam": lambda: lars_optax.adam(learning_rate=0.01),
+    "sgd": lambda: lars_optax.sgd(momentum=0.9),
+    "signum": lambda: lars_optax.signum(),
+    "optax_adam": lambda: optax.adam(1e-2),
+}
+
+# The lars_optax optimizers with a multi_precision argument.
+FLAGGED = {
+    "lars": lambda **kw: lars_optax.lars(momentum=0.9, eta=0.1, wd=1e-3, **kw),
+    "adam": lambda **kw: lars_optax.adam(learning_rate=0.01, wd=1e-3, **kw),
+    "sgd": lambda **kw: lars_optax.sgd(momentum=0.9, wd=1e-3, **kw),
+    "signum": lambda **kw: lars_optax.signum(wd_lh=1e-3, **kw),
+    "signsgd": lambda **kw: lars_optax.signsgd(**kw),
+}
+
+N_STEPS = 10
+
+
+def _params(dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+      "w": jnp.asarray(rng.normal(size=(4, 3)), dtype),
+      "fc_bias": jnp.asarray(rng.normal(size=(3,)), dtype),
+  }
+
+
+def _grads(params, n_steps=N_STEPS, seed=1):
+  rng = np.random.default_rng(seed)
+  return [jax.tree.map(lambda p: jnp.asarray(0.5 * rng.normal(size=p.shape), p.dtype), params)
+          for _ in range(n_steps)]
+
+
+def _to_f32(tree):
+  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+
+@functools.cache
+def _jit_step(name, wrapped):
+  """One jitted training step (update and apply), compiled once per optimizer."""
+  tx = INNERS[name]()
+  if wrapped:
+    tx = multi_precision(tx)
+
+  @jax.jit
+  def step(grads, state, params):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, updates
+
+  return tx, step
+
+
+def _float_leaves(tree):
+  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+
+def test_low_precision_constant():
+  assert set(LOW_PRECISION) == {jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)}
+
+
+# --------------------------------------------------------------------------
+# Training loops in float16 and bfloat16
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(INNERS))
+def test_params_are_cast_master_and_master_follows_float32_run(name, dtype):
+  tx, step = _jit_step(name, True)
+  ref_tx, ref_step = _jit_step(name, False)
+  params = _params(dtype)
+  ref_params = _to_f32(params)
+  state, ref_state = tx.init(params), ref_tx.init(ref_params)
+  assert isinstance(state, MultiPrecisionState)
+  chex.assert_trees_all_equal(master_params(state, params), ref_params)
+  for grads in _grads(params):
+    params, state, updates = step(grads, state, params)
+    ref_params, ref_state, _ = ref_step(_to_f32(grads), ref_state, ref_params)
+    master = master_params(state, params)
+    # Params keep their low dtype and are exactly the master cast down.
+    chex.assert_trees_all_equal_dtypes(params, _params(dtype))
+    chex.assert_trees_all_equal(params, jax.tree.map(lambda m: m.astype(dtype), master))
+    # The update of a low-precision leaf is float32; master and state are float32.
+    assert all(u.dtype == jnp.float32 for u in jax.tree.leaves(updates))
+    assert all(m.dtype == jnp.float32 for m in jax.tree.leaves(master))
+    assert all(x.dtype == jnp.float32 for x in _float_leaves(state.inner_state))
+    # The master trajectory is the float32 run with float32-cast gradients.
+    chex.assert_trees_all_close(master, ref_params, rtol=1e-6, atol=1e-7)
+    chex.assert_trees_all_close(state.inner_state, ref_state, rtol=1e-6, atol=1e-7)
+  # The run did train: the params moved.
+  assert not np.allclose(np.asarray(params["w"], np.float32),
+                         np.asarray(_params(dtype)["w"], np.float32))
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["float16", "bfloat16"])
+def test_state_structure(dtype):
+  params = _params(dtype)
+  state = multi_precision(lars_optax.adam()).init(params)
+  assert isinstance(state, MultiPrecisionState)
+  chex.assert_trees_all_equal(state.master, _to_f32(params))
+  chex.assert_trees_all_equal_structs(state.inner_state, lars_optax.adam().init(_to_f32(params)))
+  assert all(x.dtype == jnp.float32 for x in _float_leaves(state.inner_state))
+
+
+@pytest.mark.parametrize("name", ["lars", "adam", "sgd"])
+def test_float32_and_float64_leaves_pass_through(name):
+  with x64():
+    rng = np.random.default_rng(2)
+    params = {
+        "h": jnp.asarray(rng.normal(size=(3, 2)), jnp.float16),
+        "b": jnp.asarray(rng.normal(size=(2,)), jnp.bfloat16),
+        "s": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32),
+        "d": jnp.asarray(rng.normal(size=(4,)), jnp.float64),
+    }
+    grads = _grads(params, n_steps=3, seed=3)
+    tx = multi_precision(INNERS[name]())
+    inner = INNERS[name]()
+    state = tx.init(params)
+    assert isinstance(state.master["s"], optax.MaskedNode)
+    assert isinstance(state.master["d"], optax.MaskedNode)
+    # (a) inner on the tree with the low leaves cast to float32: every leaf agrees.
+    ref_params = {**params, "h": params["h"].astype(jnp.float32),
+                  "b": params["b"].astype(jnp.float32)}
+    ref_state = inner.init(ref_params)
+    # (b) inner on the mixed tree itself: the float32 and float64 leaves agree.
+    raw_params, raw_state = params, inner.init(params)
+    for g in grads:
+      upd, state = tx.update(g, state, params)
+      params = optax.apply_updates(params, upd)
+      ref_g = {**g, "h": g["h"].astype(jnp.float32), "b": g["b"].astype(jnp.float32)}
+      ref_upd, ref_state = inner.update(ref_g, ref_state, ref_params)
+      ref_params = optax.apply_updates(ref_params, ref_upd)
+      raw_upd, raw_state = inner.update(g, raw_state, raw_params)
+      raw_params = optax.apply_updates(raw_params, raw_upd)
+      for key in ("s", "d"):
+        assert upd[key].dtype == params[key].dtype
+        chex.assert_trees_all_equal(upd[key], ref_upd[key])
+        chex.assert_trees_all_equal(upd[key], raw_upd[key])
+      chex.assert_trees_all_equal(master_params(state, params), ref_params)
+      chex.assert_trees_all_equal(state.inner_state, ref_state)
+    chex.assert_trees_all_equal_dtypes(
+        params, {"h": jnp.float16, "b": jnp.bfloat16, "s": jnp.float32, "d": jnp.float64})
+    chex.assert_trees_all_equal(
+        {k: params[k] for k in ("s", "d")}, {k: raw_params[k] for k in ("s", "d")})
+    # master_params returns the float32/float64 params themselves.
+    master = master_params(state, params)
+    assert master["s"] is params["s"] and master["d"] is params["d"]
+    chex.assert_trees_all_equal_dtypes(
+        master, {"h": jnp.float32, "b": jnp.float32, "s": jnp.float32, "d": jnp.float64})
+
+
+def test_all_float32_tree_is_inner():
+  params = _params(jnp.float32)
+  tx, inner = multi_precision(lars_optax.adam(0.01)), lars_optax.adam(0.01)
+  state, inner_state = tx.init(params), inner.init(params)
+  for g in _grads(params, n_steps=2):
+    upd, state = tx.update(g, state, params)
+    inner_upd, inner_state = inner.update(g, inner_state, params)
+    chex.assert_trees_all_equal(upd, inner_upd)
+    chex.assert_trees_all_equal(state.inner_state, inner_state)
+    params = optax.apply_updates(params, upd)
+  chex.assert_trees_all_equal(master_params(state, params), params)
+
+
+# --------------------------------------------------------------------------
+# The multi_precision=True arguments and the trust-ratio read-out
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(FLAGGED))
+def test_flag_equals_wrapper(name, dtype):
+  flagged, wrapped = FLAGGED[name](multi_precision=True), multi_precision(FLAGGED[name]())
+  params_a = params_b = _params(dtype)
+  state_a, state_b = flagged.init(params_a), wrapped.init(params_b)
+  chex.assert_trees_all_equal(state_a, state_b)
+  for g in _grads(params_a, n_steps=3):
+    upd_a, state_a = flagged.update(g, state_a, params_a)
+    upd_b, state_b = wrapped.update(g, state_b, params_b)
+    chex.assert_trees_all_equal(upd_a, upd_b)
+    chex.assert_trees_all_equal(state_a, state_b)
+    params_a = optax.apply_updates(params_a, upd_a)
+    params_b = optax.apply_updates(params_b, upd_b)
+  chex.assert_trees_all_equal(params_a, params_b)
+  assert isinstance(state_a, MultiPrecisionState)
+
+
+def test_trust_ratios_through_wrapper():
+  params = {"w": jnp.full((2, 2), 1.5, jnp.float16), "fc_bias": jnp.ones((2,), jnp.float16)}
+  grads = {"w": jnp.full((2, 2), 0.25, jnp.float16), "fc_bias": jnp.ones((2,), jnp.float16)}
+  opt = lars_optax.lars(0.1, momentum=0.9, eta=0.1, multi_precision=True)
+  state = opt.init(params)
+  upd, state = jax.jit(opt.update)(grads, state, params)
+  params = optax.apply_updates(params, upd)
+  # ratio = eta * |w| / |g| from the float32 master (which was 1.5 everywhere).
+  named = lars_optax.trust_ratios(state, params)
+  np.testing.assert_allclose(float(named["w"]), 0.1 * 3.0 / 0.5, rtol=1e-6)
+  assert float(named["fc_bias"]) == 1.0  # skipped, as in MXNet
+  np.testing.assert_allclose(lars_optax.trust_ratios(state), [1.0, 0.6], rtol=1e-6)
+  # The same ratios as the unwrapped optimizer on float32 params.
+  ref = lars_optax.lars(0.1, momentum=0.9, eta=0.1)
+  p32 = {"w": jnp.full((2, 2), 1.5), "fc_bias": jnp.ones((2,))}
+  _, ref_state = ref.update(_to_f32(grads), ref.init(p32), p32)
+  chex.assert_trees_all_close(lars_optax.trust_ratios(state), lars_optax.trust_ratios(ref_state),
+                              rtol=1e-6)
+
+
+def test_master_params_under_jit_and_in_a_chain():
+  params = _params(jnp.float16)
+  tx = optax.chain(optax.clip(1.0), multi_precision(lars_optax.sgd(0.1)))
+  state = tx.init(params)
+  upd, state = tx.update(_grads(params, n_steps=1)[0], state, params)
+  params = optax.apply_updates(params, upd)
+  master = jax.jit(master_params)(state, params)
+  chex.assert_trees_all_equal(params, jax.tree.map(lambda m: m.astype(jnp.float16), master))
+  chex.assert_trees_all_equal(master, state[1].master)
+
+
+# --------------------------------------------------------------------------
+# Argument checks
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", [
+    lars_optax.sgd(momentum=0.9).init({"w": jnp.ones(2)}),
+    optax.EmptyState(),
+    (),
+], ids=["sgd_state", "empty_state", "tuple"])
+def test_master_params_without_state_raises(state):
+  with pytest.raises(ValueError, match="MultiPrecisionState"):
+    master_params(state, {"w": jnp.ones(2)})
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+def test_non_float_params_raise(dtype):
+  tx = multi_precision(lars_optax.sgd())
+  params = {"w": jnp.ones((2,), jnp.float16), "step_counter": jnp.zeros((2,), dtype)}
+  with pytest.raises(TypeError, match="step_counter"):
+    tx.init(params)
+
+
+def test_mismatched_grads_raise():
+  tx = multi_precision(lars_optax.sgd(momentum=0.9))
+  params = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones((2,), jnp.float16)}
+  state = tx.init(params)
+  with pytest.raises(ValueError, match="'b'"):  # a leaf missing from the gradients
+    tx.update({"w": jnp.ones((2, 2), jnp.float16)}, state, params)
+  with pytest.raises(ValueError, match="'w'"):  # a gradient of the wrong shape
+    tx.update({"w": jnp.ones((2, 3), jnp.float16), "b": jnp.ones((2,), jnp.float16)},
+              state, params)
+  with pytest.raises(ValueError, match="params"):  # no params
+    tx.update({"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones((2,), jnp.float16)}, state)
+
+
+@pytest.mark.parametrize("inner", [None, "sgd", lars_optax.sgd, lambda g, s, p: (g, s)])
+def test_non_transformation_inner_raises(inner):
+  with pytest.raises(TypeError, match="inner"):
+    multi_precision(inner)
+
+
+@pytest.mark.parametrize("fn", [lars_optax.lars, lars_optax.adam, lars_optax.sgd,
+                                lars_optax.signum, lars_optax.signsgd])
+def test_flag_must_be_bool(fn):
+  with pytest.raises(TypeError, match="multi_precision"):
+    fn(multi_precision="yes")
+
+
+# --------------------------------------------------------------------------
+# Why the wrapper exists: steps below float16's resolution
+# --------------------------------------------------------------------------
+
+
+def test_tiny_float16_steps_only_accumulate_with_master():
+  """sgd with lr 1e-4 and gradients 0.1: each step is 1e-5, below float16's
+  half-spacing near 1.0 (2**-12 ~ 2.4e-4), so float16 weights never move on
+  their own; the float32 master accumulates the steps and, once it has moved
+  by more than half a float16 spacing, so does the float16 weight."""
+  params = {"w": jnp.ones((4,), jnp.float16)}
+  grads = {"w": jnp.full((4,), 0.1, jnp.float16)}
+  n_steps = 60
+
+  def train(tx):
+    @jax.jit
+    def run(params):
+      def body(carry, _):
+        p, s = carry
+        upd, s = tx.update(grads, s, p)
+        return (optax.apply_updates(p, upd), s), p["w"][0]
+      (p, s), history = jax.lax.scan(body, (params, tx.init(params)), None, length=n_steps)
+      return p, s, history
+    return run(params)
+
+  plain_params, _, plain_history = train(lars_optax.sgd(1e-4))
+  np.testing.assert_array_equal(plain_history, 1.0)
+  np.testing.assert_array_equal(plain_params["w"], 1.0)  # stuck
+
+  mp_params, mp_state, mp_history = train(lars_optax.sgd(1e-4, multi_precision=True))
+  master = master_params(mp_state, mp_params)["w"]
+  np.testing.assert_allclose(master, 1.0 - n_steps * 1e-5, rtol=1e-5)
+  assert mp_params["w"].dtype == jnp.float16
+  chex.assert_trees_all_equal(mp_params["w"], master.astype(jnp.float16))
+  assert np.all(np.asarray(mp_params["w"], np.float32) < 1.0)  # it moved
+  # It moved when the master crossed 1 - 2**-12: each step is 1e-4 * f16(0.1)
+  # = 9.998e-6, so after 25 steps (history[i] is the weight after i steps).
+  first_move = int(np.argmax(np.asarray(mp_history, np.float32) < 1.0))
+  assert first_move == 25
