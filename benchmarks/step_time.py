@@ -93,8 +93,8 @@ def format_table(result: dict) -> str:
       "|---|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     # The peer: optax.lars for the LARS rows, optax.adam for the Adam rows.
-    peer = (lars_ms if "lars" in r["optimizer"] else
-            adam_ms if "adam" in r["optimizer"] else None)
+    short = r["optimizer"].split("(")[0].rsplit(".", 1)[-1]
+    peer = adam_ms if short == "adam" else lars_ms if short in ("lars", "tf_lars") else None
     vs_peer = f"{r['step_ms'] / peer:.2f}" if peer else "-"
     lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.2f} | {r['step_ratio']:.2f} | "
                  f"{vs_peer} | {r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")

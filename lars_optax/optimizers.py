@@ -117,7 +117,7 @@ def lars(
   added after clipping and also applies to skipped leaves. By default leaves
   whose name ends in ``gamma``, ``beta`` or ``bias`` are skipped, as in MXNet.
 
-  The chain is ``scale_by_lars_trust_ratio(chain(clip, add_decayed_weights),
+  The chain is ``scale_by_lars_trust_ratio(chain(clip, add_decayed_weights_per_leaf),
   rescale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
   ratios of the last step are in the state: :func:`lars_optax.trust_ratios`.
 

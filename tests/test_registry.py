@@ -264,3 +264,16 @@ def test_register_factory_gets_multi_precision_from_the_wrapper(clean_registry):
   tx = lars_optax.create("plain", multi_precision=True)
   state = tx.init({"w": jnp.ones(3, jnp.float16)})
   assert isinstance(state, lars_optax.MultiPrecisionState)
+
+
+def test_readme_example():
+  opt = lars_optax.create("adam", wd=1e-4, lazy_update=True,
+                          lr_scheduler=lambda n: 1e-3 * 0.5 ** (n // 1000),
+                          wd_mult={"fc1_bias": 0.0}, multi_precision=True)
+  params = jax.tree.map(lambda x: x.astype(jnp.float16), _params())
+  state = opt.init(params)
+  updates, state = jax.jit(opt.update)(_grads(), state, params)
+  params = optax.apply_updates(params, updates)
+  chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda x: x.astype(jnp.float16),
+                                                          _params()))
+  assert isinstance(state, lars_optax.MultiPrecisionState)
