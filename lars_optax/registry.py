@@ -136,7 +136,9 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   ``sgd``, and any added with :func:`register`. Every name takes the MXNet
   optimizer-base arguments (:data:`BASE_ARGS`):
 
-  * ``learning_rate``, ``wd``, ``rescale_grad``, ``clip_gradient``;
+  * ``learning_rate``, ``wd``, ``rescale_grad``, ``clip_gradient``
+    (``learning_rate=None`` means the scheduler's, or 0.01 without one, as in
+    MXNet);
   * ``lr_scheduler``: called with the update count, 1 at the first update
     (``begin_num_update`` shifts it), see :func:`mxnet_schedule`. As in MXNet,
     a scheduler object with a ``base_lr`` attribute gets ``base_lr`` set to
@@ -181,10 +183,13 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
   lr_scheduler = kwargs.pop("lr_scheduler", None)
   begin = kwargs.pop("begin_num_update", 0)
+  lr = kwargs.pop("learning_rate", _UNSET)
+  if lr is not _UNSET and lr_scheduler is None:
+    # MXNet: learning_rate=None without a scheduler means 0.01.
+    kwargs["learning_rate"] = 0.01 if lr is None else lr
   optimizers._check_count("begin_num_update", begin)
   if lr_scheduler is not None:
-    kwargs["learning_rate"] = mxnet_schedule(
-        _with_base_lr(lr_scheduler, kwargs.get("learning_rate", _UNSET), factory), begin)
+    kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory), begin)
   if "begin_num_update" in own:
     kwargs["begin_num_update"] = begin
 
@@ -209,14 +214,14 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   """MXNet's rule: a scheduler object's ``base_lr`` becomes the learning rate."""
   if not hasattr(lr_scheduler, "base_lr"):
-    if lr is not _UNSET:
+    if lr is not _UNSET and lr is not None:
       raise ValueError("learning_rate: give either learning_rate or a plain "
                        "lr_scheduler callable, not both (the scheduler returns the "
                        "learning rate).")
     return lr_scheduler
   if lr is _UNSET:
     lr = _default(factory, "learning_rate")  # MXNet uses the class default too
-  if lr is _UNSET or lr is None:
+  if lr is None or lr is _UNSET:  # None: MXNet keeps the scheduler's base_lr
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
   if lr_scheduler.base_lr != lr:

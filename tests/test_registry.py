@@ -277,3 +277,16 @@ def test_readme_example():
   chex.assert_trees_all_equal_dtypes(params, jax.tree.map(lambda x: x.astype(jnp.float16),
                                                           _params()))
   assert isinstance(state, lars_optax.MultiPrecisionState)
+
+
+def test_learning_rate_none_means_mxnets_fallback():
+  tx = lars_optax.create("sgd", learning_rate=None)
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
+  np.testing.assert_allclose(updates["fc1_bias"], -0.01 * _grads()["fc1_bias"], rtol=1e-6)
+  # With a scheduler object, None keeps the scheduler's own base_lr.
+  sched = FactorScheduler(step=100, base_lr=0.3)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tx = lars_optax.create("sgd", learning_rate=None, lr_scheduler=sched)
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
+  np.testing.assert_allclose(updates["fc1_bias"], -0.3 * _grads()["fc1_bias"], rtol=1e-6)
