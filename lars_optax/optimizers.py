@@ -70,6 +70,12 @@ def _preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
   return parts
 
 
+def _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
+  """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
+  parts = [] if _is_const(wd_lh, 0) else [add_decayed_weights_per_leaf(wd_lh)]
+  return [*parts, optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+
+
 def _lr_mult(lr_mult) -> list:
   return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
 
@@ -309,9 +315,7 @@ def signum(
                    multi_precision=multi_precision)
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [optax.ema(momentum, debias=False), optax.scale_by_sign()]
-  if not _is_const(wd_lh, 0):
-    parts.append(add_decayed_weights_per_leaf(wd_lh))
-  parts += [optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return _finish(parts, multi_precision=multi_precision)
 
 
@@ -364,9 +368,7 @@ def signsgd(
   parts = [optax.scale_by_sign()]
   if not _is_const(wd, 0):
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
-  if not _is_const(wd_lh, 0):
-    parts.append(add_decayed_weights_per_leaf(wd_lh))
-  parts += [optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return _finish(parts, multi_precision=multi_precision)
 
 
