@@ -21,6 +21,7 @@ from lars_optax.masks import (
     leaf_names,
     named_leaves,
 )
+from lars_optax.nonfinite import skip_nonfinite
 from lars_optax.optimizers import adam, lars, sgd, signsgd, signum, tf_lars
 from lars_optax.precision import (
     LOW_PRECISION,
@@ -29,6 +30,15 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
+from lars_optax.svrg import (
+    SVRGState,
+    full_gradient,
+    svrg,
+    svrg_due,
+    svrg_refresh,
+    svrg_snapshot,
+    svrg_value_and_grads,
+)
 from lars_optax.transforms import (
     MXNetMomentumState,
     ScaleByLarsTrustRatioState,
@@ -51,6 +61,7 @@ __all__ = [
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
+    "SVRGState",
     "ScaleByLarsTrustRatioState",
     "adam",
     "add_decayed_weights_per_leaf",
@@ -61,6 +72,7 @@ __all__ = [
     "by_substring",
     "by_suffix",
     "create",
+    "full_gradient",
     "lars",
     "lars_trust_ratio",
     "lazy_update",
@@ -80,6 +92,12 @@ __all__ = [
     "sgd",
     "signsgd",
     "signum",
+    "skip_nonfinite",
+    "svrg",
+    "svrg_due",
+    "svrg_refresh",
+    "svrg_snapshot",
+    "svrg_value_and_grads",
     "tf_lars",
     "trust_ratios",
 ]

@@ -1,0 +1,338 @@
+r"""SVRG (stochastic variance-reduced gradient) as optax building blocks.
+
+Johnson and Zhang, `Accelerating Stochastic Gradient Descent using Predictive
+Variance Reduction <https://papers.nips.cc/paper/4937>`_, NeurIPS 2013; the
+scheme of Apache MXNet's ``mxnet.contrib.svrg_optimization`` (``SVRGModule``).
+
+Every ``update_freq`` epochs, at the start of the epoch, the current params are
+kept as the *snapshot* :math:`\tilde w` and the full gradient
+:math:`\mu = \nabla F(\tilde w)` (over the whole dataset) is computed. Each batch
+then uses
+
+.. math:: g_{svrg} = \nabla f_B(w) - \nabla f_B(\tilde w) + \mu,
+
+an unbiased gradient whose variance vanishes as :math:`w` and :math:`\tilde w`
+approach the optimum, and any optax optimizer takes the step.
+
+The pieces:
+
+* :func:`svrg` -- wraps an optimizer; its state holds :math:`\tilde w` and
+  :math:`\mu`, and its ``update(grads, state, params, snapshot_grads=...)``
+  forms :math:`g - \tilde g + \mu` before the wrapped optimizer sees it;
+* :func:`svrg_value_and_grads` -- one jit-compiled call giving the batch loss
+  and both gradients;
+* :func:`full_gradient` -- :math:`\mu` over a dataset (a list of batches, or
+  stacked arrays scanned with ``lax.scan``), batches weighted by their size;
+* :func:`svrg_refresh` and :func:`svrg_due` -- store a new snapshot, and say
+  whether an epoch starts with one.
+
+A whole training loop::
+
+  tx = lars_optax.svrg(optax.sgd(0.1))          # or lars_optax.lars(...), ...
+  grads_fn = lars_optax.svrg_value_and_grads(loss_fn)
+  state = tx.init(params)
+  for epoch in range(num_epochs):
+    if lars_optax.svrg_due(epoch, update_freq=2):
+      mu = lars_optax.full_gradient(loss_fn, params, batches)
+      state = lars_optax.svrg_refresh(state, params, mu)
+    for batch in batches:
+      snap = lars_optax.svrg_snapshot(state)
+      loss, g, g_snap = grads_fn(params, snap, batch)
+      updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
+      params = optax.apply_updates(params, updates)
+
+``loss_fn(params, batch)`` returns the mean loss over the batch. For data
+parallelism, pass ``axis_name`` to :func:`svrg_value_and_grads` and
+:func:`full_gradient` inside ``pmap``/``shard_map`` (gradients are averaged
+with ``lax.pmean``); under ``jit`` with sharded data the means are global
+already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _validation as v
+from lars_optax.transforms import _find_state
+
+__all__ = [
+    "SVRGState",
+    "svrg",
+    "svrg_value_and_grads",
+    "full_gradient",
+    "svrg_refresh",
+    "svrg_snapshot",
+    "svrg_due",
+]
+
+LossFn = Callable[[Any, Any], jax.Array]
+
+
+class SVRGState(NamedTuple):
+  """State of :func:`svrg`.
+
+  Attributes:
+    snapshot: the snapshot params :math:`\\tilde w`, or None before the first
+      :func:`svrg_refresh`.
+    full_grad: the full gradient :math:`\\mu` at the snapshot, or None.
+    inner_state: the wrapped optimizer's state.
+  """
+
+  snapshot: Any
+  full_grad: Any
+  inner_state: optax.OptState
+
+
+def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
+  r"""Feeds ``inner`` the SVRG gradient :math:`g - \tilde g + \mu`.
+
+  ``update(grads, state, params, snapshot_grads=g_snap)`` takes the batch
+  gradient at the current params (``grads``) and at the snapshot
+  (``snapshot_grads``, the same batch), forms
+
+  .. math:: g_{svrg} = g - \tilde g + \mu
+
+  with :math:`\mu` from the state, and returns ``inner``'s update for
+  :math:`g_{svrg}`. The snapshot and :math:`\mu` are set with
+  :func:`svrg_refresh`; before that, ``update`` raises a ValueError.
+
+  Args:
+    inner: any optax transformation (``optax.sgd``, :func:`lars_optax.lars`,
+      ...). It receives ``params`` and any extra arguments.
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs` with an
+    :class:`SVRGState`.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return SVRGState(snapshot=None, full_grad=None, inner_state=inner_tx.init(params))
+
+  def update_fn(updates, state, params=None, *, snapshot_grads=None, **extra_args):
+    if state.full_grad is None:
+      raise ValueError("svrg: no snapshot yet; compute the full gradient and call "
+                       "lars_optax.svrg_refresh(state, params, full_grad) before the "
+                       "first update (at the start of every update_freq-th epoch).")
+    if snapshot_grads is None:
+      raise ValueError("snapshot_grads: svrg's update needs the batch gradient at the "
+                       "snapshot params: tx.update(grads, state, params, "
+                       "snapshot_grads=...); see lars_optax.svrg_value_and_grads.")
+    v.check_same_structure(snapshot_grads, updates, "snapshot_grads")
+    v.check_same_structure(state.full_grad, updates, "svrg (full gradient vs gradients)")
+    g = jax.tree.map(lambda a, b, m: (a - b.astype(a.dtype)) + m.astype(a.dtype),
+                     updates, snapshot_grads, state.full_grad)
+    new_updates, inner_state = inner_tx.update(g, state.inner_state, params, **extra_args)
+    return new_updates, state._replace(inner_state=inner_state)
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def svrg_refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.OptState:
+  """Stores ``params`` as the snapshot and ``full_grad`` as :math:`\\mu`.
+
+  Works on the state of :func:`svrg` or on a state that contains one (e.g. a
+  chain); returns the new state.
+
+  Raises:
+    ValueError: ``full_grad``'s tree does not match ``params``, or the state
+      holds no :class:`SVRGState`.
+  """
+  v.check_same_structure(full_grad, params, "full_grad")
+  snap = jax.tree.map(jnp.asarray, params)
+  mu = jax.tree.map(lambda m, p: jnp.asarray(m, jnp.result_type(p)), full_grad, params)
+  found = []
+
+  def replace(node):
+    if isinstance(node, SVRGState):
+      found.append(node)
+      return node._replace(snapshot=snap, full_grad=mu)
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+      return type(node)(*(replace(c) for c in node))
+    if isinstance(node, (tuple, list)):
+      return type(node)(replace(c) for c in node)
+    return node
+
+  new = replace(state)
+  if not found:
+    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...) "
+                     "or of a chain containing it.")
+  return new
+
+
+def svrg_snapshot(state: optax.OptState) -> Any:
+  """The snapshot params :math:`\\tilde w` held in ``state``.
+
+  Raises:
+    ValueError: no :class:`SVRGState` in ``state``, or no snapshot yet.
+  """
+  found = _find_state(state, SVRGState)
+  if found is None:
+    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...).")
+  if found.snapshot is None:
+    raise ValueError("svrg: no snapshot yet; call lars_optax.svrg_refresh first.")
+  return found.snapshot
+
+
+def svrg_due(epoch: int, update_freq: int) -> bool:
+  """True when ``epoch`` (0-based) starts with a new snapshot: every ``update_freq``.
+
+  MXNet's ``SVRGModule`` refreshes at epochs 0, ``update_freq``,
+  ``2 * update_freq``, ...
+
+  Raises:
+    ValueError: ``update_freq`` is not an int >= 1, or ``epoch`` not an int >= 0.
+  """
+  if isinstance(update_freq, bool) or not isinstance(update_freq, (int, np.integer)) \
+      or update_freq < 1:
+    raise ValueError(f"update_freq: expected an int >= 1 (epochs between snapshots), "
+                     f"got {update_freq!r}.")
+  if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+    raise ValueError(f"epoch: expected an int >= 0, got {epoch!r}.")
+  return epoch % update_freq == 0
+
+
+def _pmean(tree: Any, axis_name: str | None) -> Any:
+  if axis_name is None:
+    return tree
+  try:
+    return jax.lax.pmean(tree, axis_name)
+  except NameError as e:
+    raise ValueError(f"axis_name: {axis_name!r} is not bound here; call this inside "
+                     "jax.pmap/shard_map with that axis name, or pass "
+                     "axis_name=None.") from e
+
+
+def svrg_value_and_grads(
+    loss_fn: LossFn, *, axis_name: str | None = None, jit: bool = True,
+) -> Callable[[Any, Any, Any], tuple[jax.Array, Any, Any]]:
+  """One call giving ``(loss, grads at params, grads at snapshot)`` on a batch.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch)``, the mean loss over the batch.
+    axis_name: inside ``pmap``/``shard_map``, average the loss and both
+      gradients over this axis (data parallelism).
+    jit: compile the call with ``jax.jit`` (both gradients in one program).
+
+  Returns:
+    ``fn(params, snapshot_params, batch) -> (loss, grads, snapshot_grads)``;
+    ``loss`` is at ``params``.
+  """
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn: expected a callable, got {type(loss_fn).__name__}.")
+  vg = jax.value_and_grad(loss_fn)
+
+  def fn(params, snapshot_params, batch):
+    loss, grads = vg(params, batch)
+    snap_grads = jax.grad(loss_fn)(snapshot_params, batch)
+    return _pmean((loss, grads, snap_grads), axis_name)
+
+  return jax.jit(fn) if jit else fn
+
+
+def _batch_size(batch: Any) -> int:
+  leaves = jax.tree.leaves(batch)
+  if not leaves or np.ndim(leaves[0]) == 0:
+    raise ValueError("data: a batch must be a pytree of arrays with a leading batch axis.")
+  return int(np.shape(leaves[0])[0])
+
+
+def full_gradient(
+    loss_fn: LossFn,
+    params: Any,
+    data: Iterable[Any] | Any,
+    *,
+    batch_size: int | None = None,
+    axis_name: str | None = None,
+) -> Any:
+  r"""The full gradient :math:`\mu = \nabla F(w)` of the mean loss over ``data``.
+
+  ``data`` is either
+
+  * an iterable of batches (e.g. a list, or a data loader): each batch's
+    gradient is computed by one jitted call and the gradients are averaged,
+    weighted by batch size (the leading axis of the batch's first leaf), so
+    a smaller last batch counts for what it holds. With equal batches this is
+    the plain mean over batches that MXNet's ``SVRGModule`` takes; or
+  * a pytree of stacked arrays, all with the whole dataset along axis 0, with
+    ``batch_size``: the full batches are scanned with ``lax.scan`` in one
+    compiled program and a last partial batch is added with its weight.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch)``, the mean loss over the batch.
+    params: where to take the gradient (the snapshot).
+    data: see above.
+    batch_size: required for stacked arrays; must be None for an iterable.
+    axis_name: inside ``pmap``/``shard_map``, average over this axis too (each
+      device holds its share of the data).
+
+  Returns:
+    A pytree like ``params``: float32 (or the params' dtype if wider).
+  """
+  if not callable(loss_fn):
+    raise TypeError(f"loss_fn: expected a callable, got {type(loss_fn).__name__}.")
+  grad_fn = jax.grad(loss_fn)
+
+  def acc_dtype(p):
+    return jnp.promote_types(jnp.result_type(p), jnp.float32)
+
+  if batch_size is not None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+        or batch_size < 1:
+      raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}.")
+    n = _batch_size(data)
+    if any(np.shape(x)[:1] != (n,) for x in jax.tree.leaves(data)):
+      raise ValueError("data: every array must have the same length along axis 0.")
+    if n == 0:
+      raise ValueError("data: the dataset is empty.")
+    full, rest = divmod(n, batch_size)
+
+    def run(params, data):
+      total = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p)), params)
+      if full:
+        stacked = jax.tree.map(
+            lambda x: x[:full * batch_size].reshape((full, batch_size) + x.shape[1:]), data)
+
+        def body(acc, batch):
+          g = grad_fn(params, batch)
+          return jax.tree.map(lambda a, x: a + x.astype(a.dtype), acc, g), None
+
+        total, _ = jax.lax.scan(body, total, stacked)
+        total = jax.tree.map(lambda a: a * batch_size, total)
+      if rest:
+        last = jax.tree.map(lambda x: x[full * batch_size:], data)
+        g = grad_fn(params, last)
+        total = jax.tree.map(lambda a, x: a + x.astype(a.dtype) * rest, total, g)
+      return _pmean(jax.tree.map(lambda a: a / n, total), axis_name)
+
+    return run(params, data) if axis_name else jax.jit(run)(params, data)
+
+  if isinstance(data, (dict, tuple)) and not isinstance(data, list) and _looks_stacked(data):
+    raise ValueError("batch_size: data looks like stacked arrays (a pytree of arrays); "
+                     "pass batch_size=..., or pass a list of batches.")
+  step = (lambda p, b: grad_fn(p, b)) if axis_name else jax.jit(grad_fn)
+  total, count = None, 0
+  for batch in data:
+    m = _batch_size(batch)
+    g = step(params, batch)
+    g = jax.tree.map(lambda x, p: x.astype(acc_dtype(p)) * m, g, params)
+    total = g if total is None else jax.tree.map(jnp.add, total, g)
+    count += m
+  if total is None or count == 0:
+    raise ValueError("data: no batches (the dataset is empty).")
+  return _pmean(jax.tree.map(lambda a: a / count, total), axis_name)
+
+
+def _looks_stacked(data: Any) -> bool:
+  leaves = jax.tree.leaves(data)
+  return bool(leaves) and all(hasattr(x, "shape") for x in leaves)
