@@ -325,7 +325,7 @@ def full_gradient(
   for batch in data:
     m = _batch_size(batch)
     g = step(params, batch)
-    g = jax.tree.map(lambda x, p: x.astype(acc_dtype(p)) * m, g, params)
+    g = jax.tree.map(lambda x, p, m=m: x.astype(acc_dtype(p)) * m, g, params)
     total = g if total is None else jax.tree.map(jnp.add, total, g)
     count += m
   if total is None or count == 0:
