@@ -281,3 +281,88 @@ def test_training_with_lars_inside_and_without_jit():
   b = _train(tx, _params(), batches, 4, True, jit=False)
   chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
   assert _loss(a, (x, y)) < 0.5 * _loss(_params(), (x, y))
+
+
+# --------------------------------------------------------------------------
+# Flax and Haiku models, pmap
+# --------------------------------------------------------------------------
+
+
+def _flax_model():
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+
+  class MLP(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(1)(nn.tanh(nn.Dense(8)(x)))[..., 0]
+
+  model = MLP()
+  return model.init(jax.random.key(0), jnp.zeros((1, 5))), model.apply
+
+
+def _haiku_model():
+  import haiku as hk  # pylint: disable=g-import-not-at-top
+
+  def forward(x):
+    return hk.nets.MLP([8, 1], activation=jnp.tanh)(x)[..., 0]
+
+  model = hk.without_apply_rng(hk.transform(forward))
+  return model.init(jax.random.key(0), jnp.zeros((1, 5))), model.apply
+
+
+@pytest.mark.parametrize("make_model", [_flax_model, _haiku_model], ids=["flax", "haiku"])
+@pytest.mark.parametrize("inner", ["sgd", "lars"])
+def test_flax_and_haiku_models(make_model, inner):
+  params, apply = make_model()
+
+  def loss(p, batch):
+    x, y = batch
+    return 0.5 * jnp.mean((apply(p, x) - y) ** 2)
+
+  x, y = _problem(n=200)
+  batches = _batches(x, y, 25)
+  skip = "flax" if make_model is _flax_model else "haiku"
+  opt = optax.sgd(0.05) if inner == "sgd" else lars_optax.lars(0.1, momentum=0.9, eta=0.1,
+                                                               skip=skip)
+  tx = lars_optax.svrg(opt)
+  grads_fn = lars_optax.svrg_value_and_grads(loss)
+  state = tx.init(params)
+  start = loss(params, (x, y))
+
+  @jax.jit
+  def step(params, state, batch):
+    _, g, g_snap = grads_fn(params, lars_optax.svrg_snapshot(state), batch)
+    updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
+    return optax.apply_updates(params, updates), state
+
+  for epoch in range(4):
+    if lars_optax.svrg_due(epoch, 2):
+      state = lars_optax.svrg_refresh(state, params,
+                                      lars_optax.full_gradient(loss, params, batches))
+    for batch in batches:
+      params, state = step(params, state, batch)
+  assert loss(params, (x, y)) < 0.7 * start
+
+
+def test_training_step_under_pmap_equals_one_device():
+  x, y = _problem(n=200)
+  n_dev = jax.local_device_count()
+  tx = lars_optax.svrg(lars_optax.lars(0.5, momentum=0.9, eta=1.0, skip="flax"))
+  params = jax.tree.map(lambda p: p + 0.2, _params())
+  mu = lars_optax.full_gradient(_loss, params, (x, y), batch_size=40)
+  state = lars_optax.svrg_refresh(tx.init(params), params, mu)
+  batch = (x[:40], y[:40])
+
+  def step(params, state, batch, axis_name=None):
+    fn = lars_optax.svrg_value_and_grads(_loss, axis_name=axis_name, jit=False)
+    _, g, g_snap = fn(params, lars_optax.svrg_snapshot(state), batch)
+    updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
+    return optax.apply_updates(params, updates)
+
+  single = jax.jit(step)(params, state, batch)
+  rep = jax.tree.map(lambda a: jnp.stack([a] * n_dev), (params, state))
+  shards = jax.tree.map(lambda a: a.reshape((n_dev, -1) + a.shape[1:]), batch)
+  multi = jax.pmap(lambda p, s, b: step(p, s, b, axis_name="d"), axis_name="d")(
+      *rep, shards)
+  chex.assert_trees_all_close(jax.tree.map(lambda a: a[0], multi), single, rtol=1e-5)
