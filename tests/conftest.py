@@ -1,8 +1,18 @@
-"""Shared test helpers."""
+"""Shared test helpers, and 8 virtual CPU devices for the distributed tests."""
 
 import contextlib
 
 import jax
+
+# The distributed tests (pmap, sharded jit, shard_map) need several devices; on
+# CPU, JAX can split the host into virtual ones. This must run before the
+# first computation, which is why it lives here (pytest imports conftest first).
+# A GPU/TPU run keeps its real devices.
+NUM_CPU_DEVICES = 8
+try:
+  jax.config.update("jax_num_cpu_devices", NUM_CPU_DEVICES)
+except RuntimeError:  # a backend was already initialised (e.g. by a plugin)
+  pass
 
 
 @contextlib.contextmanager

@@ -1,0 +1,176 @@
+"""Data parallel (pmap), sharded parameters (jit + NamedSharding) and shard_map.
+
+Runs on the 8 virtual CPU devices set up in ``conftest.py`` (or on the real
+devices of a GPU/TPU host). Each test compares with the same computation on
+one device.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import lars_optax
+
+N_DEV = jax.device_count()
+pytestmark = pytest.mark.skipif(N_DEV < 8, reason="needs 8 devices (see conftest.py)")
+
+OPTIMIZERS = {
+    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3, rescale_grad=0.5,
+                                    clip_gradient=1.0),
+    "lars_mult": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3,
+                                         lr_mult={"fc1_weight": 0.5},
+                                         wd_mult={"fc2_weight": 2.0}),
+    "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True, skip_list=["bias", "gamma"]),
+    "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
+    "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
+    "adam": lambda: lars_optax.adam(0.01, wd=1e-3, clip_gradient=1.0),
+    "adam_lazy": lambda: lars_optax.adam(0.01, lazy_update=True),
+    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+}
+
+
+def _params():
+  rng = np.random.default_rng(0)
+  shapes = {"fc1_weight": (16, 8), "fc1_bias": (8,), "bn1_gamma": (8,),
+            "fc2_weight": (8, 4), "fc2_bias": (4,)}
+  return {k: jnp.asarray(rng.normal(size=s) * (1.0 if "gamma" in k else 0.5), jnp.float32)
+          for k, s in shapes.items()}
+
+
+def _data(n=64, seed=1):
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(n, 16)), jnp.float32)
+  y = jnp.asarray(rng.normal(size=(n, 4)), jnp.float32)
+  return x, y
+
+
+def _loss(p, batch):
+  x, y = batch
+  h = jnp.tanh(x @ p["fc1_weight"] + p["fc1_bias"]) * p["bn1_gamma"]
+  return jnp.mean((h @ p["fc2_weight"] + p["fc2_bias"] - y) ** 2)
+
+
+def _single_device_run(tx, steps=4):
+  params = _params()
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, batch):
+    updates, state = tx.update(jax.grad(_loss)(params, batch), state, params)
+    return optax.apply_updates(params, updates), state
+
+  for k in range(steps):
+    params, state = step(params, state, _data(seed=k))
+  return params, state
+
+
+# --------------------------------------------------------------------------
+# 1. Data parallel with pmap
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_pmap_data_parallel_equals_one_device(name):
+  tx = OPTIMIZERS[name]()
+  expected, _ = _single_device_run(tx)
+
+  def replicate(tree):
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (N_DEV,) + a.shape), tree)
+
+  @functools.partial(jax.pmap, axis_name="data")
+  def step(params, state, batch):
+    grads = jax.lax.pmean(jax.grad(_loss)(params, batch), "data")
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = replicate(_params())
+  state = replicate(tx.init(_params()))
+  for k in range(4):
+    shards = jax.tree.map(lambda a: a.reshape((N_DEV, -1) + a.shape[1:]), _data(seed=k))
+    params, state = step(params, state, shards)
+  for d in (0, N_DEV - 1):
+    chex.assert_trees_all_close(jax.tree.map(lambda a, d=d: a[d], params), expected,
+                                rtol=2e-5, atol=2e-6)
+
+
+# --------------------------------------------------------------------------
+# 2. Sharded parameters under jit
+# --------------------------------------------------------------------------
+
+
+def _mesh():
+  return Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+
+
+def _param_specs():
+  # Kernels split along their output axis, biases split or replicated.
+  return {"fc1_weight": P(None, "model"), "fc1_bias": P("model"), "bn1_gamma": P(),
+          "fc2_weight": P("data", "model"), "fc2_bias": P()}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_sharded_params_under_jit(name):
+  tx = OPTIMIZERS[name]()
+  expected_params, expected_state = _single_device_run(tx)
+  mesh = _mesh()
+  shardings = {k: NamedSharding(mesh, s) for k, s in _param_specs().items()}
+  params = jax.device_put(_params(), shardings)
+  state = tx.init(params)  # params-shaped buffers take their params' shardings
+  # Scalars (counts, the trust-ratio vector) are uncommitted, as in optax:
+  # replicate them over the mesh.
+  replicated = NamedSharding(mesh, P())
+  state_shardings = jax.tree.map(
+      lambda a: a.sharding if isinstance(a.sharding, NamedSharding) else replicated, state)
+  state = jax.device_put(state, state_shardings)
+
+  # The usual sharded training step: outputs pinned to the input shardings.
+  @functools.partial(jax.jit, donate_argnums=(0, 1),
+                     out_shardings=(shardings, state_shardings))
+  def step(params, state, batch):
+    updates, state = tx.update(jax.grad(_loss)(params, batch), state, params)
+    return optax.apply_updates(params, updates), state
+
+  for k in range(4):
+    batch = jax.device_put(_data(seed=k), NamedSharding(mesh, P("data")))
+    params, state = step(params, state, batch)
+  for key, sh in shardings.items():
+    assert params[key].sharding.is_equivalent_to(sh, params[key].ndim), key
+  chex.assert_trees_all_close(params, expected_params, rtol=2e-5, atol=2e-6)
+  # Params-shaped state buffers are sharded like their params.
+  for buf_name in ("momentum", "mu", "nu", "ema", "trace"):
+    buf = optax.tree_utils.tree_get(state, buf_name)
+    if isinstance(buf, dict):
+      for key, sh in shardings.items():
+        assert buf[key].sharding.is_equivalent_to(sh, buf[key].ndim), (buf_name, key)
+  if name.startswith(("lars", "tf_lars")):
+    np.testing.assert_allclose(lars_optax.trust_ratios(state),
+                               lars_optax.trust_ratios(expected_state), rtol=2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_sharded_update_gathers_no_parameter(name):
+  """The compiled update keeps every elementwise op on its shard.
+
+  Norms need an all-reduce of a scalar per leaf; nothing may all-gather a
+  parameter, a gradient or a state buffer.
+  """
+  tx = OPTIMIZERS[name]()
+  mesh = _mesh()
+  shardings = {k: NamedSharding(mesh, s) for k, s in _param_specs().items()}
+  params = jax.device_put(_params(), shardings)
+  grads = jax.device_put(jax.tree.map(lambda p: 0.1 * p + 0.01, _params()), shardings)
+  state = tx.init(params)
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  hlo = jax.jit(step).lower(params, state, grads).compile().as_text()
+  assert "all-gather" not in hlo and "all-to-all" not in hlo
