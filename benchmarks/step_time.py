@@ -85,11 +85,11 @@ def format_table(result: dict) -> str:
   lars_ms = by_name.get("optax.lars", {}).get("step_ms")
   adam_ms = by_name.get("optax.adam", {}).get("step_ms")
   lines = [
-      f"ResNet-50 tree: {result['leaves']} leaves, {result['parameters']:,} float32 "
-      f"parameters; {result['device']}; jax {result['jax']}, optax {result['optax']}; "
-      f"median of {result['rounds']} steps.", "",
-      "| optimizer | step (ms) | step / sgd-momentum | step / peer "
-      "| compile (s) | compile / sgd-momentum |",
+      (f"ResNet-50 tree: {result['leaves']} leaves, {result['parameters']:,} float32 "
+       f"parameters; {result['device']}; jax {result['jax']}, optax {result['optax']}; "
+       f"median of {result['rounds']} steps."), "",
+      ("| optimizer | step (ms) | step / sgd-momentum | step / peer "
+       "| compile (s) | compile / sgd-momentum |"),
       "|---|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     # The peer: optax.lars for the LARS rows, optax.adam for the Adam rows.

@@ -21,6 +21,19 @@ def _is_traced(value: Any) -> bool:
   return isinstance(value, jax.core.Tracer)
 
 
+def _range_text(low: float | None, high: float | None, low_open: bool,
+                high_open: bool) -> str:
+  """``"in [0, 1)"``, ``">= 0"``, ``"> 0"``, ... (empty without bounds)."""
+  if low is not None and high is not None:
+    return (f"in {'(' if low_open else '['}{low:g}, "
+            f"{high:g}{')' if high_open else ']'}")
+  if low is not None:
+    return f"{'>' if low_open else '>='} {low:g}"
+  if high is not None:
+    return f"{'<' if high_open else '<='} {high:g}"
+  return ""
+
+
 def check_scalar(
     name: str,
     value: Any,
@@ -29,33 +42,32 @@ def check_scalar(
     high: float | None = None,
     low_open: bool = False,
     high_open: bool = False,
+    alternative: str = "",
 ) -> None:
-  """Checks that ``value`` is a finite real scalar inside the given range."""
-  if isinstance(value, (bool, np.bool_, str)) or value is None:
-    raise TypeError(f"{name}: expected a real number, got {value!r}.")
+  """Checks that ``value`` is a finite real scalar inside the given range.
+
+  Every message names the argument and the accepted range; ``alternative``
+  adds what else is accepted (e.g. ``" or an optax schedule"``).
+  """
+  rng = _range_text(low, high, low_open, high_open)
+  expected = f"a real number{' ' + rng if rng else ''}{alternative}"
+  if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
+    raise TypeError(f"{name}: expected {expected}, got {value!r}.")
   if _is_traced(value):
     return  # A traced hyperparameter (e.g. under jit) can't be checked here.
   try:
     arr = np.asarray(value)
   except Exception as e:  # pragma: no cover - exotic objects
-    raise TypeError(f"{name}: expected a real number, got {value!r}.") from e
+    raise TypeError(f"{name}: expected {expected}, got {value!r}.") from e
   if arr.ndim != 0 or not (np.issubdtype(arr.dtype, np.integer)
                            or np.issubdtype(arr.dtype, np.floating)):
-    raise TypeError(f"{name}: expected a real scalar, got {value!r}.")
+    raise TypeError(f"{name}: expected {expected} (a real scalar), got {value!r}.")
   v = float(arr)
   if not math.isfinite(v):
-    raise ValueError(f"{name}: must be finite, got {v}.")
+    raise ValueError(f"{name}: must be finite{' and ' + rng if rng else ''}, got {v}.")
   lo_bad = low is not None and (v <= low if low_open else v < low)
   hi_bad = high is not None and (v >= high if high_open else v > high)
   if lo_bad or hi_bad:
-    lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
-    hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
-    if low is not None and high is not None:
-      rng = f"in {lo}, {hi}"
-    elif low is not None:
-      rng = f"{'>' if low_open else '>='} {low:g}"
-    else:
-      rng = f"{'<' if high_open else '<='} {high:g}"
     raise ValueError(f"{name}: must be {rng}, got {v:g}.")
 
 
@@ -63,18 +75,34 @@ def check_learning_rate(name: str, value: Any) -> None:
   """A learning rate is a schedule (callable) or a finite scalar >= 0."""
   if callable(value):
     return
-  check_scalar(name, value, low=0.0)
+  check_scalar(name, value, low=0.0, alternative=" or an optax schedule")
 
 
-def check_float_params(tree: Any, where: str) -> None:
-  """Rejects integer, boolean and complex leaves (they can't be trained)."""
+def check_count(name: str, value: Any) -> None:
+  """An int >= 0 (a step count); an integer array passes (optax.inject_hyperparams).
+
+  Raises a ValueError (for a wrong type too, as these checks always have).
+  """
+  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
+    return
+  if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+      or value < 0):
+    raise ValueError(f"{name}: expected an int >= 0, got {value!r}.")
+
+
+def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
+  """Rejects integer, boolean and complex leaves (they can't be trained).
+
+  ``what`` names the tree's leaves in the message (``"parameter"``,
+  ``"gradient"``).
+  """
   for name, leaf in masks.named_leaves(tree):
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
       dtype = np.asarray(leaf).dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(
-          f"{where}: parameter {name!r} has dtype {dtype}; only real floating "
+          f"{where}: {what} {name!r} has dtype {dtype}; only real floating "
           "point leaves (float16, bfloat16, float32, float64) are supported.")
 
 
@@ -83,7 +111,9 @@ def check_same_structure(updates: Any, params: Any, where: str) -> None:
   if params is None:
     raise ValueError(f"{where}: params are required; call "
                      "update(updates, state, params).")
-  t_u, t_p = jax.tree.structure(updates), jax.tree.structure(params)
+  # (Any: jax's type stubs do not describe PyTreeDef's comparison.)
+  t_u: Any = jax.tree.structure(updates)
+  t_p: Any = jax.tree.structure(params)
   if t_u == t_p:
     for (name, u), (_, p) in zip(masks.named_leaves(updates),
                                  masks.named_leaves(params)):

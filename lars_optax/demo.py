@@ -16,6 +16,7 @@ ratios of the last LARS step (bias leaves are skipped by MXNet's rule and show
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Sequence
@@ -48,7 +49,7 @@ def load_digits(seed: int, test_fraction: float = 0.25):
 def init_mlp(key: jax.Array, sizes: Sequence[int]) -> dict[str, jax.Array]:
   """MXNet-style names (``fc1_weight``, ``fc1_bias``) so MXNET_SKIP applies."""
   params = {}
-  for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+  for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes), start=1):
     key, sub = jax.random.split(key)
     params[f"fc{i}_weight"] = jax.random.normal(sub, (n_in, n_out)) * np.sqrt(2.0 / n_in)
     params[f"fc{i}_bias"] = jnp.zeros((n_out,))

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _validation as v
 from lars_optax import masks
 
 __all__ = ["lazy_update", "present_rows"]
@@ -33,11 +34,11 @@ def present_rows(grad: jax.Array) -> jax.Array:
   return jnp.any(grad != 0, axis=tuple(range(1, grad.ndim)))
 
 
-def _check_rows(tree: Any, where: str) -> None:
+def _check_rows(tree: Any, where: str, what: str = "parameter") -> None:
   for name, leaf in masks.named_leaves(tree):
     if np.ndim(leaf) == 0:
       raise ValueError(
-          f"{where}: parameter {name!r} is 0-d (a scalar), so it has no rows; "
+          f"{where}: {what} {name!r} is 0-d (a scalar), so it has no rows; "
           "lazy_update needs every leaf to have at least one axis. Exclude "
           "scalars, e.g. with optax.masked or optax.partition.")
 
@@ -96,7 +97,9 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
     return inner_tx.init(params)
 
   def update_fn(updates, state, params=None, **extra_args):
-    _check_rows(updates, "lazy_update")
+    if params is not None:
+      v.check_same_structure(updates, params, "lazy_update")
+    _check_rows(updates, "lazy_update", "gradient")
     flat_g, treedef = jax.tree.flatten(updates)
     rows = [present_rows(g) for g in flat_g]
     new_updates, new_state = inner_tx.update(updates, state, params, **extra_args)

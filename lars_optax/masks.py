@@ -13,6 +13,11 @@ and to this library's ``skip`` arguments. Masks combine with ``|``, ``&`` and
 and dtypes, all static under ``jit``), masked-out leaves cost nothing at run
 time.
 
+Names you give must match: where this library takes a mask, ``init`` raises
+an error when a name given to :func:`by_suffix`, :func:`by_substring`,
+:func:`by_regex` or :func:`by_leaf_name` matches no leaf (see :class:`Mask`;
+presets and :meth:`Mask.optional` masks are exempt).
+
 Presets name the parameters that the original optimizers exclude from the LARS
 trust ratio: :data:`MXNET_SKIP` (names ending in ``gamma``, ``beta`` or
 ``bias``), :data:`FLAX_SKIP` (norm ``scale``/``bias`` and every ``bias``) and
@@ -22,13 +27,15 @@ trust ratio: :data:`MXNET_SKIP` (names ending in ``gamma``, ``beta`` or
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Union
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from jax import tree_util as jtu
 
 __all__ = [
@@ -47,6 +54,7 @@ __all__ = [
   "by_suffix",
   "check_leaf_values",
   "check_mask_like",
+  "check_matches",
   "everything",
   "leaf_names",
   "named_leaves",
@@ -82,6 +90,13 @@ def named_leaves(tree: Any) -> list[tuple[str, Any]]:
   return [(path_to_name(path), leaf) for path, leaf in flat]
 
 
+def _placeholder_names(tree: Any) -> list[str]:
+  """The names of the leaves and of the None / optax.MaskedNode placeholders."""
+  flat, _ = jtu.tree_flatten_with_path(
+      tree, is_leaf=lambda x: x is None or isinstance(x, optax.MaskedNode))
+  return [path_to_name(path) for path, _ in flat]
+
+
 def leaf_names(tree: Any) -> Any:
   """Returns a pytree like ``tree`` whose leaves are the leaf names.
 
@@ -94,12 +109,32 @@ def leaf_names(tree: Any) -> Any:
 Rule = Callable[[str, Any], Any]
 
 
+class _NameCheck(NamedTuple):
+  """One name the user gave: ``test(name)`` is true for the leaf names it matches."""
+
+  text: str  # completes "no parameter name ...", e.g. "ends with 'bias'"
+  test: Callable[[str], bool]
+
+
 class Mask:
   """A name-based rule that turns a pytree into a pytree of bools.
 
   ``mask(tree)`` evaluates ``rule(name, leaf)`` for every leaf and returns a
   pytree with the structure of ``tree`` and Python ``bool`` leaves. Combine
   masks with ``|`` (either), ``&`` (both) and ``~`` (not).
+
+  Names must match. A mask built from names you give (:func:`by_suffix`,
+  :func:`by_substring`, :func:`by_regex`, :func:`by_leaf_name`) remembers
+  them, and where this library takes a mask (``skip``, ``skip_list``, the
+  ``(mask, value)`` rules of ``lr_mult``/``wd_mult``) ``init`` raises a
+  ValueError naming the argument when one of those names matches no leaf, so
+  a typo (``by_leaf_name("bais")``) cannot silently select nothing. In a
+  combination every named part is checked on its own: a typo anywhere in
+  ``FLAX_SKIP | by_substring("embeding")`` is caught, while the combination
+  itself may select nothing (``by_suffix("weight") & by_ndim(1)``). Exempt:
+  the presets (a model may have no biases), masks turned
+  :meth:`optional`, and trees without leaves. Calling a mask yourself (or
+  from optax) never checks: use :meth:`unmatched` or :func:`check_matches`.
 
   Args:
     rule: called with the leaf name and the leaf; must return something
@@ -109,13 +144,18 @@ class Mask:
     description: shown in ``repr`` and error messages.
   """
 
-  __slots__ = ("_rule", "description")
+  __slots__ = ("_checks", "_rule", "description")
 
   def __init__(self, rule: Rule, description: str = "custom rule"):
     if not callable(rule):
       raise TypeError(f"Mask rule must be callable, got {type(rule).__name__}.")
     self._rule = rule
     self.description = description
+    self._checks: tuple[_NameCheck, ...] = ()
+
+  def _with_checks(self, checks: Iterable[_NameCheck]) -> Mask:
+    self._checks = tuple(checks)
+    return self
 
   def matches(self, name: str, leaf: Any) -> bool:
     """Whether the leaf called ``name`` is selected."""
@@ -129,18 +169,44 @@ class Mask:
     """Names of the leaves of ``tree`` that the mask selects."""
     return [name for name, leaf in named_leaves(tree) if self.matches(name, leaf)]
 
+  def optional(self) -> Mask:
+    """The same mask, allowed to match nothing (its names are not checked).
+
+    For a mask shared between models, e.g.
+    ``by_substring("embedding").optional()`` for models with and without
+    embeddings.
+    """
+    return Mask(self._rule, self.description)
+
+  def unmatched(self, tree: Any) -> list[str]:
+    """The names given to this mask that match no leaf of ``tree``.
+
+    Each entry completes "no parameter name ...", e.g. ``"ends with 'bais'"``.
+    Empty when every name matches, for :meth:`optional` masks and presets, and
+    when ``tree`` has no leaves. ``None`` and :class:`optax.MaskedNode`
+    placeholders count as leaves here: inside ``optax.masked`` a name may
+    match a parameter that is routed elsewhere.
+    """
+    names = _placeholder_names(tree)
+    if not names:
+      return []
+    return [c.text for c in self._checks if not any(c.test(n) for n in names)]
+
   def __or__(self, other: Mask) -> Mask:
     other = _as_mask(other)
     return Mask(lambda n, x: self.matches(n, x) or other.matches(n, x),
-                f"({self.description} | {other.description})")
+                f"({self.description} | {other.description})"
+                )._with_checks(self._checks + other._checks)
 
   def __and__(self, other: Mask) -> Mask:
     other = _as_mask(other)
     return Mask(lambda n, x: self.matches(n, x) and other.matches(n, x),
-                f"({self.description} & {other.description})")
+                f"({self.description} & {other.description})"
+                )._with_checks(self._checks + other._checks)
 
   def __invert__(self) -> Mask:
-    return Mask(lambda n, x: not self.matches(n, x), f"~{self.description}")
+    return Mask(lambda n, x: not self.matches(n, x),
+                f"~{self.description}")._with_checks(self._checks)
 
   def __repr__(self) -> str:
     return f"Mask({self.description})"
@@ -164,17 +230,36 @@ def _strings(arg_name: str, values: Iterable[str]) -> tuple[str, ...]:
   return values
 
 
+def _endswith(name: str, suffix: str) -> bool:
+  return name.endswith(suffix)
+
+
+def _contains(name: str, part: str) -> bool:
+  return part in name
+
+
+def _last(name: str) -> str:
+  return name.rsplit("/", 1)[-1]
+
+
+def _last_is(name: str, last: str) -> bool:
+  return _last(name) == last
+
+
 def by_suffix(*suffixes: str) -> Mask:
   """Leaves whose full name ends with any of ``suffixes`` (MXNet's rule)."""
   s = _strings("suffixes", suffixes)
-  return Mask(lambda name, _: name.endswith(s), f"suffix in {list(s)}")
+  return Mask(lambda name, _: name.endswith(s), f"suffix in {list(s)}")._with_checks(
+      _NameCheck(f"ends with {x!r}", functools.partial(_endswith, suffix=x)) for x in s)
 
 
 def by_substring(*substrings: str) -> Mask:
   """Leaves whose name contains any of ``substrings`` (TF's ``skip_list``)."""
   s = _strings("substrings", substrings)
   return Mask(lambda name, _: any(x in name for x in s),
-              f"substring in {list(s)}")
+              f"substring in {list(s)}")._with_checks(
+                  _NameCheck(f"contains {x!r}", functools.partial(_contains, part=x))
+                  for x in s)
 
 
 def by_regex(pattern: str | re.Pattern[str]) -> Mask:
@@ -183,8 +268,12 @@ def by_regex(pattern: str | re.Pattern[str]) -> Mask:
     compiled = re.compile(pattern)
   except (re.error, TypeError) as e:
     raise ValueError(f"pattern: not a valid regular expression: {pattern!r} ({e})") from e
-  return Mask(lambda name, _: compiled.search(name) is not None,
-              f"regex {compiled.pattern!r}")
+
+  def test(name: str) -> bool:
+    return compiled.search(name) is not None
+
+  return Mask(lambda name, _: test(name), f"regex {compiled.pattern!r}")._with_checks(
+      [_NameCheck(f"matches the regex {compiled.pattern!r}", test)])
 
 
 def by_leaf_name(*names: str) -> Mask:
@@ -193,16 +282,18 @@ def by_leaf_name(*names: str) -> Mask:
   ``by_leaf_name("bias")`` selects ``params/Dense_0/bias`` but not
   ``params/Dense_0/kernel`` or ``fc1_bias``.
   """
-  s = frozenset(_strings("names", names))
-  return Mask(lambda name, _: name.rsplit("/", 1)[-1] in s,
-              f"leaf name in {sorted(s)}")
+  given = _strings("names", names)
+  s = frozenset(given)
+  return Mask(lambda name, _: _last(name) in s, f"leaf name in {sorted(s)}")._with_checks(
+      _NameCheck(f"has the last component {x!r}", functools.partial(_last_is, last=x))
+      for x in dict.fromkeys(given))
 
 
 def by_predicate(fn: Callable[[str, Any], Any], description: str | None = None) -> Mask:
   """Leaves for which ``fn(name, leaf)`` is true (see :class:`Mask`)."""
   if not callable(fn):
     raise TypeError(f"fn: expected a callable, got {type(fn).__name__}.")
-  return Mask(fn, description or getattr(fn, "__name__", "predicate"))
+  return Mask(fn, description or str(getattr(fn, "__name__", "predicate")))
 
 
 def by_ndim(max_ndim: int = 1) -> Mask:
@@ -217,17 +308,17 @@ everything = Mask(lambda *_: True, "everything")
 nothing = Mask(lambda *_: False, "nothing")
 """Selects no leaf."""
 
-MXNET_SKIP = by_suffix("gamma", "beta", "bias")
+MXNET_SKIP = by_suffix("gamma", "beta", "bias").optional()
 """MXNet LARS: names ending in ``gamma``, ``beta`` or ``bias`` keep ratio 1."""
-FLAX_SKIP = by_leaf_name("bias", "scale")
+FLAX_SKIP = by_leaf_name("bias", "scale").optional()
 """Flax: every ``bias`` and the ``scale`` of norm layers."""
-HAIKU_SKIP = by_leaf_name("b", "scale", "offset")
+HAIKU_SKIP = by_leaf_name("b", "scale", "offset").optional()
 """Haiku: linear/conv ``b`` and the ``scale``/``offset`` of norm layers."""
 
 PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAIKU_SKIP}
 """Presets by name, accepted wherever a mask is (``skip="flax"``)."""
 
-MaskLike = Union[str, Mask, Callable[[Any], Any], Any, None]
+MaskLike = str | Mask | Callable[[Any], Any] | Any | None
 """A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``), a :class:`Mask`, a
 callable ``tree -> bool pytree``, a bool pytree, or None (no leaf)."""
 
@@ -240,15 +331,45 @@ def check_mask_like(mask: MaskLike, arg_name: str = "mask") -> None:
   if isinstance(mask, (int, float)) and not isinstance(mask, bool):
     raise TypeError(f"{arg_name}: expected a mask, a preset name or a bool pytree, "
                     f"got {mask!r}.")
+  if (isinstance(mask, (list, tuple)) and mask
+      and all(isinstance(x, str) for x in mask)):
+    args = ", ".join(repr(x) for x in mask)
+    raise TypeError(f"{arg_name}: expected a mask, a preset name or a bool pytree, got "
+                    f"the strings {list(mask)!r}; build a mask from names, e.g. "
+                    f"lars_optax.masks.by_substring({args}) or by_suffix({args}).")
+
+
+def check_matches(mask: MaskLike, tree: Any, arg_name: str = "mask", *,
+                  hint: str | None = None) -> None:
+  """Raises a ValueError when a name given to ``mask`` matches no leaf of ``tree``.
+
+  Only :class:`Mask` objects built from names you gave are checked (see
+  :class:`Mask`); presets, :meth:`Mask.optional` masks, other mask-likes and
+  trees without leaves pass. The optimizers call this in ``init``.
+  """
+  if not isinstance(mask, Mask):
+    return
+  missing = mask.unmatched(tree)
+  if not missing:
+    return
+  names = _placeholder_names(tree)
+  raise ValueError(
+      f"{arg_name}: no parameter name " + ", and none ".join(missing)
+      + f" (names look like {names[:3]}, {len(names)} in all; "
+      "lars_optax.leaf_names(params) shows them). "
+      + (hint or "Fix the name, or use mask.optional() for a mask that may match "
+         "nothing."))
 
 
 def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool]:
   """Evaluates ``mask`` on ``tree`` and returns one Python bool per leaf.
 
-  ``None`` selects nothing; a string names a preset (:data:`PRESETS`). A callable is called with ``tree``; a pytree of
-  bools must have the structure of ``tree`` (optax's mask convention). Values
-  must be static: a traced boolean is rejected with a clear error.
+  ``None`` selects nothing; a string names a preset (:data:`PRESETS`). A
+  callable is called with ``tree``; a pytree of bools must have the structure
+  of ``tree`` (optax's mask convention). Values must be static: a traced
+  boolean is rejected with a clear error.
   """
+  treedef: Any  # (jax's type stubs do not describe PyTreeDef's methods)
   leaves, treedef = jax.tree.flatten(tree)
   if mask is None:
     return [False] * len(leaves)
@@ -276,13 +397,14 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool
   return out
 
 
-LeafValues = Union[Mapping[str, float], Iterable[tuple[MaskLike, float]], None]
+LeafValues = Mapping[str, float] | Iterable[tuple[MaskLike, float]] | None
 """Per-leaf numbers (MXNet's ``lr_mult`` / ``wd_mult``), looked up by leaf name.
 
 Either a dict ``{leaf name: value}`` (every key must name a leaf), or a
 sequence of ``(mask, value)`` rules, where ``mask`` is anything a ``skip``
 argument accepts (a :class:`Mask`, a preset name, ...) and the first rule that
-selects a leaf gives its value. Leaves that no entry names keep the default
+selects a leaf gives its value; a rule's mask built from names must match some
+leaf, as a ``skip`` mask must (checked in ``init``). Leaves that no entry names keep the default
 (1 for a multiplier). None: every leaf keeps the default.
 """
 
@@ -331,8 +453,11 @@ def check_leaf_values(spec: LeafValues, arg_name: str) -> None:
 
 
 def resolve_leaf_values(spec: LeafValues, tree: Any, arg_name: str,
-                        default: float = 1.0) -> list[float]:
+                        default: float = 1.0, *, check_names: bool = False) -> list[float]:
   """One Python float per leaf of ``tree`` (see :data:`LeafValues`).
+
+  With ``check_names``, a rule's mask whose names match no leaf is an error
+  too (:func:`check_matches`); the transformations check in ``init``.
 
   Raises:
     ValueError: a dict key that names no leaf (with the closest names).
@@ -351,8 +476,10 @@ def resolve_leaf_values(spec: LeafValues, tree: Any, arg_name: str,
           + (f"; also unknown: {unknown[1:]}" if len(unknown) > 1 else "")
           + f". Leaf names look like {names[:3]}.")
     return [rules.get(n, default) for n in names]
-  out = [None] * len(names)
+  out: list[float | None] = [None] * len(names)
   for mask, value in rules:
+    if check_names:
+      check_matches(mask, tree, arg_name)
     selected = resolve_mask(mask, tree, arg_name)
     out = [value if (o is None and s) else o for o, s in zip(out, selected)]
   return [default if o is None else o for o in out]

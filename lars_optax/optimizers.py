@@ -14,14 +14,34 @@ The MXNet-flavoured ones share MXNet's optimizer-base arguments: ``wd``,
 ``multi_precision`` (float32 master weights for float16/bfloat16 params, see
 :func:`lars_optax.multi_precision`). :func:`lars_optax.create` builds them by
 name, MXNet style.
+
+Every optimizer checks its inputs. Hyperparameters are checked when it is
+built (a ValueError or TypeError that starts with the argument's name and
+states the accepted range). ``init`` rejects integer, boolean and complex
+params, and names in ``skip``/``skip_list``/``lr_mult``/``wd_mult`` that match
+no parameter (see :class:`lars_optax.masks.Mask`). ``update(grads, state,
+params)`` rejects non-float gradients and gradients whose tree or shapes
+differ from the params (naming the leaf), and casts a gradient of another
+float dtype to its parameter's, so that state and updates keep the parameter
+dtypes. These checks are the first link of every chain,
+:func:`lars_optax.check_inputs`.
+
+Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
+(it falls back to 1), but it does reach the weights. To skip such steps, wrap
+the optimizer::
+
+  tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
+
+A skipped step leaves the params and every state buffer unchanged and is
+counted in ``state.total_notfinite`` (:func:`lars_optax.skip_nonfinite`).
+``optax.apply_if_finite(tx, max_consecutive_errors)`` does the same for the
+optimizers without ``multi_precision``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -31,6 +51,7 @@ from lars_optax.lazy import lazy_update as _lazy_update
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.transforms import (
     _is_const,
+    check_inputs,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
     scale_by_lars_trust_ratio,
@@ -80,9 +101,11 @@ def _lr_mult(lr_mult) -> list:
   return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
 
 
-def _finish(parts: list, *, lazy: bool = False, multi_precision: bool = False):
-  """``optax.chain(*parts)``, wrapped for lazy updates and master weights."""
-  tx = optax.chain(*parts)
+def _finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
+            names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
+            leaf_values: Sequence[tuple[str, masks.LeafValues]] = ()):
+  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
+  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values), *parts)
   if lazy:
     tx = _lazy_update(tx)
   if multi_precision:
@@ -139,7 +162,10 @@ def lars(
     skip: leaves that keep ratio 1: a preset name (default ``"mxnet"``, i.e.
       :data:`lars_optax.masks.MXNET_SKIP`; also ``"flax"``, ``"haiku"``), a
       :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, a
-      bool pytree, or None (no leaf skipped). Pass a callable mask through
+      bool pytree, or None (no leaf skipped). A mask built from names
+      (``by_suffix("bias")``, ...) must match: ``init`` raises a ValueError
+      when one of its names matches no parameter (presets and
+      ``mask.optional()`` may match nothing). Pass a callable mask through
       ``static_args`` when wrapping with ``optax.inject_hyperparams``.
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
@@ -173,7 +199,8 @@ def lars(
           rescale=rescale_grad, wd_mult=wd_mult),
       *_lr_mult(lr_mult),
       mxnet_momentum(learning_rate, momentum),
-  ], multi_precision=multi_precision)
+  ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
+      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
 
 
 def tf_lars(
@@ -213,6 +240,8 @@ def tf_lars(
     eeta: LARS coefficient :math:`\eta` >= 0.
     epsilon: added to the ratio's denominator, >= 0.
     skip_list: strings; a leaf whose name contains any of them keeps ratio 1.
+      Each must be contained in some parameter's name: ``init`` raises a
+      ValueError naming the entry otherwise (a typo would skip nothing).
     use_nesterov: Nesterov momentum.
 
   Returns:
@@ -220,7 +249,8 @@ def tf_lars(
 
   Raises:
     ValueError: for ``momentum < 0`` or ``weight_decay < 0`` (as TF does), and
-      for any other out-of-range or non-finite hyperparameter.
+      for any other out-of-range or non-finite hyperparameter; in ``init``,
+      for a ``skip_list`` entry that no parameter name contains.
 
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
@@ -244,12 +274,12 @@ def tf_lars(
     if bad:
       raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
   skip = masks.by_substring(*skip_list) if skip_list else None
-  return optax.chain(
+  return _finish([
       scale_by_lars_trust_ratio(
           optax.trace(decay=momentum, nesterov=use_nesterov),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip),
       optax.scale_by_learning_rate(learning_rate),
-  )
+  ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")])
 
 
 def signum(
@@ -316,7 +346,8 @@ def signum(
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [optax.ema(momentum, debias=False), optax.scale_by_sign()]
   parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return _finish(parts, multi_precision=multi_precision)
+  return _finish(parts, "signum", multi_precision=multi_precision,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
 
 
 def signsgd(
@@ -369,7 +400,8 @@ def signsgd(
   if not _is_const(wd, 0):
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
   parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return _finish(parts, multi_precision=multi_precision)
+  return _finish(parts, "signsgd", multi_precision=multi_precision,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
 
 
 def adam(
@@ -436,11 +468,12 @@ def adam(
   v.check_scalar("epsilon", epsilon, low=0.0)
   lazy_update = _check_flag("lazy_update", lazy_update)
   multi_precision = _check_flag("multi_precision", multi_precision)
-  _check_count("begin_num_update", begin_num_update)
+  v.check_count("begin_num_update", begin_num_update)
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
             optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
-  return _finish(parts, lazy=lazy_update, multi_precision=multi_precision)
+  return _finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
 
 
 def sgd(
@@ -488,12 +521,5 @@ def sgd(
   multi_precision = _check_flag("multi_precision", multi_precision)
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*_lr_mult(lr_mult), mxnet_momentum(learning_rate, momentum)]
-  return _finish(parts, lazy=lazy_update, multi_precision=multi_precision)
-
-
-def _check_count(name: str, value: object) -> None:
-  """An int >= 0; an integer array (e.g. from optax.inject_hyperparams) passes."""
-  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
-    return
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-    raise ValueError(f"{name}: expected an int >= 0, got {value!r}.")
+  return _finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])

@@ -94,6 +94,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
 
   def update_fn(updates, state, params=None, **extra_args):
     v.check_same_structure(updates, params, name)
+    v.check_float_params(updates, name, "gradient")
     full = master_tree(params, state.master)
     grads = jax.tree.map(lambda g, p: g.astype(jnp.float32) if _is_low(p) else g,
                          updates, params)

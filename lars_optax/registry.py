@@ -100,9 +100,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
                     f"{type(lr_scheduler).__name__}.")
-  if isinstance(begin_num_update, bool) or not isinstance(
-      begin_num_update, (int, np.integer)) or begin_num_update < 0:
-    raise ValueError(f"begin_num_update: expected an int >= 0, got {begin_num_update!r}.")
+  v.check_count("begin_num_update", begin_num_update)
   offset = int(begin_num_update) + 1
 
   def traced(count):
@@ -187,7 +185,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   if lr is not _UNSET and lr_scheduler is None:
     # MXNet: learning_rate=None without a scheduler means 0.01.
     kwargs["learning_rate"] = 0.01 if lr is None else lr
-  optimizers._check_count("begin_num_update", begin)
+  v.check_count("begin_num_update", begin)
   if lr_scheduler is not None:
     kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory), begin)
   if "begin_num_update" in own:

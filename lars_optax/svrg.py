@@ -63,13 +63,13 @@ from lars_optax import _validation as v
 from lars_optax.transforms import _find_state
 
 __all__ = [
-    "SVRGState",
-    "svrg",
-    "svrg_value_and_grads",
-    "full_gradient",
-    "svrg_refresh",
-    "svrg_snapshot",
-    "svrg_due",
+  "SVRGState",
+  "full_gradient",
+  "svrg",
+  "svrg_due",
+  "svrg_refresh",
+  "svrg_snapshot",
+  "svrg_value_and_grads",
 ]
 
 LossFn = Callable[[Any, Any], jax.Array]
@@ -301,7 +301,7 @@ def full_gradient(
       total = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), acc_dtype(p)), params)
       if full:
         stacked = jax.tree.map(
-            lambda x: x[:full * batch_size].reshape((full, batch_size) + x.shape[1:]), data)
+            lambda x: x[:full * batch_size].reshape((full, batch_size, *x.shape[1:])), data)
 
         def body(acc, batch):
           g = grad_fn(params, batch)

@@ -25,12 +25,12 @@ momentum is :func:`optax.ema` (without debiasing).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
@@ -223,8 +223,9 @@ def scale_by_lars_trust_ratio(
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
+    masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
-    masks.resolve_leaf_values(wd_mult, params, "wd_mult")
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
     ones = jnp.ones(len(jax.tree.leaves(params)), ratio_dtype(params))
     return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
 
@@ -305,7 +306,9 @@ class MXNetMomentumState(NamedTuple):
       ``momentum == 0`` (MXNet keeps no state then).
   """
 
-  count: jax.Array
+  # A NamedTuple field called ``count`` shadows ``tuple.count``; optax's own
+  # states use the same name, which is what schedules and tools look for.
+  count: jax.Array  # type: ignore[assignment]
   momentum: optax.Updates | None
 
 
@@ -388,7 +391,7 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   masks.check_leaf_values(multipliers, arg_name)
 
   def init_fn(params):
-    masks.resolve_leaf_values(multipliers, params, arg_name)  # fail early
+    masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
@@ -436,7 +439,7 @@ def add_decayed_weights_per_leaf(
 
   def init_fn(params):
     v.check_float_params(params, name)
-    masks.resolve_leaf_values(multipliers, params, arg_name)  # fail early
+    masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
@@ -520,11 +523,7 @@ def scale_by_mxnet_adam(
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
-  if isinstance(initial_count, jax.Array) and jnp.issubdtype(initial_count.dtype, jnp.integer):
-    pass  # e.g. from optax.inject_hyperparams
-  elif (isinstance(initial_count, bool) or not isinstance(initial_count, (int, np.integer))
-        or initial_count < 0):
-    raise ValueError(f"initial_count: expected an int >= 0, got {initial_count!r}.")
+  v.check_count("initial_count", initial_count)  # (an integer array: inject_hyperparams)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, "scale_by_mxnet_adam")
@@ -549,3 +548,59 @@ def scale_by_mxnet_adam(
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
   return GradientTransformation(init_fn, update_fn)
+
+
+def check_inputs(
+    name: str = "optimizer",
+    *,
+    names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
+    leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
+) -> GradientTransformationExtraArgs:
+  """Checks params and gradients; casts each gradient to its param's dtype.
+
+  The first link of every optimizer in this library (stateless):
+
+  * ``init``: every parameter is real floating point, and every name given in
+    ``names`` (``(argument, mask, hint)``: e.g. ``("skip", skip, None)``) and
+    in ``leaf_values`` (``(argument, lr_mult-style spec)``) matches a leaf
+    (see :func:`lars_optax.masks.check_matches`);
+  * ``update``: every gradient is real floating point; when params are
+    given, the gradients have their tree structure and shapes (errors name
+    the leaf), and a gradient of another float dtype is cast to its param's,
+    so state and updates keep the parameter dtypes.
+
+  Args:
+    name: how error messages name the optimizer.
+    names: masks whose given names must match a leaf.
+    leaf_values: per-leaf value specs whose names must match a leaf.
+
+  Returns:
+    A stateless :class:`optax.GradientTransformationExtraArgs`.
+  """
+  names = tuple(names)
+  leaf_values = tuple(leaf_values)
+
+  def init_fn(params):
+    v.check_float_params(params, name)
+    for arg, mask, hint in names:
+      masks.check_matches(mask, params, arg, hint=hint)
+    for arg, spec in leaf_values:
+      masks.resolve_leaf_values(spec, params, arg, check_names=True)
+    return optax.EmptyState()
+
+  def cast(g, p):
+    dtype = getattr(p, "dtype", None)
+    if dtype is None or getattr(g, "dtype", None) == dtype:
+      return g
+    return jnp.asarray(g, dtype)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    del extra_args
+    v.check_float_params(updates, name, "gradient")
+    if params is not None:
+      v.check_same_structure(updates, params, name)
+      v.check_float_params(params, name)
+      updates = jax.tree.map(cast, updates, params)
+    return updates, state
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)

@@ -9,10 +9,9 @@ import jax
 # first computation, which is why it lives here (pytest imports conftest first).
 # A GPU/TPU run keeps its real devices.
 NUM_CPU_DEVICES = 8
-try:
+# RuntimeError: a backend was already initialised (e.g. by a plugin).
+with contextlib.suppress(RuntimeError):
   jax.config.update("jax_num_cpu_devices", NUM_CPU_DEVICES)
-except RuntimeError:  # a backend was already initialised (e.g. by a plugin)
-  pass
 
 
 @contextlib.contextmanager

@@ -82,7 +82,7 @@ def test_pmap_data_parallel_equals_one_device(name):
   expected, _ = _single_device_run(tx)
 
   def replicate(tree):
-    return jax.tree.map(lambda a: jnp.broadcast_to(a, (N_DEV,) + a.shape), tree)
+    return jax.tree.map(lambda a: jnp.broadcast_to(a, (N_DEV, *a.shape)), tree)
 
   @functools.partial(jax.pmap, axis_name="data")
   def step(params, state, batch):
@@ -93,7 +93,7 @@ def test_pmap_data_parallel_equals_one_device(name):
   params = replicate(_params())
   state = replicate(tx.init(_params()))
   for k in range(4):
-    shards = jax.tree.map(lambda a: a.reshape((N_DEV, -1) + a.shape[1:]), _data(seed=k))
+    shards = jax.tree.map(lambda a: a.reshape((N_DEV, -1, *a.shape[1:])), _data(seed=k))
     params, state = step(params, state, shards)
   for d in (0, N_DEV - 1):
     chex.assert_trees_all_close(jax.tree.map(lambda a, d=d: a[d], params), expected,

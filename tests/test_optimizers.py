@@ -136,7 +136,7 @@ def test_lars_skip_wrong_type(skip):
 
 
 def test_lars_skip_unknown_preset_lists_the_valid_ones():
-  with pytest.raises(ValueError, match="skip: unknown preset 'bias'.*flax.*haiku.*mxnet"):
+  with pytest.raises(ValueError, match=r"skip: unknown preset 'bias'.*flax.*haiku.*mxnet"):
     lars_optax.lars(skip="bias")
 
 
@@ -237,7 +237,7 @@ def test_lars_schedule_and_one_step_by_hand():
   # fc_bias (skipped by MXNET_SKIP, still decayed): update = -0.5 * (g + 0.1 w).
   chex.assert_trees_all_close(updates, {"w": jnp.array([-0.015, -0.02]),
                                         "fc_bias": jnp.array([-0.3, -0.2])}, rtol=1e-6)
-  chex.assert_trees_all_close(state[1].momentum, updates)
+  chex.assert_trees_all_close(state[2].momentum, updates)
   chex.assert_trees_all_close(lars_optax.trust_ratios(state), jnp.array([1.0, 1 / 30]),
                               rtol=1e-6)
 
@@ -475,12 +475,12 @@ def _check_dtypes_after_two_jitted_steps(opt, dtype, ratio_dtype):
   expected = {"w": jnp.dtype(dtype), "fc_bias": jnp.dtype(dtype)}
   assert jax.tree.map(lambda x: x.dtype, new_params) == expected
   assert jax.tree.map(lambda x: x.dtype, updates) == expected
-  lars_state = state[0]
+  lars_state = state[1]  # state[0] is check_inputs' empty state
   assert isinstance(lars_state, ScaleByLarsTrustRatioState)
   assert lars_state.trust_ratio.dtype == ratio_dtype
   # The momentum buffer: MXNet's in the second element, TF's the trace.
-  if isinstance(state[1], MXNetMomentumState):
-    buf = state[1].momentum
+  if isinstance(state[2], MXNetMomentumState):
+    buf = state[2].momentum
   else:
     buf = lars_state.inner_state.trace
   assert jax.tree.map(lambda x: x.dtype, buf) == expected
@@ -629,11 +629,11 @@ def test_lars_without_momentum_keeps_no_buffer():
   opt = lars_optax.lars(0.1, momentum=0.0)
   params, grads = _params(), _grads()
   state = opt.init(params)
-  assert isinstance(state[1], MXNetMomentumState)
-  assert state[1].momentum is None
+  assert isinstance(state[2], MXNetMomentumState)
+  assert state[2].momentum is None
   updates, state = jax.jit(opt.update)(grads, state, params)
-  assert state[1].momentum is None
-  assert int(state[1].count) == 1
+  assert state[2].momentum is None
+  assert int(state[2].count) == 1
   # No momentum: plain -lr * ratio * g.
   chex.assert_trees_all_close(updates["fc_bias"], -0.1 * grads["fc_bias"])
 
@@ -642,7 +642,7 @@ def test_lars_with_momentum_keeps_a_buffer():
   opt = lars_optax.lars(0.1, momentum=0.5)
   params = _params()
   state = opt.init(params)
-  chex.assert_trees_all_equal(state[1].momentum, jax.tree.map(jnp.zeros_like, params))
+  chex.assert_trees_all_equal(state[2].momentum, jax.tree.map(jnp.zeros_like, params))
 
 
 @pytest.mark.parametrize("skip_list", [[3], ["bias", ""]])

@@ -115,7 +115,7 @@ def test_signum_one_step_by_hand():
   lr, mu, wd, wd_lh, s, c = 0.1, 0.9, 0.01, 0.02, 0.5, 0.2
   tx = lars_optax.signum(lr, mu, wd_lh=wd_lh, wd=wd, rescale_grad=s, clip_gradient=c)
   p, g = _params(), _grads()
-  updates, state = tx.update(g, tx.init(p), p)
+  updates, _ = tx.update(g, tx.init(p), p)
   for k in p:
     w, gg = np.asarray(p[k], np.float64), np.asarray(g[k], np.float64)
     m = -(1 - mu) * (np.clip(s * gg, -c, c) + wd * w)
@@ -149,7 +149,7 @@ def test_sgd_by_hand():
   tx = lars_optax.sgd(lr, mu, wd=wd, rescale_grad=s, clip_gradient=c)
   p = _params()
   state = tx.init(p)
-  m = {k: 0.0 for k in p}
+  m = dict.fromkeys(p, 0.0)
   w = {k: np.asarray(v, np.float64) for k, v in p.items()}
   for step in range(3):
     g = _grads(scale=1.0 + step)
@@ -171,7 +171,7 @@ def test_adam_by_hand_with_begin_num_update():
   tx = lars_optax.adam(lr, b1, b2, eps, wd=wd, begin_num_update=t0)
   p = _params()
   state = tx.init(p)
-  m = {k: 0.0 for k in p}
+  m = dict.fromkeys(p, 0.0)
   v = dict(m)
   w = {k: np.asarray(x, np.float64) for k, x in p.items()}
   for step in range(1, 4):

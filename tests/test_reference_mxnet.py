@@ -55,7 +55,7 @@ def _run_case(case, jit):
     chex.assert_trees_all_equal_dtypes(params, _tree(case["params"], dtype))
     _assert_close(params, case["weights"][t], RTOL[case["dtype"]], f"step {t + 1} weight")
     if "momentum" in case:
-      mom = state[1].momentum
+      mom = state[2].momentum
       _assert_close(mom, case["momentum"][t], RTOL[case["dtype"]], f"step {t + 1} momentum")
 
 

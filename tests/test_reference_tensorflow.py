@@ -54,7 +54,7 @@ def test_tf_lars_test_file(dtype, steps):
     var = jnp.asarray(var_np, dtype)
     grad = jnp.asarray(grad_np, dtype)
     state = opt.init(var)
-    chex.assert_trees_all_close(state[0].inner_state.trace, vel_np)
+    chex.assert_trees_all_close(state[1].inner_state.trace, vel_np)
     step = _step_fn(opt)
     for _ in range(steps):
       var, state = step(var, state, grad)
@@ -66,7 +66,7 @@ def test_tf_lars_test_file(dtype, steps):
       var_np = var_np - scaled_lr * vel_np
       assert var.dtype == jnp.dtype(dtype)
       np.testing.assert_allclose(np.asarray(var, np.float64), var_np, rtol=RTOL[dtype])
-      np.testing.assert_allclose(np.asarray(state[0].inner_state.trace, np.float64), vel_np,
+      np.testing.assert_allclose(np.asarray(state[1].inner_state.trace, np.float64), vel_np,
                                  rtol=RTOL[dtype])
 
 
@@ -86,12 +86,12 @@ def _problem(seed=0):
 
 
 CASES = {
-    "momentum": dict(momentum=0.9),
-    "nesterov": dict(momentum=0.9, use_nesterov=True),
-    "skip_list": dict(momentum=0.9, skip_list=["batch_normalization", "bias"]),
-    "nesterov_skip_list_epsilon": dict(momentum=0.5, use_nesterov=True, skip_list=["bias"],
-                                       epsilon=1e-2, weight_decay=1e-2, eeta=0.01),
-    "no_momentum": dict(momentum=0.0, weight_decay=0.0),
+    "momentum": {"momentum": 0.9},
+    "nesterov": {"momentum": 0.9, "use_nesterov": True},
+    "skip_list": {"momentum": 0.9, "skip_list": ["batch_normalization", "bias"]},
+    "nesterov_skip_list_epsilon": {"momentum": 0.5, "use_nesterov": True, "skip_list": ["bias"],
+                                   "epsilon": 1e-2, "weight_decay": 1e-2, "eeta": 0.01},
+    "no_momentum": {"momentum": 0.0, "weight_decay": 0.0},
 }
 
 
@@ -115,7 +115,7 @@ def test_against_numpy_rule(case, dtype):
         err = np.abs(np.asarray(params[k], np.float64) - exp).max() / np.abs(exp).max()
         assert err <= RTOL[dtype], (t, k, err)
         exp_a = want_a[t][k]
-        got_a = np.asarray(state[0].inner_state.trace[k], np.float64)
+        got_a = np.asarray(state[1].inner_state.trace[k], np.float64)
         scale = max(np.abs(exp_a).max(), 1e-30)
         assert np.abs(got_a - exp_a).max() / scale <= RTOL[dtype], (t, k)
 

@@ -194,7 +194,7 @@ def test_plain_scheduler_and_learning_rate_conflict():
 
 def test_begin_num_update_starts_adams_bias_correction():
   tx = lars_optax.create("adam", learning_rate=0.1, begin_num_update=9)
-  updates, state = tx.update(_grads(), tx.init(_params()), _params())
+  updates, _ = tx.update(_grads(), tx.init(_params()), _params())
   g = np.asarray(_grads()["fc1_bias"], np.float64)
   t = 10
   m, v = 0.1 * g, 0.001 * g**2
@@ -248,7 +248,7 @@ def test_register_duplicate_needs_overwrite(clean_registry):
 @pytest.mark.parametrize("name, factory, exc", [
     ("", optax.sgd, TypeError), (3, optax.sgd, TypeError), ("x", 3, TypeError)])
 def test_register_bad_input(clean_registry, name, factory, exc):
-  with pytest.raises(exc, match="name: expected|factory: expected"):
+  with pytest.raises(exc, match=r"name: expected|factory: expected"):
     lars_optax.register(name, factory)
 
 

@@ -158,7 +158,7 @@ def test_update_before_any_snapshot_is_an_error():
   tx = lars_optax.svrg(optax.sgd(0.1))
   params = _params()
   g = jax.tree.map(jnp.ones_like, params)
-  with pytest.raises(ValueError, match="svrg: no snapshot yet; .*svrg_refresh"):
+  with pytest.raises(ValueError, match=r"svrg: no snapshot yet; .*svrg_refresh"):
     tx.update(g, tx.init(params), params, snapshot_grads=g)
   with pytest.raises(ValueError, match="svrg: no snapshot yet"):
     lars_optax.svrg_snapshot(tx.init(params))
@@ -200,7 +200,7 @@ def test_svrg_due_follows_mxnet():
 
 
 def test_bad_inner_and_loss():
-  with pytest.raises(TypeError, match="inner: expected an optax.GradientTransformation"):
+  with pytest.raises(TypeError, match=r"inner: expected an optax\.GradientTransformation"):
     lars_optax.svrg(lambda g: g)
   with pytest.raises(TypeError, match="loss_fn: expected a callable"):
     lars_optax.svrg_value_and_grads(3)
@@ -231,7 +231,8 @@ def _train(tx, params, batches, epochs, use_svrg, update_freq=2, jit=True):
   update = jax.jit(tx.update) if jit else tx.update
   for epoch in range(epochs):
     if use_svrg and lars_optax.svrg_due(epoch, update_freq):
-      state = lars_optax.svrg_refresh(state, params, lars_optax.full_gradient(_loss, params, batches))
+      mu = lars_optax.full_gradient(_loss, params, batches)
+      state = lars_optax.svrg_refresh(state, params, mu)
     for batch in batches:
       if use_svrg:
         _, g, g_snap = grads_fn(params, lars_optax.svrg_snapshot(state), batch)
@@ -362,7 +363,7 @@ def test_training_step_under_pmap_equals_one_device():
 
   single = jax.jit(step)(params, state, batch)
   rep = jax.tree.map(lambda a: jnp.stack([a] * n_dev), (params, state))
-  shards = jax.tree.map(lambda a: a.reshape((n_dev, -1) + a.shape[1:]), batch)
+  shards = jax.tree.map(lambda a: a.reshape((n_dev, -1, *a.shape[1:])), batch)
   multi = jax.pmap(lambda p, s, b: step(p, s, b, axis_name="d"), axis_name="d")(
       *rep, shards)
   chex.assert_trees_all_close(jax.tree.map(lambda a: a[0], multi), single, rtol=1e-5)

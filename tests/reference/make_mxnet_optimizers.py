@@ -474,8 +474,8 @@ def run_mxnet(case, params, grads, **overrides):
         kw = resolved(case)
         assert opt.lr == kw["learning_rate"], opt.lr
         for key in ("wd", "rescale_grad", "clip_gradient", "begin_num_update",
-                    "multi_precision") + tuple(k for k in DEFAULTS[case["optimizer"]]
-                                               if k != "learning_rate"):
+                    "multi_precision", *(k for k in DEFAULTS[case["optimizer"]]
+                                         if k != "learning_rate")):
             assert getattr(opt, key) == kw[key], (key, getattr(opt, key), kw[key])
         if scheduler is not None:
             assert scheduler.base_lr == kw["learning_rate"]

@@ -174,7 +174,8 @@ MIN_VISIBLE_DIFF = 1e-3  # effects that must be clearly visible
 LOSS = ("L_b(w, b) = mean over the samples i of batch b of 0.5 * (X[i] @ w[0] + b[0] - y[i])**2, "
         "with w = fc_weight of shape (1, 5) and b = fc_bias of shape (1,); batch b (0-based) is "
         "samples 16*b .. 16*b+15 in order, 10 batches per epoch, no shuffling. (MXNet's raw "
-        "gradient is that of the batch SUM; rescale_grad = 1/batch_size = 1/16 makes it this mean.)")
+        "gradient is that of the batch SUM; rescale_grad = 1/batch_size = 1/16 makes it "
+        "this mean.)")
 UPDATE_RULE = ("for each batch b: g = (grad L_b(w) - grad L_b(w_snap)) + mu; "
                "w <- w - learning_rate * g (plain SGD, no momentum, no weight decay)")
 FULL_GRAD_RULE = ("at the start of every epoch e with e % update_freq == 0 (epochs 0, 2, 4; the "

@@ -1,0 +1,123 @@
+"""Skipping steps whose gradients are not finite.
+
+A NaN or an infinity in one batch's gradients (an overflow, a bad example)
+would otherwise poison the momentum buffers and the weights for good.
+:func:`skip_nonfinite` wraps any optimizer so that such a step changes
+nothing: the params get a zero update, every state buffer (momentum, Adam's
+moments, ``multi_precision`` masters, trust ratios, step counts) keeps its
+value, and the skip is counted.
+
+It is :func:`optax.apply_if_finite` with two differences: the zero update has
+the dtypes of the wrapped optimizer's updates, so it also works around
+:func:`lars_optax.multi_precision` (whose updates of float16/bfloat16 leaves
+are float32; ``optax.apply_if_finite`` fails to trace there), and by default
+it never gives up (``optax.apply_if_finite`` applies a non-finite update after
+``max_consecutive_errors`` skips in a row).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+__all__ = ["skip_nonfinite"]
+
+
+def _all_finite(tree: Any) -> jax.Array:
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return jnp.array(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def skip_nonfinite(
+    inner: GradientTransformation,
+    max_consecutive_errors: int | None = None,
+) -> GradientTransformationExtraArgs:
+  """Skips the steps whose incoming gradients hold a NaN or an infinity.
+
+  On a step where every gradient entry is finite this is ``inner``. On any
+  other step the update is zero (in the dtypes ``inner``'s updates have) and
+  ``inner``'s state is returned unchanged, so after
+  :func:`optax.apply_updates` the params and every state buffer are exactly
+  what they were. Only the gradients are checked, as in
+  :func:`optax.apply_if_finite`.
+
+  Example::
+
+    tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params)   # grads may hold NaN
+    state.total_notfinite                              # steps skipped so far
+
+  ``lars_optax.trust_ratios`` and ``lars_optax.master_params`` find their
+  state inside the wrapper. Put the wrapper outermost (around the whole
+  optimizer, including ``multi_precision``) so that nothing runs on a bad
+  step.
+
+  Args:
+    inner: the optimizer to protect.
+    max_consecutive_errors: None (the default) skips every non-finite step.
+      An int ``n >= 0`` gives up as :func:`optax.apply_if_finite` does: the
+      step after ``n`` consecutive skips is applied whatever it holds.
+
+  Returns:
+    An :class:`optax.GradientTransformationExtraArgs` whose state is an
+    :class:`optax.ApplyIfFiniteState`: ``notfinite_count`` (consecutive
+    skipped steps, reset by a finite one), ``last_finite`` (whether the last
+    step was applied as finite), ``total_notfinite`` (skipped steps in all)
+    and ``inner_state``.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  if max_consecutive_errors is not None and (
+      isinstance(max_consecutive_errors, (bool, np.bool_))
+      or not isinstance(max_consecutive_errors, (int, np.integer))
+      or max_consecutive_errors < 0):
+    raise ValueError("max_consecutive_errors: expected None or an int >= 0, got "
+                     f"{max_consecutive_errors!r}.")
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return optax.ApplyIfFiniteState(
+        notfinite_count=jnp.zeros([], jnp.int32),
+        last_finite=jnp.array(True, jnp.bool_),
+        total_notfinite=jnp.zeros([], jnp.int32),
+        inner_state=inner_tx.init(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    inner_state = state.inner_state
+    isfinite = _all_finite(updates)
+    notfinite_count = jnp.where(isfinite, jnp.zeros([], jnp.int32),
+                                optax.safe_int32_increment(state.notfinite_count))
+    apply = isfinite
+    if max_consecutive_errors is not None:
+      apply = isfinite | (notfinite_count > max_consecutive_errors)
+
+    def do_update(_):
+      return inner_tx.update(updates, inner_state, params, **extra_args)
+
+    # The zero update takes the dtypes of inner's updates, which may differ
+    # from the gradients' (multi_precision returns float32 updates).
+    out_shapes, _ = jax.eval_shape(do_update, None)
+
+    def reject_update(_):
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
+      return zeros, inner_state
+
+    new_updates, new_inner_state = jax.lax.cond(apply, do_update, reject_update, None)
+    total = jnp.where(isfinite, state.total_notfinite,
+                      optax.safe_int32_increment(state.total_notfinite))
+    return new_updates, optax.ApplyIfFiniteState(
+        notfinite_count=notfinite_count,
+        last_finite=isfinite,
+        total_notfinite=total,
+        inner_state=new_inner_state)
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)

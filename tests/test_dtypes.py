@@ -1,0 +1,164 @@
+"""The dtype matrix: every optimizer on float32, float64 (x64), bfloat16 and float16.
+
+For each optimizer, with and without ``multi_precision``, on a tree holding
+leaves of every dtype at once, after jitted steps:
+
+* params keep their dtypes (no silent upcast);
+* updates have the param dtype (with ``multi_precision``, float16/bfloat16
+  leaves get float32 updates, by design);
+* every params-shaped state buffer has the param dtype (with
+  ``multi_precision``: float32 for float16/bfloat16 leaves, whose masters are
+  float32 too), and the state's dtypes never change from step to step;
+* trust ratios are float32 (float64 when a leaf is float64), and norms
+  accumulate in float32 or wider.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import x64
+
+import lars_optax
+from lars_optax.precision import LOW_PRECISION
+
+OPTIMIZERS = {
+    "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
+                                         clip_gradient=1.0, **kw),
+    "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, skip_list=["bias"]),
+    "signum": lambda **kw: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3, **kw),
+    "signsgd": lambda **kw: lars_optax.signsgd(0.01, wd=1e-3, **kw),
+    "adam": lambda **kw: lars_optax.adam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "adam_lazy": lambda **kw: lars_optax.adam(0.01, lazy_update=True, **kw),
+    "sgd": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
+    "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
+}
+
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+DTYPES_X64 = [jnp.float64, *DTYPES]
+
+
+def _make(name, mp):
+  if name == "tf_lars":  # tf_lars has no multi_precision argument: use the wrapper
+    tx = OPTIMIZERS[name]()
+    return lars_optax.multi_precision(tx) if mp else tx
+  return OPTIMIZERS[name](multi_precision=mp)
+
+
+def _params(dtypes):
+  rng = np.random.default_rng(0)
+  out = {}
+  for dt in dtypes:
+    n = jnp.dtype(dt).name
+    out[f"{n}_weight"] = jnp.asarray(rng.normal(size=(3, 4)), dt)
+    out[f"{n}_bias"] = jnp.asarray(rng.normal(size=(4,)), dt)
+  return out
+
+
+def _grads(params, k):
+  rng = np.random.default_rng(k + 1)
+  return jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+
+
+def _buffers(state, params):
+  """The state's subtrees shaped like the params (momentum, moments, masters, ...)."""
+  treedef = jax.tree.structure(params)
+  shapes = [p.shape for p in jax.tree.leaves(params)]
+
+  def is_buffer(node):
+    try:
+      subs = treedef.flatten_up_to(node)
+    except (ValueError, TypeError):
+      return False
+    return (any(hasattr(x, "shape") for x in subs)
+            and all(isinstance(x, optax.MaskedNode) or np.shape(x) == s
+                    for x, s in zip(subs, shapes)))
+
+  return [treedef.flatten_up_to(n) for n in jax.tree.leaves(state, is_leaf=is_buffer)
+          if is_buffer(n)]
+
+
+STATELESS = {"signsgd"}  # no params-shaped buffer (without multi_precision)
+
+
+def _check(name, mp, dtypes):
+  params = _params(dtypes)
+  tx = _make(name, mp)
+  state = tx.init(params)
+  init_dtypes = jax.tree.map(lambda x: x.dtype, state)
+
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), updates, state
+
+  p = params
+  for k in range(2):
+    p, updates, state = step(p, state, _grads(params, k))
+    assert jax.tree.map(lambda x: x.dtype, state) == init_dtypes, "state dtypes changed"
+
+  p_dtypes = [x.dtype for x in jax.tree.leaves(params)]
+  low = [mp and dt in LOW_PRECISION for dt in p_dtypes]
+  work = [jnp.dtype(jnp.float32) if lo else dt for lo, dt in zip(low, p_dtypes)]
+  # Params keep their dtypes; updates have the param dtype (float32 under mp).
+  assert [x.dtype for x in jax.tree.leaves(p)] == p_dtypes
+  assert [x.dtype for x in jax.tree.leaves(updates)] == work
+  chex.assert_tree_all_finite((p, updates, state))
+  assert any(float(jnp.max(jnp.abs(u))) > 0 for u in jax.tree.leaves(updates))
+  # Every params-shaped buffer of the state has the working dtype.
+  buffers = _buffers(state, params)
+  assert buffers or (name in STATELESS and not mp)
+  for buf in buffers:
+    assert [x.dtype for x in buf if not isinstance(x, optax.MaskedNode)] == [
+        w for x, w in zip(buf, work) if not isinstance(x, optax.MaskedNode)]
+  if name in ("lars", "tf_lars"):
+    wide = jnp.float64 if jnp.dtype(jnp.float64) in p_dtypes else jnp.float32
+    assert lars_optax.trust_ratios(state).dtype == wide
+  if mp:  # low-precision params are their masters cast down
+    masters = lars_optax.master_params(state, p)
+    for q, m, lo in zip(jax.tree.leaves(p), jax.tree.leaves(masters), low):
+      if lo:
+        assert m.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(m.astype(q.dtype), np.float32),
+                                      np.asarray(q, np.float32))
+
+
+@pytest.mark.parametrize("mp", [False, True], ids=["plain", "multi_precision"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_dtype_matrix(name, mp):
+  """float32, bfloat16 and float16 leaves in one tree."""
+  _check(name, mp, DTYPES)
+
+
+@pytest.mark.parametrize("mp", [False, True], ids=["plain", "multi_precision"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_dtype_matrix_x64(name, mp):
+  """float64 next to float32, bfloat16 and float16, with x64 enabled."""
+  with x64():
+    _check(name, mp, DTYPES_X64)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_norms_accumulate_in_float32(dtype):
+  # In bfloat16 a running sum of 4096 ones stops at 256; in float16 300^2 * 4 overflows.
+  w = jnp.ones((4096,), dtype)
+  g = jnp.full((4096,), 0.5, dtype)
+  ratio = lars_optax.lars_trust_ratio(w, g, eta=1.0, epsilon=1.0)
+  assert ratio.dtype == jnp.float32
+  np.testing.assert_allclose(float(ratio), 64.0 / 33.0, rtol=1e-6)
+  w = jnp.full((4, 4), 300.0, dtype)
+  tx = lars_optax.lars(0.1, eta=0.01, skip=None)
+  params = {"w": w}
+  _, state = jax.jit(tx.update)({"w": jnp.ones((4, 4), dtype)}, tx.init(params), params)
+  np.testing.assert_allclose(float(lars_optax.trust_ratios(state)[0]), 0.01 * 1200.0 / 4.0,
+                             rtol=1e-6)
+
+
+def test_float64_norms_are_float64():
+  with x64():
+    w = jnp.full((3,), 1.0 + 1e-12, jnp.float64)
+    ratio = lars_optax.lars_trust_ratio(w, jnp.ones((3,), jnp.float64), eta=1.0)
+    assert ratio.dtype == jnp.float64
+    np.testing.assert_allclose(float(ratio), 1.0 + 1e-12, rtol=1e-15)

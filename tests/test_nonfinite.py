@@ -1,0 +1,221 @@
+"""Non-finite gradients: trust ratios stay finite, and bad steps can be skipped.
+
+Covered: a NaN or an infinity in a gradient never makes a LARS trust ratio NaN
+(the ratio of that leaf falls back to 1, the others are untouched);
+:func:`lars_optax.skip_nonfinite` around every optimizer (including
+``multi_precision``, ``lazy_update`` and a host-side scheduler) leaves the
+params and every state buffer bit-for-bit unchanged on a bad step, counts the
+skips, and continues exactly as if the bad batch had never been seen;
+``optax.apply_if_finite`` does the same for the optimizers without
+``multi_precision``; and a training loop with injected NaN batches converges.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+
+NAN, INF = float("nan"), float("inf")
+
+VARIANTS = {
+    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, eta=0.01),
+    "lars_mp": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, multi_precision=True),
+    "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True),
+    "signum": lambda: lars_optax.signum(0.01, wd_lh=1e-3),
+    "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
+    "adam": lambda: lars_optax.adam(0.01, wd=1e-3),
+    "adam_lazy_mp": lambda: lars_optax.adam(0.01, lazy_update=True, multi_precision=True),
+    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+    "sgd_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, multi_precision=True),
+    # A Python scheduler (branches on the count) runs on the host under jit.
+    "create_sgd_host_scheduler": lambda: lars_optax.create(
+        "sgd", momentum=0.9, lr_scheduler=lambda n: 0.1 if n < 3 else 0.05),
+}
+MP = {"lars_mp", "adam_lazy_mp", "sgd_mp"}
+
+
+def _params(dtype=jnp.float32):
+  return {"fc_weight": jnp.arange(1.0, 7.0, dtype=dtype).reshape(2, 3) / 3,
+          "fc_bias": jnp.array([0.5, -0.5, 1.0], dtype)}
+
+
+def _grads(params, k):
+  return jax.tree.map(lambda p: (0.1 * (k + 1) * p + 0.05).astype(p.dtype), params)
+
+
+def _poison(grads, value):
+  return {**grads, "fc_weight": grads["fc_weight"].at[1, 2].set(value)}
+
+
+# --------------------------------------------------------------------------
+# Trust ratios
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.01, skip=None),
+    lambda: lars_optax.lars(0.1, eta=0.01, wd=1e-3, skip=None, multi_precision=True),
+    lambda: lars_optax.tf_lars(0.1),
+    lambda: lars_optax.scale_by_lars_trust_ratio(eta=0.01, rescale=0.5),
+], ids=["lars", "lars_mp", "tf_lars", "scale_by_lars_trust_ratio"])
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_nonfinite_gradient_never_makes_a_trust_ratio_nan(make, bad):
+  params = _params()
+  tx = make()
+  _, clean = tx.update(_grads(params, 0), tx.init(params), params)
+  _, state = tx.update(_poison(_grads(params, 0), bad), tx.init(params), params)
+  ratios = lars_optax.trust_ratios(state, params)
+  clean = lars_optax.trust_ratios(clean, params)
+  assert all(np.isfinite(float(r)) for r in ratios.values())
+  assert float(ratios["fc_weight"]) == 1.0  # the fallback
+  assert float(clean["fc_weight"]) != 1.0
+  assert float(ratios["fc_bias"]) == float(clean["fc_bias"])  # other leaves untouched
+
+
+@pytest.mark.parametrize("bad", [NAN, INF])
+def test_nonfinite_weight_gives_ratio_one(bad):
+  params = {**_params(), "fc_weight": _params()["fc_weight"].at[0, 0].set(bad)}
+  tx = lars_optax.lars(0.1, skip=None)
+  _, state = tx.update(_grads(_params(), 0), tx.init(params), params)
+  assert float(lars_optax.trust_ratios(state, params)["fc_weight"]) == 1.0
+
+
+# --------------------------------------------------------------------------
+# Skipping bad steps
+# --------------------------------------------------------------------------
+
+
+def _jit_step(tx):
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  return step
+
+
+def _run(tx, grads_seq, dtype=jnp.float32, step=None):
+  """Jitted steps from ``_params(dtype)``; the params and state after each one."""
+  params = _params(dtype)
+  state = tx.init(params)
+  step = step or _jit_step(tx)
+  out = []
+  for grads in grads_seq:
+    params, state = step(params, state, grads)
+    out.append((params, state))
+  return out
+
+
+def _check_skipping(tx, name, bad):
+  dtype = jnp.bfloat16 if name in MP else jnp.float32
+  p = _params(dtype)
+  g0, g1, g2 = (_grads(p, k) for k in range(3))
+  step = _jit_step(tx)
+  (p0, s0), (p1, s1), (p2, s2) = _run(tx, [g0, _poison(g1, bad), g2], dtype, step)
+  # The bad step changes neither the params nor any state buffer.
+  chex.assert_trees_all_equal(p1, p0)
+  chex.assert_trees_all_equal(s1.inner_state, s0.inner_state)
+  assert (int(s1.notfinite_count), bool(s1.last_finite), int(s1.total_notfinite)) == (1, False, 1)
+  assert (int(s2.notfinite_count), bool(s2.last_finite), int(s2.total_notfinite)) == (0, True, 1)
+  # ... and the next step is the one the run without the bad batch takes.
+  (q0, _), (q1, r1) = _run(tx, [g0, g2], dtype, step)
+  chex.assert_trees_all_equal(q0, p0)
+  chex.assert_trees_all_equal((p2, s2.inner_state), (q1, r1.inner_state))
+  chex.assert_tree_all_finite(p2)
+
+
+@pytest.mark.parametrize("name, bad", [(name, NAN) for name in sorted(VARIANTS)]
+                         + [("lars", INF), ("adam", -INF), ("sgd_mp", INF)])
+def test_skip_nonfinite_leaves_params_and_state_unchanged(name, bad):
+  _check_skipping(lars_optax.skip_nonfinite(VARIANTS[name]()), name, bad)
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - MP))
+def test_optax_apply_if_finite_composes_without_multi_precision(name):
+  _check_skipping(optax.apply_if_finite(VARIANTS[name](), max_consecutive_errors=100),
+                  name, NAN)
+
+
+def test_skip_nonfinite_never_gives_up_by_default():
+  tx = lars_optax.skip_nonfinite(lars_optax.sgd(0.1, momentum=0.9))
+  p = _params()
+  steps = _run(tx, [_poison(_grads(p, k), NAN) for k in range(5)])
+  chex.assert_trees_all_equal(steps[-1][0], p)
+  assert int(steps[-1][1].total_notfinite) == 5 and int(steps[-1][1].notfinite_count) == 5
+
+
+def test_skip_nonfinite_max_consecutive_errors_gives_up_like_optax():
+  tx = lars_optax.skip_nonfinite(lars_optax.sgd(0.1), max_consecutive_errors=1)
+  p = _params()
+  (p0, _), (p1, s1) = _run(tx, [_poison(_grads(p, k), NAN) for k in range(2)])
+  chex.assert_trees_all_equal(p0, p)  # the first is skipped
+  assert np.isnan(np.asarray(p1["fc_weight"])).any()  # the second is applied
+  assert int(s1.total_notfinite) == 2
+
+
+def test_trust_ratios_and_masters_found_through_the_wrapper():
+  tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, eta=0.01, multi_precision=True))
+  params = _params(jnp.float16)
+  updates, state = tx.update(_grads(params, 0), tx.init(params), params)
+  assert lars_optax.trust_ratios(state).shape == (2,)
+  masters = lars_optax.master_params(state, optax.apply_updates(params, updates))
+  assert masters["fc_weight"].dtype == jnp.float32
+
+
+def test_skip_nonfinite_empty_tree_and_extra_args():
+  tx = lars_optax.skip_nonfinite(lars_optax.tf_lars(0.1))
+  assert tx.update({}, tx.init({}), {})[0] == {}
+  params = _params()
+  updates, _ = tx.update(_grads(params, 0), tx.init(params), params, value=jnp.array(1.0))
+  chex.assert_tree_all_finite(updates)
+
+
+@pytest.mark.parametrize("make, dtype", [
+    (lambda: lars_optax.lars(0.5, momentum=0.9, eta=0.05, skip="mxnet"), jnp.float32),
+    (lambda: lars_optax.adam(0.05), jnp.float32),
+    (lambda: lars_optax.sgd(0.1, momentum=0.9, multi_precision=True), jnp.bfloat16),
+], ids=["lars", "adam", "sgd_mp_bfloat16"])
+def test_training_loop_survives_injected_nan_batches(make, dtype):
+  """Linear regression; every third batch holds a NaN input, so its gradient is NaN."""
+  rng = np.random.default_rng(0)
+  w_true = rng.normal(size=(4, 1)).astype(np.float32)
+  batches = []
+  for i in range(60):
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    y = x @ w_true + 0.5
+    if i % 3 == 2:
+      x[rng.integers(16), rng.integers(4)] = np.nan
+    batches.append((jnp.asarray(x), jnp.asarray(y)))
+
+  def loss(params, x, y):
+    pred = x @ params["fc_weight"].astype(jnp.float32) + params["fc_bias"].astype(jnp.float32)
+    return jnp.mean((pred - y) ** 2)
+
+  tx = lars_optax.skip_nonfinite(make())
+
+  @jax.jit
+  def step(params, state, x, y):
+    grads = jax.grad(loss)(params, x, y)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  def train(batches):
+    params = {"fc_weight": jnp.full((4, 1), 0.1, dtype), "fc_bias": jnp.zeros((1,), dtype)}
+    state = tx.init(params)
+    for x, y in batches:
+      params, state = step(params, state, x, y)
+    return params, state
+
+  params, state = train(batches)
+  assert int(state.total_notfinite) == 20
+  chex.assert_tree_all_finite(params)
+  x, y = batches[0]
+  assert float(loss(params, x, y)) < 0.05 * float(
+      loss({"fc_weight": jnp.full((4, 1), 0.1), "fc_bias": jnp.zeros((1,))}, x, y))
+  # The same as training on the clean batches only.
+  clean, _ = train([b for i, b in enumerate(batches) if i % 3 != 2])
+  chex.assert_trees_all_equal(params, clean)

@@ -1,0 +1,232 @@
+"""Properties that hold for all inputs, checked with hypothesis.
+
+* LARS (MXNet's and TF's, with weight decay = epsilon = 0 and no momentum): a
+  layer's update does not change when its gradient is multiplied by any
+  c > 0, and is multiplied by c when its weights and gradient both are;
+* a skipped (masked) leaf gets trust ratio 1 and the plain SGD update;
+* Signum/signSGD never move a weight by more than lr plus the decay;
+* from a fresh state a zero gradient changes nothing but weight decay;
+* ``init`` and ``update`` are pure: the same inputs give the same outputs,
+  eagerly and under ``jit``, and the two agree.
+
+Deterministic (``derandomize``, no example database) and small, so CI runs the
+same examples every time.
+"""
+
+import functools
+
+import chex
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import lars_optax
+
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+SHAPES = {"fc_weight": (2, 3), "fc_bias": (3,), "conv_weight": (2, 1, 2)}
+
+
+def _array(shape, bound=100.0):
+  finite = st.floats(-bound, bound, width=32, allow_subnormal=False)
+  return hnp.arrays(np.float32, shape, elements=finite)
+
+
+def _tree(bound=100.0):
+  return st.fixed_dictionaries({k: _array(s, bound) for k, s in SHAPES.items()})
+
+
+def _norm(x):
+  return float(np.linalg.norm(np.asarray(x, np.float64)))
+
+
+def _jnp(tree):
+  return jax.tree.map(jnp.asarray, tree)
+
+
+def _close(a, b, rtol=1e-5):
+  """Element-wise relative closeness, with an absolute floor at the leaf's scale."""
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    scale = max(np.max(np.abs(x), initial=0.0), np.max(np.abs(y), initial=0.0))
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * scale * 1e-2)
+
+
+# --------------------------------------------------------------------------
+# LARS scale invariance
+# --------------------------------------------------------------------------
+
+PLAIN_LARS = {
+    "lars": lambda lr, eta: lars_optax.lars(lr, momentum=0.0, eta=eta, epsilon=0.0, wd=0.0,
+                                            skip=None),
+    "tf_lars": lambda lr, eta: lars_optax.tf_lars(lr, momentum=0.0, weight_decay=0.0,
+                                                  eeta=eta, epsilon=0.0),
+}
+
+
+def _update(tx, grads, params):
+  return tx.update(_jnp(grads), tx.init(_jnp(params)), _jnp(params))[0]
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(PLAIN_LARS)), params=_tree(), grads=_tree(),
+       c=st.floats(1e-2, 1e2), layer=st.sampled_from(sorted(SHAPES)),
+       lr=st.floats(1e-3, 1.0), eta=st.floats(1e-3, 1.0))
+def test_lars_update_ignores_the_gradient_scale(name, params, grads, c, layer, lr, eta):
+  assume(all(_norm(params[k]) > 1e-2 and _norm(grads[k]) > 1e-2 for k in SHAPES))
+  tx = PLAIN_LARS[name](lr, eta)
+  base = _update(tx, grads, params)
+  scaled = _update(tx, {**grads, layer: np.float32(c) * grads[layer]}, params)
+  _close(scaled[layer], base[layer])
+  for k in SHAPES:  # the other layers are untouched
+    if k != layer:
+      chex.assert_trees_all_equal(scaled[k], base[k])
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(PLAIN_LARS)), params=_tree(), grads=_tree(),
+       c=st.floats(1e-2, 1e2), layer=st.sampled_from(sorted(SHAPES)),
+       lr=st.floats(1e-3, 1.0), eta=st.floats(1e-3, 1.0))
+def test_lars_update_scales_with_weights_and_gradient(name, params, grads, c, layer, lr, eta):
+  assume(all(_norm(params[k]) > 1e-2 and _norm(grads[k]) > 1e-2 for k in SHAPES))
+  tx = PLAIN_LARS[name](lr, eta)
+  base = _update(tx, grads, params)
+  c32 = np.float32(c)
+  scaled = _update(tx, {**grads, layer: c32 * grads[layer]},
+                   {**params, layer: c32 * params[layer]})
+  _close(scaled[layer], c32 * np.asarray(base[layer]))
+
+
+# --------------------------------------------------------------------------
+# Masked leaves
+# --------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(params=_tree(), grads=_tree(), lr=st.floats(1e-3, 1.0), eta=st.floats(1e-4, 1.0),
+       skip=st.fixed_dictionaries({k: st.booleans() for k in SHAPES}),
+       momentum=st.sampled_from([0.0, 0.9]))
+def test_masked_leaves_get_ratio_one(params, grads, lr, eta, skip, momentum):
+  tx = lars_optax.lars(lr, momentum=momentum, eta=eta, skip=skip)
+  updates, state = tx.update(_jnp(grads), tx.init(_jnp(params)), _jnp(params))
+  ratios = lars_optax.trust_ratios(state, params)
+  for k, skipped in skip.items():
+    if skipped:
+      assert float(ratios[k]) == 1.0
+      # The plain (MXNet) SGD step: -lr * g.
+      chex.assert_trees_all_equal(updates[k], -(jnp.float32(lr) * grads[k]))
+    else:
+      assert np.isfinite(float(ratios[k]))
+
+
+# --------------------------------------------------------------------------
+# Sign updates
+# --------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(params=_tree(), grads=st.lists(_tree(1e6), min_size=1, max_size=3),
+       lr=st.floats(1e-4, 1.0), momentum=st.sampled_from([0.0, 0.5, 0.9, 0.999]),
+       wd=st.floats(0.0, 0.1), wd_lh=st.floats(0.0, 0.1),
+       clip=st.sampled_from([None, 0.5]), rescale=st.floats(1e-3, 10.0))
+def test_sign_update_moves_a_weight_by_at_most_lr_plus_decay(params, grads, lr, momentum, wd,
+                                                              wd_lh, clip, rescale):
+  tx = lars_optax.signum(lr, momentum, wd_lh=wd_lh, wd=wd, rescale_grad=rescale,
+                         clip_gradient=clip)
+  # signum's wd enters the momentum before the sign (it cannot move a weight by
+  # more than lr); with momentum 0 (signSGD) both decays are decoupled.
+  decay = wd + wd_lh if momentum == 0 else wd_lh
+  p = _jnp(params)
+  state = tx.init(p)
+  for g in grads:
+    updates, state = tx.update(_jnp(g), state, p)
+    for k in SHAPES:
+      bound = lr * (1 + decay * np.abs(np.asarray(p[k], np.float64)))
+      assert np.all(np.abs(np.asarray(updates[k], np.float64)) <= bound * (1 + 1e-6) + 1e-12)
+    p = optax.apply_updates(p, updates)
+
+
+# --------------------------------------------------------------------------
+# Zero gradients
+# --------------------------------------------------------------------------
+
+# (optimizer, its decay on a zero gradient from a fresh state: update = -lr * decay * w)
+ZERO_GRAD = {
+    "lars": (lambda lr, wd, wd_lh: lars_optax.lars(lr, momentum=0.9, wd=wd), "wd"),
+    "tf_lars": (lambda lr, wd, wd_lh: lars_optax.tf_lars(lr, weight_decay=wd), None),
+    "signum": (lambda lr, wd, wd_lh: lars_optax.signum(lr, 0.9, wd_lh=wd_lh), "wd_lh"),
+    "signsgd": (lambda lr, wd, wd_lh: lars_optax.signsgd(lr, wd_lh=wd_lh, wd=wd), "both"),
+    "adam": (lambda lr, wd, wd_lh: lars_optax.adam(lr), None),
+    "sgd": (lambda lr, wd, wd_lh: lars_optax.sgd(lr, momentum=0.9, wd=wd), "wd"),
+    "sgd_lazy_mp": (lambda lr, wd, wd_lh: lars_optax.sgd(
+        lr, momentum=0.9, wd=wd, lazy_update=True, multi_precision=True), None),
+}
+
+
+@SETTINGS
+@given(name=st.sampled_from(sorted(ZERO_GRAD)), params=_tree(), lr=st.floats(1e-3, 1.0),
+       wd=st.sampled_from([0.0, 1e-4, 0.1]), wd_lh=st.sampled_from([0.0, 1e-3]))
+def test_zero_gradient_changes_nothing_but_weight_decay(name, params, lr, wd, wd_lh):
+  make, decay = ZERO_GRAD[name]
+  tx = make(lr, wd, wd_lh)
+  p = _jnp(params)
+  zeros = jax.tree.map(jnp.zeros_like, p)
+  updates, _ = tx.update(zeros, tx.init(p), p)
+  rate = {"wd": wd, "wd_lh": wd_lh, "both": wd + wd_lh, None: 0.0}[decay]
+  if name == "sgd_lazy_mp":
+    rate = 0.0  # a zero gradient row is absent: lazy updates skip it, decay included
+  for k in SHAPES:
+    expected = -lr * rate * np.asarray(params[k], np.float64)
+    np.testing.assert_allclose(np.asarray(updates[k], np.float64), expected, rtol=1e-5,
+                               atol=1e-30)
+    if rate == 0:
+      assert not np.any(np.asarray(updates[k]))
+
+
+# --------------------------------------------------------------------------
+# Purity
+# --------------------------------------------------------------------------
+
+PURE = {
+    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, eta=0.01, rescale_grad=0.5,
+                                    clip_gradient=10.0),
+    "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True, skip_list=["bias"]),
+    "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
+    "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
+    "adam": lambda: lars_optax.adam(optax.cosine_decay_schedule(0.01, 10), wd=1e-3),
+    "sgd_lazy_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True,
+                                          multi_precision=True),
+    "skip_nonfinite_lars": lambda: lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9)),
+}
+
+
+@functools.cache
+def _pure(name):
+  tx = PURE[name]()
+  return tx, jax.jit(tx.init), jax.jit(tx.update)
+
+
+@settings(SETTINGS, max_examples=20)
+@given(name=st.sampled_from(sorted(PURE)), params=_tree(),
+       grads=st.lists(_tree(), min_size=2, max_size=2))
+def test_init_and_update_are_pure(name, params, grads):
+  tx, init, update = _pure(name)
+  p = _jnp(params)
+  chex.assert_trees_all_equal(tx.init(p), tx.init(p))
+  chex.assert_trees_all_equal(init(p), tx.init(p))
+  s_eager = s_jit = tx.init(p)
+  for g in map(_jnp, grads):
+    out1 = tx.update(g, s_eager, p)
+    out2 = tx.update(g, s_eager, p)
+    chex.assert_trees_all_equal(out1, out2)
+    jit1 = update(g, s_jit, p)
+    jit2 = update(g, s_jit, p)
+    chex.assert_trees_all_equal(jit1, jit2)
+    _close(jit1, out1)
+    s_eager, s_jit = out1[1], jit1[1]
+  chex.assert_trees_all_equal(p, _jnp(params))  # inputs are not modified

@@ -1,0 +1,523 @@
+"""Every bad input gets a clear error; every odd tree gets the right result.
+
+Three tables, each run over every public optimizer (and over ``create``):
+
+* bad hyperparameters, rejected at construction with a message that starts
+  with the argument's name and states the accepted range;
+* masks and names: bad masks, unknown presets, and names the user gave that
+  match no leaf (``skip``, ``skip_list``, ``lr_mult``/``wd_mult`` rules),
+  rejected at construction or ``init``; presets and ``Mask.optional()`` may
+  match nothing;
+* parameter and gradient trees: mismatched trees and shapes, missing params,
+  integer/boolean/complex leaves, 0-d and zero-size leaves, empty trees,
+  ``None`` leaves, ``optax.MaskedNode`` leaves (inside ``optax.masked``) and
+  gradients of another float dtype than their params.
+"""
+
+import math
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+from lars_optax import masks
+
+# --------------------------------------------------------------------------
+# Hyperparameters
+# --------------------------------------------------------------------------
+
+NAN, INF = math.nan, math.inf
+
+# What is wrong with a value of each kind, and what the error says.
+BAD = {
+    "lr": [(-0.1, ValueError, "must be >= 0, got -0.1"),
+           (NAN, ValueError, "must be finite and >= 0"),
+           (-INF, ValueError, "must be finite and >= 0"),
+           ("0.1", TypeError, "expected a real number >= 0 or an optax schedule"),
+           (True, TypeError, "expected a real number >= 0"),
+           (None, TypeError, "expected a real number >= 0"),
+           (np.ones(2), TypeError, r"expected a real number >= 0 .*\(a real scalar\)"),
+           (1j, TypeError, r"expected a real number >= 0 .*\(a real scalar\)")],
+    "nonneg": [(-1e-3, ValueError, "must be >= 0, got -0.001"),
+               (INF, ValueError, "must be finite and >= 0"),
+               (np.float32("nan"), ValueError, "must be finite and >= 0"),
+               ("1", TypeError, "expected a real number >= 0"),
+               (None, TypeError, "expected a real number >= 0"),
+               ([1e-3], TypeError, "expected a real number >= 0")],
+    "unit": [(1.0, ValueError, r"must be in \[0, 1\), got 1"),
+             (-0.1, ValueError, r"must be in \[0, 1\), got -0.1"),
+             (NAN, ValueError, r"must be finite and in \[0, 1\)"),
+             (True, TypeError, r"expected a real number in \[0, 1\)"),
+             ("0.9", TypeError, r"expected a real number in \[0, 1\)")],
+    "pos": [(0.0, ValueError, "must be > 0, got 0"),
+            (-2.0, ValueError, "must be > 0, got -2"),
+            (INF, ValueError, "must be finite and > 0"),
+            ("2", TypeError, "expected a real number > 0")],
+    "pos_or_none": [(0.0, ValueError, "must be > 0, got 0"),
+                    (-1.0, ValueError, "must be > 0, got -1"),
+                    (NAN, ValueError, "must be finite and > 0"),
+                    ("1", TypeError, "expected a real number > 0")],
+    "flag": [("yes", TypeError, "expected a bool"), (1, TypeError, "expected a bool"),
+             (None, TypeError, "expected a bool")],
+    "count": [(-1, ValueError, "expected an int >= 0"), (1.5, ValueError, "expected an int >= 0"),
+              (True, ValueError, "expected an int >= 0")],
+}
+
+BASE = {"learning_rate": "lr", "wd": "nonneg", "rescale_grad": "pos",
+        "clip_gradient": "pos_or_none", "multi_precision": "flag"}
+
+# Every hyperparameter of every optimizer, with its kind.
+ARGS = {
+    "lars": {**BASE, "momentum": "unit", "eta": "nonneg", "epsilon": "nonneg"},
+    "tf_lars": {"learning_rate": "lr", "momentum": "unit", "weight_decay": "nonneg",
+                "eeta": "nonneg", "epsilon": "nonneg", "use_nesterov": "flag"},
+    "signum": {**BASE, "momentum": "unit", "wd_lh": "nonneg"},
+    "signsgd": {**BASE, "wd_lh": "nonneg"},
+    "adam": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
+             "lazy_update": "flag", "begin_num_update": "count"},
+    "sgd": {**BASE, "momentum": "unit", "lazy_update": "flag"},
+}
+
+FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
+REQUIRED = {"tf_lars": {"learning_rate": 0.1}}
+
+# The building blocks' hyperparameters.
+TRANSFORMS = {
+    "scale_by_lars_trust_ratio": (lars_optax.scale_by_lars_trust_ratio, {},
+                                  {"eta": "nonneg", "weight_decay": "nonneg",
+                                   "epsilon": "nonneg", "rescale": "pos"}),
+    "mxnet_momentum": (lars_optax.mxnet_momentum, {"learning_rate": 0.1},
+                       {"learning_rate": "lr", "momentum": "unit"}),
+    "scale_by_mxnet_adam": (lars_optax.scale_by_mxnet_adam, {},
+                            {"b1": "unit", "b2": "unit", "eps": "nonneg",
+                             "initial_count": "count"}),
+    "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
+                                     {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
+}
+
+
+def _cases(table):
+  return [pytest.param(name, arg, value, exc, msg, id=f"{name}-{arg}-{value!r}")
+          for name, args in table.items() for arg, kind in args.items()
+          for value, exc, msg in BAD[kind]]
+
+
+def _expect(exc, arg, msg):
+  return pytest.raises(exc, match=rf"^{re.escape(arg)}: {msg}")
+
+
+@pytest.mark.parametrize("name, arg, value, exc, msg", _cases(ARGS))
+def test_bad_hyperparameter(name, arg, value, exc, msg):
+  with _expect(exc, arg, msg):
+    FACTORIES[name](**{**REQUIRED.get(name, {}), arg: value})
+
+
+# create() takes learning_rate=None as MXNet does (the default rate), so that
+# case is left out here (test_registry.py checks it).
+@pytest.mark.parametrize("name, arg, value, exc, msg",
+                         [c for c in _cases({k: v for k, v in ARGS.items() if k != "tf_lars"})
+                          if not (c.values[1] == "learning_rate" and c.values[2] is None)])
+def test_bad_hyperparameter_through_create(name, arg, value, exc, msg):
+  with _expect(exc, arg, msg):
+    lars_optax.create(name, **{arg: value})
+
+
+@pytest.mark.parametrize("name, arg, value, exc, msg",
+                         _cases({k: v[2] for k, v in TRANSFORMS.items()}))
+def test_bad_transformation_hyperparameter(name, arg, value, exc, msg):
+  fn, required, _ = TRANSFORMS[name]
+  with _expect(exc, arg, msg):
+    fn(**{**required, arg: value})
+
+
+@pytest.mark.parametrize("fn", [lars_optax.lazy_update, lars_optax.multi_precision,
+                                lars_optax.skip_nonfinite,
+                                lars_optax.scale_by_lars_trust_ratio])
+@pytest.mark.parametrize("inner", ["sgd", lars_optax.sgd, lambda g, s, p: (g, s)])
+def test_wrappers_need_a_transformation(fn, inner):
+  with pytest.raises(TypeError, match=r"^inner: expected an optax.GradientTransformation"):
+    fn(inner)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
+def test_skip_nonfinite_max_consecutive_errors(value):
+  with pytest.raises(ValueError, match=r"^max_consecutive_errors: expected None or an int >= 0"):
+    lars_optax.skip_nonfinite(lars_optax.sgd(), value)
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_valid_edge_values_are_accepted(name):
+  """The closed ends of every range (0 where >= 0 is allowed, numpy scalars)."""
+  kwargs = {arg: 0.0 for arg, kind in ARGS[name].items() if kind in ("lr", "nonneg", "unit")}
+  kwargs.update({arg: np.float32(1.0) for arg, kind in ARGS[name].items() if kind == "pos"})
+  tx = FACTORIES[name](**kwargs)
+  params = {"w": jnp.ones((2, 3))}
+  updates, _ = tx.update({"w": jnp.ones((2, 3))}, tx.init(params), params)
+  chex.assert_tree_all_finite(updates)
+
+
+# --------------------------------------------------------------------------
+# Masks and names
+# --------------------------------------------------------------------------
+
+
+def _tree():
+  return {"fc1_weight": jnp.ones((3, 2)), "fc1_bias": jnp.ones(2),
+          "conv": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
+
+
+@pytest.mark.parametrize("skip, exc, msg", [
+    ("bias", ValueError, r"skip: unknown preset 'bias'; valid presets are \['flax'"),
+    (3, TypeError, "skip: expected a mask"),
+    (0.5, TypeError, "skip: expected a mask"),
+    (["bias"], TypeError, r"skip: expected a mask.*got the strings \['bias'\].*by_substring"),
+    (("gamma", "beta"), TypeError, "skip: expected a mask.*by_suffix"),
+])
+def test_lars_bad_skip_at_construction(skip, exc, msg):
+  with pytest.raises(exc, match=msg):
+    lars_optax.lars(skip=skip)
+
+
+@pytest.mark.parametrize("skip, exc, msg", [
+    ({"fc1_weight": True}, ValueError, "skip: the mask's tree structure does not match"),
+    (lambda p: jax.tree.map(lambda _: 1, p), TypeError, "skip: expected a Python bool"),
+    (lars_optax.by_suffix("bais"), ValueError,
+     (r"^skip: no parameter name ends with 'bais' \(names look like \['conv/bias', "
+      r"'conv/kernel', 'fc1_bias'\], 4 in all;.*mask.optional\(\)")),
+    (lars_optax.by_leaf_name("bais", "bias"), ValueError,
+     "skip: no parameter name has the last component 'bais'"),
+    (lars_optax.by_regex(r"^Dense_\d"), ValueError,
+     r"skip: no parameter name matches the regex '\^Dense_\\\\d'"),
+    (lars_optax.FLAX_SKIP | lars_optax.by_substring("embeding"), ValueError,
+     "skip: no parameter name contains 'embeding'"),
+    (~lars_optax.by_substring("bn") & lars_optax.by_suffix("wieght"), ValueError,
+     "skip: no parameter name contains 'bn', and none ends with 'wieght'"),
+])
+def test_lars_bad_skip_at_init(skip, exc, msg):
+  tx = lars_optax.lars(skip=skip)  # decided on the params, at init
+  with pytest.raises(exc, match=msg):
+    tx.init(_tree())
+
+
+@pytest.mark.parametrize("skip", [
+    "flax", "haiku", lars_optax.HAIKU_SKIP,  # presets may match nothing
+    lars_optax.by_suffix("bais").optional(),
+    lars_optax.by_substring("embedding").optional() | lars_optax.MXNET_SKIP,
+    lars_optax.by_suffix("weight") & lars_optax.by_ndim(1),  # names match; selects nothing
+    lars_optax.by_predicate(lambda n, x: False),
+    lambda p: jax.tree.map(lambda _: False, p),
+    None,
+])
+def test_lars_skip_that_may_match_nothing(skip):
+  tx = lars_optax.lars(skip=skip)
+  params = _tree()
+  updates, _ = tx.update(params, tx.init(params), params)
+  chex.assert_tree_all_finite(updates)
+
+
+def test_names_are_not_checked_on_an_empty_tree():
+  tx = lars_optax.lars(skip=lars_optax.by_suffix("bais"), wd=0.1,
+                       wd_mult=[(lars_optax.by_suffix("bais"), 0.0)])
+  assert tx.update({}, tx.init({}), {})[0] == {}
+
+
+def test_names_routed_elsewhere_by_optax_masked_count_as_matching():
+  """Inside optax.masked the other leaves are MaskedNode placeholders; their names count."""
+  params = {"w": jnp.ones((2, 3)), "fc_bias": jnp.ones(3)}
+  route = {"w": True, "fc_bias": False}
+  optax.masked(lars_optax.lars(skip=lars_optax.by_suffix("bias")), route).init(params)
+  with pytest.raises(ValueError, match="skip: no parameter name ends with 'bais'"):
+    optax.masked(lars_optax.lars(skip=lars_optax.by_suffix("bais")), route).init(params)
+
+
+def test_unmatched_and_check_matches():
+  mask = lars_optax.by_suffix("bias", "gamma") | lars_optax.by_leaf_name("kernel")
+  assert mask.unmatched(_tree()) == ["ends with 'gamma'"]
+  assert mask.optional().unmatched(_tree()) == []
+  assert repr(mask.optional()) == repr(mask)
+  assert mask.optional()(_tree()) == mask(_tree())
+  with pytest.raises(ValueError, match=r"^my_arg: no parameter name ends with 'gamma'"):
+    masks.check_matches(mask, _tree(), "my_arg")
+  masks.check_matches(mask, {}, "my_arg")
+  masks.check_matches("mxnet", _tree(), "my_arg")
+  # Calling a mask (as optax does) never checks.
+  assert lars_optax.by_suffix("bais")(_tree())["fc1_bias"] is False
+
+
+@pytest.mark.parametrize("skip_list, exc, msg", [
+    ("bias", TypeError, r"skip_list: expected a list of strings.*\['bias'\]"),
+    ([3], TypeError, "skip_list: expected non-empty strings"),
+    (["bias", ""], TypeError, "skip_list: expected non-empty strings"),
+])
+def test_tf_lars_bad_skip_list_at_construction(skip_list, exc, msg):
+  with pytest.raises(exc, match=msg):
+    lars_optax.tf_lars(0.1, skip_list=skip_list)
+
+
+@pytest.mark.parametrize("skip_list, msg", [
+    (["batchnorm"], r"^skip_list: no parameter name contains 'batchnorm' \(names look like"),
+    (["bias", "batch_normalization"], ("skip_list: no parameter name contains "
+                                       "'batch_normalization'.*Fix the entry or leave it out")),
+])
+def test_tf_lars_skip_list_entry_matching_nothing(skip_list, msg):
+  tx = lars_optax.tf_lars(0.1, skip_list=skip_list)
+  with pytest.raises(ValueError, match=msg):
+    tx.init(_tree())
+  lars_optax.tf_lars(0.1, skip_list=["bias", "conv"]).init(_tree())  # all match: fine
+
+
+MXNET = ["lars", "signum", "signsgd", "adam", "sgd"]
+
+
+@pytest.mark.parametrize("name", MXNET)
+@pytest.mark.parametrize("arg", ["lr_mult", "wd_mult"])
+@pytest.mark.parametrize("spec, exc, msg", [
+    ({"fc1_weight": -1.0}, ValueError, "the value for 'fc1_weight' must be finite and >= 0"),
+    ({"fc1_weight": NAN}, ValueError, "the value for 'fc1_weight' must be finite and >= 0"),
+    ({"fc1_weight": "2"}, TypeError, "the value for 'fc1_weight' must be a real number"),
+    ({3: 1.0}, TypeError, r"dict keys must be leaf names \(str\)"),
+    (2.0, TypeError, r"expected a dict \{leaf name: value\} or a list of \(mask, value\)"),
+    ("fc1_weight", TypeError, "expected a dict"),
+    ([("bias", 0.0)], ValueError, "unknown preset 'bias'"),
+    ([(None, 0.0)], TypeError, "a rule's mask is None"),
+    ([("mxnet",)], TypeError, r"expected \(mask, value\) pairs"),
+    ([(lars_optax.MXNET_SKIP, -1.0)], ValueError,
+     r"the value for Mask\(suffix in .*\) must be finite and >= 0"),
+])
+def test_bad_leaf_values_at_construction(name, arg, spec, exc, msg):
+  with pytest.raises(exc, match=f"^{arg}: {msg}"):
+    FACTORIES[name](**{arg: spec})
+
+
+@pytest.mark.parametrize("name", MXNET)
+@pytest.mark.parametrize("arg", ["lr_mult", "wd_mult"])
+@pytest.mark.parametrize("wd", [0.0, 1e-3], ids=["wd0", "wd"])
+@pytest.mark.parametrize("spec, msg", [
+    ({"fc1_wieght": 2.0}, r"no parameter is named 'fc1_wieght' \(did you mean \['fc1_weight'\]"),
+    ([(lars_optax.by_suffix("bais"), 0.0)], "no parameter name ends with 'bais'"),
+    ([("mxnet", 0.0), (lars_optax.by_leaf_name("kernal"), 2.0)],
+     "no parameter name has the last component 'kernal'"),
+])
+def test_leaf_value_names_matching_nothing_fail_at_init(name, arg, wd, spec, msg):
+  # With wd=0 wd_mult is unused, and a typo in it is still an error.
+  tx = FACTORIES[name](wd=wd, **{arg: spec})
+  with pytest.raises(ValueError, match=f"^{arg}: {msg}"):
+    tx.init(_tree())
+
+
+@pytest.mark.parametrize("name", MXNET)
+def test_leaf_value_presets_may_match_nothing(name):
+  tx = FACTORIES[name](wd=1e-3, lr_mult=[("flax", 2.0)], wd_mult=[("haiku", 0.0)])
+  params = _tree()
+  updates, _ = tx.update(params, tx.init(params), params)
+  chex.assert_tree_all_finite(updates)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: lars_optax.scale_by_lars_trust_ratio(skip=m),
+    lambda m: lars_optax.scale_by_lars_trust_ratio(weight_decay=0.1, wd_mult=[(m, 0.0)]),
+    lambda m: lars_optax.scale_per_leaf([(m, 2.0)]),
+    lambda m: lars_optax.add_decayed_weights_per_leaf(0.1, [(m, 0.0)]),
+], ids=["lars_skip", "lars_wd_mult", "scale_per_leaf", "add_decayed_weights_per_leaf"])
+def test_transformations_check_names_at_init(make):
+  with pytest.raises(ValueError, match="no parameter name contains 'batchnorm'"):
+    make(lars_optax.by_substring("batchnorm")).init(_tree())
+  make(lars_optax.by_substring("batchnorm").optional()).init(_tree())
+
+
+# --------------------------------------------------------------------------
+# Parameter and gradient trees, for every optimizer
+# --------------------------------------------------------------------------
+
+# Every optimizer reads the params here (weight decay), plus the wrappers.
+VARIANTS = {
+    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, skip=None),
+    "lars_mp": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, multi_precision=True),
+    "tf_lars": lambda: lars_optax.tf_lars(0.1),
+    "signum": lambda: lars_optax.signum(0.1, wd_lh=1e-3),
+    "signsgd": lambda: lars_optax.signsgd(0.1, wd=1e-3),
+    "adam": lambda: lars_optax.adam(0.1, wd=1e-3),
+    "adam_lazy": lambda: lars_optax.adam(0.1, wd=1e-3, lazy_update=True),
+    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+    "sgd_lazy_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True,
+                                          multi_precision=True),
+}
+LAZY = {"adam_lazy", "sgd_lazy_mp"}
+
+
+def _params(dtype=jnp.float32):
+  return {"w": jnp.arange(1.0, 7.0, dtype=dtype).reshape(2, 3),
+          "fc_bias": jnp.array([0.5, -0.5, 1.0], dtype)}
+
+
+def _grads(params):
+  return jax.tree.map(lambda p: (0.1 * p + 0.05).astype(p.dtype), params)
+
+
+def _step(tx, params, grads, jit=False):
+  update = jax.jit(tx.update) if jit else tx.update
+  return update(grads, tx.init(params), params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("grads, msg", [
+    ({"w": jnp.ones((2, 3))}, r"missing from gradients: \['fc_bias'\]"),
+    ({"w": jnp.ones((2, 3)), "fc_bias": jnp.ones(3), "extra": jnp.ones(1)},
+     r"not in params: \['extra'\]"),
+    ({"w": jnp.ones((3,)), "fc_bias": jnp.ones(3)},
+     r"gradient 'w' has shape \(3,\) but the parameter has shape \(2, 3\)"),
+    ({"w": jnp.ones((1, 3)), "fc_bias": jnp.ones(3)}, r"gradient 'w' has shape \(1, 3\)"),
+    ({"w": jnp.ones((2, 3)), "fc_bias": jnp.ones(())}, r"gradient 'fc_bias' has shape \(\)"),
+    ([jnp.ones((2, 3)), jnp.ones(3)], "different tree structures"),
+], ids=["missing", "extra", "rank", "broadcastable", "scalar", "container"])
+def test_mismatched_gradients(name, grads, msg):
+  tx = VARIANTS[name]()
+  params = _params()
+  state = tx.init(params)
+  with pytest.raises(ValueError, match=msg):
+    tx.update(grads, state, params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_mismatched_gradients_under_jit(name):
+  tx = VARIANTS[name]()
+  params = _params()
+  with pytest.raises(ValueError, match=r"gradient 'w' has shape \(1, 3\)"):
+    jax.jit(tx.update)({"w": jnp.ones((1, 3)), "fc_bias": jnp.ones(3)}, tx.init(params), params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_params_required_where_read(name):
+  tx = VARIANTS[name]()
+  params = _params()
+  with pytest.raises(ValueError, match=r"params are required; call update\(updates, state, "
+                                       r"params\)"):
+    tx.update(_grads(params), tx.init(params))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.signum(0.1), lambda: lars_optax.signsgd(0.1),
+    lambda: lars_optax.adam(0.1), lambda: lars_optax.sgd(0.1, momentum=0.9),
+    lambda: lars_optax.adam(0.1, lazy_update=True)],
+    ids=["signum", "signsgd", "adam", "sgd", "adam_lazy"])
+def test_params_optional_where_not_read(make):
+  tx = make()
+  params = _params()
+  grads = _grads(params)
+  with_params, _ = tx.update(grads, tx.init(params), params)
+  without, _ = tx.update(grads, tx.init(params))
+  chex.assert_trees_all_equal(with_params, without)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
+def test_non_float_params_rejected_at_init(name, dtype):
+  params = {"w": jnp.ones((2, 3)), "layer": {"bad": jnp.ones((2,), dtype)}}
+  with pytest.raises(TypeError, match=r"parameter 'layer/bad' has dtype .*only real floating"):
+    VARIANTS[name]().init(params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64])
+def test_non_float_gradients_rejected(name, dtype):
+  tx = VARIANTS[name]()
+  params = _params()
+  grads = {"w": jnp.ones((2, 3), dtype), "fc_bias": jnp.ones(3)}
+  with pytest.raises(TypeError, match=r"gradient 'w' has dtype .*only real floating"):
+    tx.update(grads, tx.init(params), params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_0d_leaf(name):
+  tx = VARIANTS[name]()
+  params = {"w": jnp.ones((2, 3)), "s": jnp.array(2.0)}
+  if name in LAZY:
+    with pytest.raises(ValueError, match="parameter 's' is 0-d"):
+      tx.init(params)
+    return
+  updates, _ = _step(tx, params, _grads(params), jit=True)
+  chex.assert_shape(updates["s"], ())
+  assert float(updates["s"]) != 0.0 and np.isfinite(float(updates["s"]))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_zero_size_leaf(name):
+  tx = VARIANTS[name]()
+  params = {**_params(), "empty": jnp.zeros((0, 3))}
+  updates, state = _step(tx, params, _grads(params), jit=True)
+  chex.assert_shape(updates["empty"], (0, 3))
+  chex.assert_tree_all_finite((updates, state))
+  # The other leaves are updated as without the empty one.
+  ref, _ = _step(VARIANTS[name](), _params(), _grads(_params()), jit=True)
+  chex.assert_trees_all_close({k: updates[k] for k in ref}, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("tree", [{}, {"a": {}}, [], (), {"a": None}],
+                         ids=["dict", "nested", "list", "tuple", "only_none"])
+def test_empty_trees(name, tree):
+  tx = VARIANTS[name]()
+  updates, state = tx.update(tree, tx.init(tree), tree)
+  assert updates == tree
+  updates, _ = jax.jit(tx.update)(tree, state, tree)
+  assert updates == tree
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_none_leaves(name):
+  """``None`` is an empty subtree: it stays None and the other leaves are unaffected."""
+  params = {**_params(), "frozen": None}
+  grads = {**_grads(_params()), "frozen": None}
+  updates, _ = _step(VARIANTS[name](), params, grads)
+  assert updates["frozen"] is None
+  ref, _ = _step(VARIANTS[name](), _params(), _grads(_params()))
+  chex.assert_trees_all_close({k: updates[k] for k in ref}, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_masked_node_leaves_inside_optax_masked(name):
+  """Inside optax.masked the optimizer sees MaskedNode leaves; masked-out leaves pass through."""
+  tx = optax.masked(VARIANTS[name](), {"w": True, "fc_bias": False})
+  params = _params()
+  grads = _grads(params)
+  state = tx.init(params)
+  for _ in range(2):
+    updates, state = jax.jit(tx.update)(grads, state, params)
+  chex.assert_trees_all_equal(updates["fc_bias"], grads["fc_bias"])
+  # The selected leaf is updated as the optimizer alone updates a tree holding only it.
+  alone = VARIANTS[name]()
+  only = {"w": params["w"]}
+  s = alone.init(only)
+  for _ in range(2):
+    ref, s = jax.jit(alone.update)({"w": grads["w"]}, s, only)
+  chex.assert_trees_all_close(updates["w"], ref["w"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_gradients_of_another_float_dtype_are_cast_to_the_params(name):
+  """float32 gradients for bfloat16 params: state and updates stay bfloat16 (no upcast)."""
+  tx = VARIANTS[name]()
+  params = _params(jnp.bfloat16)
+  grads32 = _grads(_params(jnp.float32))
+  mp = name.endswith("_mp")
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for _ in range(2):
+    updates, new_state = step(grads32, state, params)
+    chex.assert_trees_all_equal_dtypes(state, new_state)  # the state keeps its dtypes
+    state = new_state
+  expected = jnp.float32 if mp else jnp.bfloat16
+  assert {x.dtype for x in jax.tree.leaves(updates)} == {jnp.dtype(expected)}
+  assert optax.apply_updates(params, updates)["w"].dtype == jnp.bfloat16
+  if not mp:  # the same as giving bfloat16 gradients
+    ref = VARIANTS[name]()
+    s = ref.init(params)
+    for _ in range(2):
+      ref_u, s = jax.jit(ref.update)(jax.tree.map(lambda g: g.astype(jnp.bfloat16), grads32),
+                                     s, params)
+    chex.assert_trees_all_equal(updates, ref_u)
