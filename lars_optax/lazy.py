@@ -19,6 +19,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax.transforms import _psum
 
 __all__ = ["lazy_update", "present_rows"]
 
@@ -48,7 +49,8 @@ def _keep_rows(new: jax.Array, old: jax.Array, rows: jax.Array) -> jax.Array:
   return jnp.where(where, new, old)
 
 
-def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArgs:
+def lazy_update(inner: GradientTransformation, *,
+                axis_name: str | None = None) -> GradientTransformationExtraArgs:
   r"""Applies ``inner`` only to the rows present in the gradient.
 
   For every leaf, a row (an index along axis 0) is *present* when any entry of
@@ -81,6 +83,11 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
 
   Args:
     inner: the transformation to apply lazily.
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis along a non-row axis (e.g. an embedding table split by columns),
+      a row is present when it is present in any block (an OR over the axis).
+      Do not use it for leaves split along axis 0: their blocks hold
+      different rows.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` whose state is
@@ -90,6 +97,7 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
   if not isinstance(inner, GradientTransformation):
     raise TypeError("inner: expected an optax.GradientTransformation, got "
                     f"{type(inner).__name__}.")
+  v.check_axis_name(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -102,6 +110,8 @@ def lazy_update(inner: GradientTransformation) -> GradientTransformationExtraArg
     _check_rows(updates, "lazy_update", "gradient")
     flat_g, treedef = jax.tree.flatten(updates)
     rows = [present_rows(g) for g in flat_g]
+    if axis_name is not None:
+      rows = [r > 0 for r in _psum([r.astype(jnp.int32) for r in rows], axis_name)]
     new_updates, new_state = inner_tx.update(updates, state, params, **extra_args)
     flat_u = treedef.flatten_up_to(new_updates)
     new_updates = jax.tree.unflatten(

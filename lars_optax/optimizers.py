@@ -126,6 +126,7 @@ def lars(
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
+    axis_name: str | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``).
 
@@ -174,6 +175,9 @@ def lars(
       bfloat16 params (:func:`lars_optax.multi_precision`). The ratio's
       :math:`\|w\|` is then taken from the master (MXNet takes it from the
       float16 weight; the two differ by float16 rounding).
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis, sum the squared norms over it so each block gets its whole layer's
+      trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -196,7 +200,7 @@ def lars(
       scale_by_lars_trust_ratio(
           optax.chain(*inner) if inner else None,
           eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
-          rescale=rescale_grad, wd_mult=wd_mult),
+          rescale=rescale_grad, wd_mult=wd_mult, axis_name=axis_name),
       *_lr_mult(lr_mult),
       mxnet_momentum(learning_rate, momentum),
   ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
@@ -211,6 +215,8 @@ def tf_lars(
     epsilon: float = 0.0,
     skip_list: Sequence[str] | None = None,
     use_nesterov: bool = False,
+    *,
+    axis_name: str | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
 
@@ -243,6 +249,9 @@ def tf_lars(
       Each must be contained in some parameter's name: ``init`` raises a
       ValueError naming the entry otherwise (a typo would skip nothing).
     use_nesterov: Nesterov momentum.
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis, sum the squared norms over it so each block gets its whole layer's
+      trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -277,7 +286,8 @@ def tf_lars(
   return _finish([
       scale_by_lars_trust_ratio(
           optax.trace(decay=momentum, nesterov=use_nesterov),
-          eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip),
+          eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
+          axis_name=axis_name),
       optax.scale_by_learning_rate(learning_rate),
   ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")])
 

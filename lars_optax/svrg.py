@@ -60,7 +60,7 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
-from lars_optax.transforms import _find_state
+from lars_optax.transforms import _collective, _find_state
 
 __all__ = [
   "SVRGState",
@@ -203,14 +203,31 @@ def svrg_due(epoch: int, update_freq: int) -> bool:
 
 
 def _pmean(tree: Any, axis_name: str | None) -> Any:
+  return _collective(jax.lax.pmean, tree, axis_name)
+
+
+def _varies(x: Any, axis_name: str) -> bool:
+  """Whether ``x`` is typed as varying over ``axis_name`` (``shard_map``)."""
+  kind = getattr(jax.typeof(x), "manual_axis_type", None)
+  return kind is not None and axis_name in getattr(kind, "varying", ())
+
+
+def _mean_grads(loss: jax.Array, grads: Any, axis_name: str | None) -> Any:
+  """The mean over ``axis_name`` of each device's gradient of its mean loss.
+
+  Under ``pmap`` every gradient is the device's own: ``lax.pmean``. Under
+  ``shard_map`` JAX already sums the gradient of a replicated (invariant)
+  parameter over the axis when the loss varies over it (the transpose of the
+  implicit broadcast); that sum is divided by the axis size instead.
+  """
   if axis_name is None:
-    return tree
-  try:
-    return jax.lax.pmean(tree, axis_name)
-  except NameError as e:
-    raise ValueError(f"axis_name: {axis_name!r} is not bound here; call this inside "
-                     "jax.pmap/shard_map with that axis name, or pass "
-                     "axis_name=None.") from e
+    return grads
+  _collective(lambda t, a: jax.lax.axis_size(a), None, axis_name)  # unbound: a clear error
+  if not _varies(loss, axis_name):
+    return _pmean(grads, axis_name)
+  n = jax.lax.axis_size(axis_name)
+  return jax.tree.map(lambda g: _pmean(g, axis_name) if _varies(g, axis_name) else g / n,
+                      grads)
 
 
 def svrg_value_and_grads(
@@ -234,8 +251,9 @@ def svrg_value_and_grads(
 
   def fn(params, snapshot_params, batch):
     loss, grads = vg(params, batch)
-    snap_grads = jax.grad(loss_fn)(snapshot_params, batch)
-    return _pmean((loss, grads, snap_grads), axis_name)
+    snap_loss, snap_grads = vg(snapshot_params, batch)
+    return (_pmean(loss, axis_name), _mean_grads(loss, grads, axis_name),
+            _mean_grads(snap_loss, snap_grads, axis_name))
 
   return jax.jit(fn) if jit else fn
 
@@ -281,7 +299,11 @@ def full_gradient(
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn: expected a callable, got {type(loss_fn).__name__}.")
-  grad_fn = jax.grad(loss_fn)
+  vg = jax.value_and_grad(loss_fn)
+
+  def grad_fn(params, batch):  # averaged over axis_name (each device: its share)
+    loss, grads = vg(params, batch)
+    return _mean_grads(loss, grads, axis_name)
 
   def acc_dtype(p):
     return jnp.promote_types(jnp.result_type(p), jnp.float32)
@@ -313,7 +335,7 @@ def full_gradient(
         last = jax.tree.map(lambda x: x[full * batch_size:], data)
         g = grad_fn(params, last)
         total = jax.tree.map(lambda a, x: a + x.astype(a.dtype) * rest, total, g)
-      return _pmean(jax.tree.map(lambda a: a / n, total), axis_name)
+      return jax.tree.map(lambda a: a / n, total)
 
     return run(params, data) if axis_name else jax.jit(run)(params, data)
 
@@ -330,7 +352,7 @@ def full_gradient(
     count += m
   if total is None or count == 0:
     raise ValueError("data: no batches (the dataset is empty).")
-  return _pmean(jax.tree.map(lambda a: a / count, total), axis_name)
+  return jax.tree.map(lambda a: a / count, total)
 
 
 def _looks_stacked(data: Any) -> bool:

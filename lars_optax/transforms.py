@@ -86,6 +86,7 @@ def lars_trust_ratio(
     weight_decay: float = 0.0,
     epsilon: float = 0.0,
     grad_scale: float = 1.0,
+    axis_name: str | None = None,
 ) -> jax.Array:
   r"""The LARS trust ratio of one leaf.
 
@@ -102,6 +103,10 @@ def lars_trust_ratio(
   norm is zero, NaN or infinite); TensorFlow's ``LARSOptimizer`` agrees
   wherever its result is finite.
 
+  ``axis_name``: inside ``shard_map``/``pmap``, where ``param`` and ``grad``
+  are one device's block of a leaf split over that mesh axis, the squared
+  norms are summed over it (``lax.psum``), giving the whole leaf's ratio.
+
   Returns:
     A scalar in float32 (float64 for float64 leaves).
 
@@ -109,17 +114,47 @@ def lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  w_norm = jnp.sqrt(_sq_norm(param))
-  g_norm = jnp.sqrt(_sq_norm(grad))
+  w2, g2 = _psum((_sq_norm(param), _sq_norm(grad)), axis_name)
+  return _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale)
+
+
+def _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
+  w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
   if not _is_const(grad_scale, 1):
     g_norm = g_norm * jnp.abs(grad_scale)
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
 
 
-def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale):
-  """Per-leaf trust ratios, None for skipped leaves (which cost nothing)."""
-  return [None if s else lars_trust_ratio(p, g, eta, wd, epsilon, grad_scale)
-          for p, g, s, wd in zip(flat_p, flat_g, skipped, weight_decays)]
+def _psum(tree: Any, axis_name: str | None) -> Any:
+  """``lax.psum`` over ``axis_name`` (None: no-op), naming the option if unbound."""
+  return _collective(jax.lax.psum, tree, axis_name)
+
+
+def _collective(op: Any, tree: Any, axis_name: str | None) -> Any:
+  """``op(tree, axis_name)`` (e.g. ``lax.pmean``); a ValueError naming the option if unbound."""
+  if axis_name is None:
+    return tree
+  try:
+    return op(tree, axis_name)
+  except NameError as e:
+    raise ValueError(
+        f"axis_name: {axis_name!r} is not bound here; the update must run inside "
+        "jax.pmap or shard_map over that axis (or pass axis_name=None). "
+        f"JAX said: {e}") from e
+
+
+def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale,
+                 axis_name=None):
+  """Per-leaf trust ratios, None for skipped leaves (which cost nothing).
+
+  With ``axis_name`` the squared norms of all leaves are summed over the axis
+  in one collective.
+  """
+  squares = [None if s else (_sq_norm(p), _sq_norm(g))
+             for p, g, s in zip(flat_p, flat_g, skipped)]
+  squares = _psum(squares, axis_name)
+  return [None if sq is None else _ratio_from_squares(*sq, eta, wd, epsilon, grad_scale)
+          for sq, wd in zip(squares, weight_decays)]
 
 
 def _times(value: Any, mult: float) -> Any:
@@ -153,6 +188,7 @@ def scale_by_lars_trust_ratio(
     skip: masks.MaskLike = None,
     rescale: float = 1.0,
     wd_mult: masks.LeafValues = None,
+    axis_name: str | None = None,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -195,6 +231,11 @@ def scale_by_lars_trust_ratio(
     wd_mult: per-leaf multipliers of ``weight_decay`` (MXNet's ``wd_mult``): a
       dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
       :data:`lars_optax.masks.LeafValues`.
+    axis_name: for manual partitioning (``shard_map``/``pmap``) where the
+      params are split over this mesh axis: the squared norms are summed over
+      it, so every block is scaled by the ratio of the whole leaf. Leave it
+      None under ``jit`` with sharded arrays (norms are global there) and for
+      params that are replicated over the axis (``pmap`` data parallelism).
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; its state is a
@@ -213,6 +254,7 @@ def scale_by_lars_trust_ratio(
                     f"{type(inner).__name__}.")
   masks.check_mask_like(skip, "skip")
   masks.check_leaf_values(wd_mult, "wd_mult")
+  v.check_axis_name(axis_name)
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
@@ -237,7 +279,8 @@ def scale_by_lars_trust_ratio(
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult")
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
-                          [_times(weight_decay, m) for m in mults], epsilon, rescale)
+                          [_times(weight_decay, m) for m in mults], epsilon, rescale,
+                          axis_name)
     if not _is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * rescale, updates)
     inner_updates, inner_state = inner_tx.update(

@@ -174,3 +174,136 @@ def test_sharded_update_gathers_no_parameter(name):
 
   hlo = jax.jit(step).lower(params, state, grads).compile().as_text()
   assert "all-gather" not in hlo and "all-to-all" not in hlo
+
+
+# --------------------------------------------------------------------------
+# 3. Manual partitioning: shard_map with axis_name
+# --------------------------------------------------------------------------
+
+
+def _split_mesh():
+  return Mesh(np.array(jax.devices()[:4]), ("model",))
+
+
+@pytest.mark.parametrize("name", ["lars", "tf_lars", "lars_momentum_skip"])
+def test_shard_map_axis_name_gives_the_whole_layer_ratio(name):
+  """A kernel split along its output axis: every block gets the full ratio."""
+  make = {
+      "lars": lambda **kw: lars_optax.lars(0.1, eta=0.1, wd=1e-3, skip=None, **kw),
+      "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, **kw),
+      "lars_momentum_skip": lambda **kw: lars_optax.lars(0.1, momentum=0.9, eta=0.1,
+                                                         rescale_grad=0.5, **kw),
+  }[name]
+  params = {"fc1_weight": _params()["fc1_weight"], "fc1_bias": _params()["fc1_bias"]}
+  grads = jax.tree.map(lambda p: 0.2 * p + 0.05, params)
+  whole = make()
+  expected, state = whole.update(grads, whole.init(params), params)
+  split = make(axis_name="model")
+  spec = {"fc1_weight": P(None, "model"), "fc1_bias": P("model")}
+
+  @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec),
+                     out_specs=(spec, P()))
+  def step(p, g):
+    updates, s = split.update(g, split.init(p), p)
+    return updates, lars_optax.trust_ratios(s)
+
+  updates, ratios = step(params, grads)
+  chex.assert_trees_all_close(updates, expected, rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(ratios, lars_optax.trust_ratios(state), rtol=1e-5)
+
+
+def test_shard_map_without_axis_name_uses_block_norms():
+  """The reason for the option: without it each block sees its own norms."""
+  params = {"fc1_weight": _params()["fc1_weight"]}
+  grads = {"fc1_weight": jnp.asarray(np.random.default_rng(3).normal(size=(16, 8)),
+                                     jnp.float32)}
+  tx = lars_optax.lars(0.1, eta=0.1, skip=None)
+  expected, _ = tx.update(grads, tx.init(params), params)
+  spec = {"fc1_weight": P(None, "model")}
+
+  @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec), out_specs=spec)
+  def step(p, g):
+    return tx.update(g, tx.init(p), p)[0]
+
+  assert not np.allclose(step(params, grads)["fc1_weight"], expected["fc1_weight"], rtol=1e-3)
+
+
+def test_unbound_axis_name_is_named():
+  tx = lars_optax.lars(0.1, skip=None, axis_name="model")
+  params = {"fc1_weight": jnp.ones((2, 2))}
+  with pytest.raises(ValueError, match="axis_name: 'model' is not bound here"):
+    tx.update(params, tx.init(params), params)
+  with pytest.raises(ValueError, match="axis_name: 'model' is not bound here"):
+    jax.jit(tx.update)(params, tx.init(params), params)
+  lazy = lars_optax.lazy_update(optax.sgd(0.1), axis_name="model")
+  with pytest.raises(ValueError, match="axis_name: 'model' is not bound here"):
+    lazy.update(params, lazy.init(params), params)
+
+
+@pytest.mark.parametrize("value", ["", 3, ["model"]])
+def test_axis_name_type(value):
+  with pytest.raises(TypeError, match="axis_name: expected None or the name of a mesh axis"):
+    lars_optax.lars(axis_name=value)
+  with pytest.raises(TypeError, match="axis_name: expected None"):
+    lars_optax.lazy_update(optax.sgd(0.1), axis_name=value)
+
+
+def test_create_passes_axis_name():
+  tx = lars_optax.create("lars", axis_name="model")
+  params = {"fc1_weight": jnp.ones((2, 2))}
+  with pytest.raises(ValueError, match="axis_name: 'model' is not bound"):
+    tx.update(params, tx.init(params), params)
+
+
+def test_shard_map_lazy_update_rows_split_by_columns():
+  """An embedding table split by columns: a row is present if any block has it."""
+  rng = np.random.default_rng(4)
+  emb = jnp.asarray(rng.normal(size=(6, 8)), jnp.float32)
+  g = np.zeros((6, 8), np.float32)
+  g[1, 0] = 0.5    # present only in the first column block
+  g[4, 7] = -0.3   # present only in the last column block
+  g[2] = 0.1       # present everywhere
+  grads = {"emb": jnp.asarray(g)}
+  params = {"emb": emb}
+  whole = lars_optax.adam(0.1, lazy_update=True)
+  expected, _ = whole.update(grads, whole.init(params), params)
+  split = lars_optax.lazy_update(lars_optax.adam(0.1), axis_name="model")
+  spec = {"emb": P(None, "model")}
+
+  @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec), out_specs=spec)
+  def step(p, g):
+    return split.update(g, split.init(p), p)[0]
+
+  updates = step(params, grads)
+  chex.assert_trees_all_close(updates, expected, rtol=1e-6)
+  # Rows 1 and 4 move in every block (Adam's first step moves all entries of a
+  # present row, zero-gradient entries by 0 since m = 0 there).
+  assert np.all(np.asarray(updates["emb"])[[0, 3, 5]] == 0)
+
+
+def test_shard_map_svrg_full_gradient():
+  """SVRG's full gradient with the data split over devices equals one device's."""
+  x, y = _data(n=64)
+  params = _params()
+  mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+  exact = jax.grad(_loss)(params, (x, y))
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
+  def mu(p, data):
+    return lars_optax.full_gradient(_loss, p, data, batch_size=4, axis_name="data")
+
+  chex.assert_trees_all_close(mu(params, (x, y)), exact, rtol=2e-5, atol=1e-6)
+
+  # The per-batch pair too (JAX sums replicated params' gradients in shard_map;
+  # the helpers return the mean either way).
+  snap = jax.tree.map(lambda p: 0.9 * p, params)
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P("data")),
+                     out_specs=(P(), P(), P()))
+  def pair(p, s, data):
+    return lars_optax.svrg_value_and_grads(_loss, axis_name="data", jit=False)(p, s, data)
+
+  loss, g, g_snap = pair(params, snap, (x, y))
+  np.testing.assert_allclose(loss, _loss(params, (x, y)), rtol=1e-5)
+  chex.assert_trees_all_close(g, exact, rtol=2e-5, atol=1e-6)
+  chex.assert_trees_all_close(g_snap, jax.grad(_loss)(snap, (x, y)), rtol=2e-5, atol=1e-6)
