@@ -85,7 +85,11 @@ def path_to_name(path: tuple[Any, ...]) -> str:
 
 
 def named_leaves(tree: Any) -> list[tuple[str, Any]]:
-  """Returns ``[(name, leaf), ...]`` in ``jax.tree.leaves`` order."""
+  """Returns ``[(name, leaf), ...]`` in ``jax.tree.leaves`` order.
+
+  >>> named_leaves({"fc1": {"weight": 1, "bias": 2}})
+  [('fc1/bias', 2), ('fc1/weight', 1)]
+  """
   flat, _ = jtu.tree_flatten_with_path(tree)
   return [(path_to_name(path), leaf) for path, leaf in flat]
 
@@ -247,14 +251,24 @@ def _last_is(name: str, last: str) -> bool:
 
 
 def by_suffix(*suffixes: str) -> Mask:
-  """Leaves whose full name ends with any of ``suffixes`` (MXNet's rule)."""
+  """Leaves whose full name ends with any of ``suffixes`` (MXNet's rule).
+
+  ``by_suffix("gamma", "beta", "bias")`` is :data:`MXNET_SKIP`: it selects
+  ``fc1_bias`` and ``bn0_gamma`` but not ``fc1_weight``. Each suffix must match
+  some leaf where an optimizer checks it (``init``).
+  """
   s = _strings("suffixes", suffixes)
   return Mask(lambda name, _: name.endswith(s), f"suffix in {list(s)}")._with_checks(
       _NameCheck(f"ends with {x!r}", functools.partial(_endswith, suffix=x)) for x in s)
 
 
 def by_substring(*substrings: str) -> Mask:
-  """Leaves whose name contains any of ``substrings`` (TF's ``skip_list``)."""
+  """Leaves whose name contains any of ``substrings`` (TF's ``skip_list``).
+
+  ``by_substring("batch_normalization", "bias")`` selects
+  ``resnet/batch_normalization_3/gamma`` and ``dense/bias``. Each substring
+  must match some leaf where an optimizer checks it (``init``).
+  """
   s = _strings("substrings", substrings)
   return Mask(lambda name, _: any(x in name for x in s),
               f"substring in {list(s)}")._with_checks(
@@ -263,7 +277,11 @@ def by_substring(*substrings: str) -> Mask:
 
 
 def by_regex(pattern: str | re.Pattern[str]) -> Mask:
-  """Leaves whose name matches ``pattern`` anywhere (``re.search``)."""
+  r"""Leaves whose name matches ``pattern`` anywhere (``re.search``).
+
+  ``by_regex(r"BatchNorm_\d+/")`` selects every leaf of a Flax BatchNorm
+  layer. An invalid pattern raises a ValueError naming ``pattern``.
+  """
   try:
     compiled = re.compile(pattern)
   except (re.error, TypeError) as e:
@@ -290,14 +308,23 @@ def by_leaf_name(*names: str) -> Mask:
 
 
 def by_predicate(fn: Callable[[str, Any], Any], description: str | None = None) -> Mask:
-  """Leaves for which ``fn(name, leaf)`` is true (see :class:`Mask`)."""
+  """Leaves for which ``fn(name, leaf)`` is true (see :class:`Mask`).
+
+  ``fn`` may look at the name, shape and dtype of the leaf, not at its
+  values (under ``jit`` the leaf is a tracer), e.g.
+  ``by_predicate(lambda name, leaf: leaf.size < 1024)``.
+  """
   if not callable(fn):
     raise TypeError(f"fn: expected a callable, got {type(fn).__name__}.")
   return Mask(fn, description or str(getattr(fn, "__name__", "predicate")))
 
 
 def by_ndim(max_ndim: int = 1) -> Mask:
-  """Leaves with at most ``max_ndim`` dimensions (biases and norm scales)."""
+  """Leaves with at most ``max_ndim`` dimensions (biases and norm scales).
+
+  ``by_ndim(1)`` selects vectors and scalars whatever their names: a
+  framework-independent way to skip biases and normalisation parameters.
+  """
   if isinstance(max_ndim, bool) or not isinstance(max_ndim, int) or max_ndim < 0:
     raise ValueError(f"max_ndim: expected an int >= 0, got {max_ndim!r}.")
   return Mask(lambda _, leaf: np.ndim(leaf) <= max_ndim, f"ndim <= {max_ndim}")

@@ -78,7 +78,11 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
 
 
 def registered() -> list[str]:
-  """The names :func:`create` accepts."""
+  """The names :func:`create` accepts, sorted.
+
+  The built-in ``adam``, ``lars``, ``sgd``, ``signsgd`` and ``signum``, and
+  any added with :func:`register` (in lower case).
+  """
   return sorted(_REGISTRY)
 
 
