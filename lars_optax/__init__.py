@@ -8,6 +8,7 @@ that compose with the rest of optax.
 from lars_optax import masks
 from lars_optax.lazy import lazy_update, present_rows
 from lars_optax.masks import (
+    EQUINOX_SKIP,
     FLAX_SKIP,
     HAIKU_SKIP,
     MXNET_SKIP,
@@ -55,6 +56,7 @@ from lars_optax.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "EQUINOX_SKIP",
     "FLAX_SKIP",
     "HAIKU_SKIP",
     "LOW_PRECISION",

@@ -84,21 +84,56 @@ def path_to_name(path: tuple[Any, ...]) -> str:
   return "/".join(_key_str(k) for k in path)
 
 
+def _is_box(x: Any) -> bool:
+  """A Flax ``nnx.Variable`` (or alike): a node that holds one value.
+
+  Its leaf is named by the Variable's own path, so ``nnx.state(model)`` (which
+  holds Variables, as ``nnx.Optimizer`` passes it to ``init``) and the pure
+  arrays (as passed to ``update``) give the same names: ``lin1/kernel``, not
+  ``lin1/kernel/value``.
+  """
+  return hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in type(x).__mro__)
+
+
+def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
+  def stop(x):
+    return _is_box(x) or (is_leaf is not None and is_leaf(x))
+
+  flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=stop)
+  out = []
+  for path, node in flat:
+    name = path_to_name(path)
+    if _is_box(node):
+      out.extend((name, leaf) for leaf in jax.tree.leaves(node, is_leaf=is_leaf))
+    else:
+      out.append((name, node))
+  return out
+
+
+def _map_named(fn: Callable[[str, Any], Any], tree: Any) -> Any:
+  """``tree`` with each leaf replaced by ``fn(name, leaf)`` (same structure)."""
+  def f(path, node):
+    name = path_to_name(path)
+    if _is_box(node):
+      return jax.tree.map(lambda leaf: fn(name, leaf), node)
+    return fn(name, node)
+
+  return jtu.tree_map_with_path(f, tree, is_leaf=_is_box)
+
+
 def named_leaves(tree: Any) -> list[tuple[str, Any]]:
   """Returns ``[(name, leaf), ...]`` in ``jax.tree.leaves`` order.
 
   >>> named_leaves({"fc1": {"weight": 1, "bias": 2}})
   [('fc1/bias', 2), ('fc1/weight', 1)]
   """
-  flat, _ = jtu.tree_flatten_with_path(tree)
-  return [(path_to_name(path), leaf) for path, leaf in flat]
+  return _named(tree)
 
 
 def _placeholder_names(tree: Any) -> list[str]:
   """The names of the leaves and of the None / optax.MaskedNode placeholders."""
-  flat, _ = jtu.tree_flatten_with_path(
-      tree, is_leaf=lambda x: x is None or isinstance(x, optax.MaskedNode))
-  return [path_to_name(path) for path, _ in flat]
+  return [name for name, _ in _named(
+      tree, is_leaf=lambda x: x is None or isinstance(x, optax.MaskedNode))]
 
 
 def leaf_names(tree: Any) -> Any:
@@ -107,7 +142,7 @@ def leaf_names(tree: Any) -> Any:
   >>> leaf_names({"params": {"Dense_0": {"bias": 0, "kernel": 0}}})
   {'params': {'Dense_0': {'bias': 'params/Dense_0/bias', 'kernel': 'params/Dense_0/kernel'}}}
   """
-  return jtu.tree_map_with_path(lambda path, _: path_to_name(path), tree)
+  return _map_named(lambda name, _: name, tree)
 
 
 Rule = Callable[[str, Any], Any]
@@ -166,8 +201,7 @@ class Mask:
     return bool(self._rule(name, leaf))
 
   def __call__(self, tree: Any) -> Any:
-    return jtu.tree_map_with_path(
-        lambda path, leaf: self.matches(path_to_name(path), leaf), tree)
+    return _map_named(self.matches, tree)
 
   def select(self, tree: Any) -> list[str]:
     """Names of the leaves of ``tree`` that the mask selects."""
@@ -341,12 +375,18 @@ FLAX_SKIP = by_leaf_name("bias", "scale").optional()
 """Flax: every ``bias`` and the ``scale`` of norm layers."""
 HAIKU_SKIP = by_leaf_name("b", "scale", "offset").optional()
 """Haiku: linear/conv ``b`` and the ``scale``/``offset`` of norm layers."""
+EQUINOX_SKIP = (by_leaf_name("bias") | (by_leaf_name("weight") & by_ndim(1))).optional()
+"""Equinox: every ``bias``, and the 1-d ``weight`` of norm layers (LayerNorm,
+GroupNorm, RMSNorm, BatchNorm name their scale ``weight``, like a kernel; kernels
+are at least 2-d). A norm over several axes (``LayerNorm((C, H, W))``) has a
+multi-dimensional weight: add it with :func:`by_regex` if you use one."""
 
-PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAIKU_SKIP}
+PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAIKU_SKIP,
+                            "equinox": EQUINOX_SKIP}
 """Presets by name, accepted wherever a mask is (``skip="flax"``)."""
 
 MaskLike = str | Mask | Callable[[Any], Any] | Any | None
-"""A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``), a :class:`Mask`, a
+"""A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``, ``"equinox"``), a :class:`Mask`, a
 callable ``tree -> bool pytree``, a bool pytree, or None (no leaf)."""
 
 

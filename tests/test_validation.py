@@ -172,7 +172,7 @@ def _tree():
 
 
 @pytest.mark.parametrize("skip, exc, msg", [
-    ("bias", ValueError, r"skip: unknown preset 'bias'; valid presets are \['flax'"),
+    ("bias", ValueError, r"skip: unknown preset 'bias'; valid presets are \['equinox', 'flax'"),
     (3, TypeError, "skip: expected a mask"),
     (0.5, TypeError, "skip: expected a mask"),
     (["bias"], TypeError, r"skip: expected a mask.*got the strings \['bias'\].*by_substring"),
