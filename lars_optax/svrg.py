@@ -83,6 +83,11 @@ class SVRGState(NamedTuple):
       :func:`svrg_refresh`.
     full_grad: the full gradient :math:`\\mu` at the snapshot, or None.
     inner_state: the wrapped optimizer's state.
+
+  The two fields change from None to arrays at the first
+  :func:`svrg_refresh`, so a checkpoint written after it is restored into a
+  template built the same way:
+  ``svrg_refresh(tx.init(p), p, jax.tree.map(jnp.zeros_like, p))``.
   """
 
   snapshot: Any
