@@ -100,7 +100,7 @@ def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tupl
     return _is_box(x) or (is_leaf is not None and is_leaf(x))
 
   flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=stop)
-  out = []
+  out: list[tuple[str, Any]] = []
   for path, node in flat:
     name = path_to_name(path)
     if _is_box(node):

@@ -1,22 +1,144 @@
-"""The demo runs end to end (short) and rejects nonsense options."""
+"""The demo (``python -m lars_optax.demo``): a short run end to end, its table
+and plot, one-line errors for nonsense options, and the missing-extra message."""
 
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
 import pytest
 
+import lars_optax
+
+pytest.importorskip("flax")
 pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
+pytest.importorskip("tqdm")
 
 from lars_optax import demo
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--epochs", "2", "--small-batch", "64", "--large-batch", "256", "--quiet"]
 
-def test_demo_runs(capsys):
-  assert demo.main(["--epochs", "2", "--large-batch", "256"]) == 0
+
+def _table_rows(out: str) -> list[list[str]]:
+  """The data rows of the results table, as lists of cells."""
+  lines = [line for line in out.splitlines() if line.startswith("| ")]
+  assert lines[0].startswith("| batch size | optimizer |")
+  return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+
+
+def test_demo_trains_three_ways_and_writes_the_plot(tmp_path, capsys):
+  png = tmp_path / "demo.png"
+  assert demo.main([*TINY, "--out", str(png)]) == 0
   out = capsys.readouterr().out
-  assert "LARS (lars_optax.lars)" in out
-  assert "fc1_bias     1.00000" in out  # MXNet skip rule: bias keeps ratio 1
+
+  header = next(line for line in out.splitlines() if line.startswith("| batch size"))
+  for column in ("batch size", "optimizer", "test accuracy", "wall time"):
+    assert column in header
+  rows = _table_rows(out)
+  assert [(r[0], r[1].split(" ")[0]) for r in rows] == [
+      ("64", "lars_optax.sgd"), ("256", "lars_optax.sgd"), ("256", "lars_optax.lars")]
+  assert [float(r[2]) for r in rows] == pytest.approx([0.05, 0.2, 0.2])  # linear scaling
+  for r in rows:
+    assert 0.0 <= float(r[4]) <= 1.0
+    assert re.fullmatch(r"\d+\.\d s", r[5])
+  assert float(rows[0][4]) > 0.8  # two epochs of small-batch SGD already learn the digits
+
+  # Trust ratios of every kernel; biases are skipped by skip="flax".
+  for layer in ("Conv_0", "Conv_1", "Dense_0", "Dense_1"):
+    assert re.search(rf"^  {layer}/kernel +[\d.]+ -> [\d.]+$", out, re.M)
+  assert "bias " not in out
+
+  assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+  assert f"wrote {png}" in out
 
 
-@pytest.mark.parametrize("argv", [["--epochs", "0"], ["--small-batch", "-3"],
-                                  ["--large-batch", "x"], ["--large-batch", "100000"]])
-def test_demo_rejects_bad_options(argv):
+def test_trust_ratios_are_recorded_per_step():
+  model = demo.make_cnn()
+  data = demo.load_digits()
+  params = model.init(jax.random.key(0), data[0][0][:1])
+  run = demo.Run("LARS", "lars_optax.lars", 512, 0.1, record_trust_ratios=True)
+  tx = lars_optax.lars(0.1, momentum=0.9, eta=demo.ETA, skip="flax")
+  demo.train(run, tx, model, params, data, epochs=2, seed=0, quiet=True)
+  assert run.steps_per_epoch == len(data[0][0]) // 512 == 2
+  assert len(run.train_loss) == len(run.test_accuracy) == 2
+  assert set(run.trust_ratios) == {f"params/{layer}/{leaf}" for layer in
+                                   ("Conv_0", "Conv_1", "Dense_0", "Dense_1")
+                                   for leaf in ("kernel", "bias")}
+  for name, ratios in run.trust_ratios.items():
+    assert ratios.shape == (4,)  # 2 epochs x 2 steps
+    if name.endswith("bias"):
+      assert (ratios == 1.0).all()
+    else:
+      assert (ratios > 0).all() and (ratios != 1.0).all()
+
+
+def test_no_plot_writes_nothing(tmp_path, monkeypatch, capsys):
+  monkeypatch.chdir(tmp_path)
+  assert demo.main(["--epochs", "1", "--small-batch", "256", "--large-batch", "512", "--quiet",
+                    "--no-plot"]) == 0
+  assert list(tmp_path.iterdir()) == []
+  assert "wrote" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "argument --epochs: must be > 0, got 0"),
+    (["--epochs", "-2"], "argument --epochs: must be > 0, got -2"),
+    (["--epochs", "1.5"], "argument --epochs: expected a positive integer, got '1.5'"),
+    (["--small-batch", "0"], "argument --small-batch: must be > 0, got 0"),
+    (["--large-batch", "-3"], "argument --large-batch: must be > 0, got -3"),
+    (["--large-batch", "x"], "argument --large-batch: expected a positive integer, got 'x'"),
+    (["--lr", "0"], "argument --lr: must be > 0, got 0"),
+    (["--lr", "nan"], "argument --lr: must be finite, got nan"),
+    (["--lr=-inf"], "argument --lr: must be finite, got -inf"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["--large-batch", "100000"], "argument --large-batch: must be at most the 1347 training"),
+    (["--out", os.path.join("no_such_dir", "x.png")], "argument --out: directory"),
+    (["--out", "."], "argument --out: '.' is a directory"),
+    (["--lr", "fast"], "argument --lr: expected a positive number, got 'fast'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_nonsense_options_exit_2_with_one_line(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
     demo.main(argv)
   assert e.value.code == 2
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  assert captured.err.count("\n") == 1, captured.err
+  assert captured.err.startswith("python -m lars_optax.demo: error: ")
+  assert message in captured.err
+
+
+def test_command_line(tmp_path):
+  """The real entry point: exit status 2 and a single stderr line; --help lists the options."""
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+  bad = subprocess.run([sys.executable, "-m", "lars_optax.demo", "--epochs", "0"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2
+  assert bad.stdout == ""
+  assert bad.stderr.splitlines() == [
+      "python -m lars_optax.demo: error: argument --epochs: must be > 0, got 0 (see --help)"]
+  helped = subprocess.run([sys.executable, "-m", "lars_optax.demo", "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+  assert helped.returncode == 0
+  for option in ("--epochs", "--small-batch", "--large-batch", "--lr", "--seed", "--out",
+                 "--no-plot", "--quiet"):
+    assert option in helped.stdout
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("module, dist", [("flax", "flax"), ("sklearn", "scikit-learn"),
+                                          ("matplotlib", "matplotlib"), ("tqdm", "tqdm")])
+def test_missing_extra_names_it(module, dist, monkeypatch, tmp_path, capsys):
+  monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
+  assert demo.main(["--out", str(tmp_path / "x.png")]) == 1
+  captured = capsys.readouterr()
+  assert captured.out == ""
+  assert captured.err.splitlines() == [
+      ("lars_optax.demo needs flax, scikit-learn, matplotlib and tqdm "
+       f'(missing: {dist}): pip install "lars_optax[demo]"')]
+  assert list(tmp_path.iterdir()) == []
