@@ -28,7 +28,7 @@ The pieces:
 
 A whole training loop::
 
-  tx = lars_optax.svrg(optax.sgd(0.1))          # or lars_optax.lars(...), ...
+  tx = lars_optax.svrg(optax.sgd(0.1))  # any optax optimizer (LARS: decay its lr)
   grads_fn = lars_optax.svrg_value_and_grads(loss_fn)
   state = tx.init(params)
   for epoch in range(num_epochs):

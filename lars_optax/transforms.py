@@ -503,7 +503,7 @@ def add_decayed_weights_per_leaf(
 
 
 def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
-  """``1 - beta**t`` in float32 without the cancellation of the direct form.
+  """``1 - beta**t`` in ``t``'s dtype without the cancellation of the direct form.
 
   Written as ``-expm1(t * log(beta))`` with ``log(beta)`` taken in double
   precision for Python numbers, so ``1 - 0.999**1`` is 1e-3 to float32
@@ -513,9 +513,9 @@ def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   if isinstance(beta, (int, float)):
     if beta == 0:
       return jnp.ones_like(t)
-    log_beta = jnp.asarray(math.log(beta), jnp.float32)
+    log_beta = jnp.asarray(math.log(beta), t.dtype)
   else:
-    log_beta = jnp.log(jnp.asarray(beta, jnp.float32))
+    log_beta = jnp.log(jnp.asarray(beta, t.dtype))
   return -jnp.expm1(t * log_beta)
 
 
@@ -580,12 +580,17 @@ def scale_by_mxnet_adam(
     mu = jax.tree.map(lambda m, u: b1 * m + (1 - b1) * u, state.mu, updates)
     nu = jax.tree.map(lambda n, u: b2 * n + (1 - b2) * jnp.square(u), state.nu, updates)
     count = optax.safe_int32_increment(state.count)
-    t = (count + initial_count).astype(jnp.float32)
-    scale = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
+    scales: dict[Any, jax.Array] = {}
+
+    def bias_correction(dt):  # float32, or float64 for float64 leaves
+      if dt not in scales:
+        t = (count + initial_count).astype(dt)
+        scales[dt] = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
+      return scales[dt]
 
     def step(m, n):
       dt = _norm_dtype(m.dtype)
-      out = scale.astype(dt) * m.astype(dt) / (jnp.sqrt(n.astype(dt)) + eps)
+      out = bias_correction(dt) * m.astype(dt) / (jnp.sqrt(n.astype(dt)) + eps)
       return out.astype(m.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)

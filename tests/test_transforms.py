@@ -293,3 +293,16 @@ def test_lars_wd_mult_enters_the_trust_ratio():
                                             wd_mult={"a_weight": 2.0})
   _, state = tx.update(g, tx.init(p), p)
   np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)
+
+
+def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
+  from conftest import x64  # pylint: disable=g-import-not-at-top
+  with x64():
+    rng = np.random.default_rng(2)
+    grads = [rng.normal(size=4) for _ in range(5)]
+    tx = lars_optax.scale_by_mxnet_adam()
+    state = tx.init(jnp.zeros(4, jnp.float64))
+    for g, exp in zip(grads, _np_mxnet_adam(grads, 0.9, 0.999, 1e-8)):
+      out, state = tx.update(jnp.asarray(g, jnp.float64), state)
+      assert out.dtype == jnp.float64
+      np.testing.assert_allclose(out, exp, rtol=1e-12)
