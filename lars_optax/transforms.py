@@ -580,7 +580,7 @@ def scale_by_mxnet_adam(
     mu = jax.tree.map(lambda m, u: b1 * m + (1 - b1) * u, state.mu, updates)
     nu = jax.tree.map(lambda n, u: b2 * n + (1 - b2) * jnp.square(u), state.nu, updates)
     count = optax.safe_int32_increment(state.count)
-    scales: dict[Any, jax.Array] = {}
+    scales = {}  # dtype -> bias-correction factor
 
     def bias_correction(dt):  # float32, or float64 for float64 leaves
       if dt not in scales:
