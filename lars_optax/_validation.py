@@ -78,16 +78,18 @@ def check_learning_rate(name: str, value: Any) -> None:
   check_scalar(name, value, low=0.0, alternative=" or an optax schedule")
 
 
-def check_count(name: str, value: Any) -> None:
-  """An int >= 0 (a step count); an integer array passes (optax.inject_hyperparams).
+def check_count(name: str, value: Any, minimum: int = 0, *, arrays: bool = True) -> None:
+  """An int >= ``minimum`` (a count, a size).
 
-  Raises a ValueError (for a wrong type too, as these checks always have).
+  With ``arrays``, an integer array passes unchecked (step counts from
+  ``optax.inject_hyperparams``). Raises a ValueError (for a wrong type too, as
+  these checks always have).
   """
-  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
+  if arrays and isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
     return
   if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
-      or value < 0):
-    raise ValueError(f"{name}: expected an int >= 0, got {value!r}.")
+      or value < minimum):
+    raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}.")
 
 
 def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:

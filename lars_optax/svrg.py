@@ -156,23 +156,10 @@ def svrg_refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.Op
   v.check_same_structure(full_grad, params, "full_grad")
   snap = jax.tree.map(jnp.asarray, params)
   mu = jax.tree.map(lambda m, p: jnp.asarray(m, jnp.result_type(p)), full_grad, params)
-  found = []
-
-  def replace(node):
-    if isinstance(node, SVRGState):
-      found.append(node)
-      return node._replace(snapshot=snap, full_grad=mu)
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-      return type(node)(*(replace(c) for c in node))
-    if isinstance(node, (tuple, list)):
-      return type(node)(replace(c) for c in node)
-    return node
-
-  new = replace(state)
-  if not found:
+  if _find_state(state, SVRGState) is None:
     raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...) "
                      "or of a chain containing it.")
-  return new
+  return optax.tree_utils.tree_set(state, snapshot=snap, full_grad=mu)
 
 
 def svrg_snapshot(state: optax.OptState) -> Any:
@@ -198,12 +185,8 @@ def svrg_due(epoch: int, update_freq: int) -> bool:
   Raises:
     ValueError: ``update_freq`` is not an int >= 1, or ``epoch`` not an int >= 0.
   """
-  if isinstance(update_freq, bool) or not isinstance(update_freq, (int, np.integer)) \
-      or update_freq < 1:
-    raise ValueError(f"update_freq: expected an int >= 1 (epochs between snapshots), "
-                     f"got {update_freq!r}.")
-  if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-    raise ValueError(f"epoch: expected an int >= 0, got {epoch!r}.")
+  v.check_count("update_freq", update_freq, minimum=1, arrays=False)
+  v.check_count("epoch", epoch, arrays=False)
   return epoch % update_freq == 0
 
 
@@ -227,10 +210,9 @@ def _mean_grads(loss: jax.Array, grads: Any, axis_name: str | None) -> Any:
   """
   if axis_name is None:
     return grads
-  _collective(lambda t, a: jax.lax.axis_size(a), None, axis_name)  # unbound: a clear error
+  n = _collective(lambda _, a: jax.lax.axis_size(a), None, axis_name)  # unbound: clear error
   if not _varies(loss, axis_name):
     return _pmean(grads, axis_name)
-  n = jax.lax.axis_size(axis_name)
   return jax.tree.map(lambda g: _pmean(g, axis_name) if _varies(g, axis_name) else g / n,
                       grads)
 
@@ -314,9 +296,7 @@ def full_gradient(
     return jnp.promote_types(jnp.result_type(p), jnp.float32)
 
   if batch_size is not None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-        or batch_size < 1:
-      raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}.")
+    v.check_count("batch_size", batch_size, minimum=1, arrays=False)
     n = _batch_size(data)
     if any(np.shape(x)[:1] != (n,) for x in jax.tree.leaves(data)):
       raise ValueError("data: every array must have the same length along axis 0.")
