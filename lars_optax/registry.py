@@ -107,8 +107,12 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   v.check_count("begin_num_update", begin_num_update)
   offset = int(begin_num_update) + 1
 
+  def lr_dtype():
+    # float64 when x64 is on (as MXNet's Python-float rate), else float32; checked at call time.
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
+
   def traced(count):
-    return jnp.asarray(lr_scheduler(count + offset), jnp.float32)
+    return jnp.asarray(lr_scheduler(count + offset), lr_dtype())
 
   try:
     out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
@@ -118,12 +122,13 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   if traceable:
     return traced
 
-  def host(count):
-    return np.asarray(lr_scheduler(int(count) + offset), np.float32)
-
   def on_host(count):
-    return jax.pure_callback(host, jax.ShapeDtypeStruct((), jnp.float32),
-                             jnp.asarray(count, jnp.int32))
+    dtype = lr_dtype()
+
+    def host(n):
+      return np.asarray(lr_scheduler(int(n) + offset), dtype)
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 
   return on_host
 

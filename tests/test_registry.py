@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import lars_optax
+from conftest import x64
 
 
 def _params():
@@ -206,6 +207,24 @@ def test_mxnet_schedule_directly():
   sched = lars_optax.mxnet_schedule(lambda n: 1.0 / n, begin_num_update=1)
   np.testing.assert_allclose(sched(jnp.asarray(0)), 0.5)
   np.testing.assert_allclose(jax.jit(sched)(jnp.asarray(2)), 0.25)
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["traceable", "host"])
+def test_scheduled_rate_is_float64_under_x64(host):
+  # MXNet's rate is a Python float: in float64 runs it must not be rounded to float32.
+  def make():
+    return FactorScheduler(1, 1.0, base_lr=1 / 3) if host else (lambda n: 1 / 3 + 0 * n)
+
+  assert lars_optax.mxnet_schedule(make())(jnp.asarray(0)).dtype == jnp.float32
+  with x64():
+    lr = jax.jit(lars_optax.mxnet_schedule(make()))(jnp.asarray(0))
+    assert lr.dtype == jnp.float64
+    assert float(lr) == 1 / 3
+    kwargs = {"learning_rate": 1 / 3} if host else {}
+    tx = lars_optax.create("sgd", lr_scheduler=make(), **kwargs)
+    g = {"w": jnp.ones(2, jnp.float64)}
+    updates, _ = jax.jit(tx.update)(g, tx.init(g), g)
+    assert float(updates["w"][0]) == -1 / 3
 
 
 # --------------------------------------------------------------------------
