@@ -41,6 +41,7 @@ from lars_optax.svrg import (
     svrg_value_and_grads,
 )
 from lars_optax.transforms import (
+    LowPrecisionWarning,
     MXNetMomentumState,
     ScaleByLarsTrustRatioState,
     add_decayed_weights_per_leaf,
@@ -60,6 +61,7 @@ __all__ = [
     "FLAX_SKIP",
     "HAIKU_SKIP",
     "LOW_PRECISION",
+    "LowPrecisionWarning",
     "MXNET_SKIP",
     "MXNetMomentumState",
     "Mask",

@@ -59,8 +59,9 @@ def check_scalar(
     arr = np.asarray(value)
   except Exception as e:  # pragma: no cover - exotic objects
     raise TypeError(f"{name}: expected {expected}, got {value!r}.") from e
-  if arr.ndim != 0 or not (np.issubdtype(arr.dtype, np.integer)
-                           or np.issubdtype(arr.dtype, np.floating)):
+  # (jnp.issubdtype: numpy's own does not count bfloat16 as floating point.)
+  if arr.ndim != 0 or not (jnp.issubdtype(arr.dtype, jnp.integer)
+                           or jnp.issubdtype(arr.dtype, jnp.floating)):
     raise TypeError(f"{name}: expected {expected} (a real scalar), got {value!r}.")
   v = float(arr)
   if not math.isfinite(v):
@@ -68,7 +69,12 @@ def check_scalar(
   lo_bad = low is not None and (v <= low if low_open else v < low)
   hi_bad = high is not None and (v >= high if high_open else v > high)
   if lo_bad or hi_bad:
-    raise ValueError(f"{name}: must be {rng}, got {v:g}.")
+    hint = ""
+    if arr.dtype in (jnp.float16, jnp.bfloat16):
+      hint = (f" (a {arr.dtype} scalar, so rounded: pass a Python float; under "
+              "optax.inject_hyperparams, which casts hyperparameters to the params' dtype, "
+              "pass hyperparam_dtype=jnp.float32)")
+    raise ValueError(f"{name}: must be {rng}, got {v:g}{hint}.")
 
 
 def check_learning_rate(name: str, value: Any) -> None:
@@ -78,18 +84,69 @@ def check_learning_rate(name: str, value: Any) -> None:
   check_scalar(name, value, low=0.0, alternative=" or an optax schedule")
 
 
-def check_count(name: str, value: Any, minimum: int = 0, *, arrays: bool = True) -> None:
-  """An int >= ``minimum`` (a count, a size).
+def check_count(name: str, value: Any, minimum: int = 0, *, arrays: bool = True,
+                maximum: int | None = None, why: str = "") -> None:
+  """An int >= ``minimum`` (and <= ``maximum``, if given): a count, a size.
 
   With ``arrays``, an integer array passes unchecked (step counts from
   ``optax.inject_hyperparams``). Raises a ValueError (for a wrong type too, as
-  these checks always have).
+  these checks always have); ``why`` explains the maximum in the message.
   """
   if arrays and isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.integer):
     return
+  expected = (f"an int >= {minimum}" if maximum is None
+              else f"an int in [{minimum}, {maximum}]{why}")
   if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
-      or value < minimum):
-    raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}.")
+      or value < minimum or (maximum is not None and value > maximum)):
+    raise ValueError(f"{name}: expected {expected}, got {value!r}.")
+
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+"""Step counts are int32 (optax's convention); they saturate here."""
+
+
+def is_constant(value: Any) -> bool:
+  """True for a hyperparameter whose value is known now (not a schedule, not traced)."""
+  return not (value is None or callable(value) or _is_traced(value))
+
+
+def check_representable(name: str, value: Any, params: Any, *, compute: bool = False,
+                        nonzero: bool = False) -> None:
+  """A constant hyperparameter must be finite in the dtype it is used in.
+
+  Checked at ``init``, when the params' dtypes are known: ``value`` is cast to
+  each parameter's dtype (with ``compute``, to the float32-or-wider dtype that
+  norms and Adam's division use). A value beyond that dtype's largest finite
+  number would become infinite and make the update inf or NaN; with
+  ``nonzero``, a value > 0 that rounds to 0 is rejected too (an epsilon that
+  would vanish). Schedules and traced values are not checked.
+  """
+  if not is_constant(value):
+    return
+  x = float(np.asarray(value, np.float64))
+  seen = set()
+  for leaf_name, leaf in masks.named_leaves(params):
+    dtype = getattr(leaf, "dtype", None)
+    dtype = jnp.dtype(np.asarray(leaf).dtype if dtype is None else dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      continue
+    if compute:
+      dtype = jnp.promote_types(dtype, jnp.float32)
+    if dtype in seen:
+      continue
+    seen.add(dtype)
+    info = jnp.finfo(dtype)
+    if abs(x) > float(info.max):
+      raise ValueError(
+          f"{name}: {x:g} is beyond the range of {dtype.name} (largest finite value "
+          f"{float(info.max):g}), the dtype {'it is used in for' if compute else 'of'} "
+          f"parameter {leaf_name!r}: it would make the update infinite or NaN. Use a "
+          "smaller value" + (", or multi_precision=True (float32 master weights)."
+                             if dtype in (jnp.float16, jnp.bfloat16) else "."))
+    if nonzero and x != 0 and float(np.asarray(x).astype(dtype)) == 0:
+      raise ValueError(
+          f"{name}: {x:g} is 0 in {dtype.name}, the dtype {'it is used in for' if compute else 'of'}"
+          f" parameter {leaf_name!r}; use a value >= {float(info.tiny):g}.")
 
 
 def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:

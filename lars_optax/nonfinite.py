@@ -25,6 +25,9 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
+from lars_optax.transforms import _find_state
+
 __all__ = ["skip_nonfinite"]
 
 
@@ -35,6 +38,36 @@ def _all_finite(tree: Any) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
+def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
+  """The gradients in the dtypes the optimizer will compute with.
+
+  This library's optimizers cast a gradient to its parameter's dtype (a float32
+  gradient of 1e5 is inf for a float16 parameter), or to float32 for
+  float16/bfloat16 parameters when they keep ``multi_precision`` masters (found
+  in the state). A gradient is never cast to a wider dtype here: widening
+  cannot make a finite value infinite.
+  """
+  if params is None:
+    return updates
+  masters = _find_state(inner_state, MultiPrecisionState) is not None
+
+  def cast(g, p):
+    dtype = getattr(p, "dtype", None)
+    if (dtype is None or not jnp.issubdtype(dtype, jnp.floating)
+        or not jnp.issubdtype(getattr(g, "dtype", jnp.int32), jnp.floating)):
+      return g
+    if masters and jnp.dtype(dtype) in LOW_PRECISION:
+      dtype = jnp.float32
+    if jnp.finfo(dtype).max >= jnp.finfo(g.dtype).max:
+      return g
+    return g.astype(dtype)
+
+  try:
+    return jax.tree.map(cast, updates, params)
+  except (ValueError, TypeError):  # trees that differ: inner reports it
+    return updates
+
+
 def skip_nonfinite(
     inner: GradientTransformation,
     max_consecutive_errors: int | None = None,
@@ -42,11 +75,15 @@ def skip_nonfinite(
   """Skips the steps whose incoming gradients hold a NaN or an infinity.
 
   On a step where every gradient entry is finite this is ``inner``. On any
-  other step the update is zero (in the dtypes ``inner``'s updates have) and
-  ``inner``'s state is returned unchanged, so after
-  :func:`optax.apply_updates` the params and every state buffer are exactly
-  what they were. Only the gradients are checked, as in
-  :func:`optax.apply_if_finite`.
+  other step the update is zero (``-0.0``, in the dtypes ``inner``'s updates
+  have) and ``inner``'s state is returned unchanged, so after
+  :func:`optax.apply_updates` the params (``-0.0`` entries included) and every
+  state buffer are bit for bit what they were, eagerly and under ``jit``.
+  Only the gradients are checked, as in :func:`optax.apply_if_finite`, but in
+  the dtype the optimizer will use them in: a float32 gradient of 1e5 for a
+  float16 parameter is infinite once cast (float32 for float16/bfloat16
+  parameters under :func:`lars_optax.multi_precision`, whose masters are
+  float32).
 
   Example::
 
@@ -93,7 +130,7 @@ def skip_nonfinite(
 
   def update_fn(updates, state, params=None, **extra_args):
     inner_state = state.inner_state
-    isfinite = _all_finite(updates)
+    isfinite = _all_finite(_as_used(updates, params, inner_state))
     notfinite_count = jnp.where(isfinite, jnp.zeros([], jnp.int32),
                                 optax.safe_int32_increment(state.notfinite_count))
     apply = isfinite
@@ -108,7 +145,9 @@ def skip_nonfinite(
     out_shapes, _ = jax.eval_shape(do_update, None)
 
     def reject_update(_):
-      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
+      # -0.0, not +0.0: w + (-0.0) is w bit for bit, also for w = -0.0
+      # (-0.0 + +0.0 is +0.0, which jit's simplification hides but eager mode shows).
+      zeros = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), out_shapes)
       return zeros, inner_state
 
     new_updates, new_inner_state = jax.lax.cond(apply, do_update, reject_update, None)

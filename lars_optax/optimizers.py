@@ -41,7 +41,10 @@ optimizers without ``multi_precision``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -50,7 +53,10 @@ from lars_optax import masks
 from lars_optax.lazy import lazy_update as _lazy_update
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.transforms import (
+    MAX_INITIAL_COUNT,
+    _COUNT_WHY,
     _is_const,
+    _keep_dtypes,
     check_inputs,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
@@ -83,9 +89,9 @@ def _preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
   """MXNet's gradient preprocessing: rescale, clip, then add ``wd * w``."""
   parts = []
   if not _is_const(rescale_grad, 1):
-    parts.append(optax.scale(rescale_grad))
+    parts.append(_keep_dtypes(optax.scale(rescale_grad), rescale_grad))
   if clip_gradient is not None:
-    parts.append(optax.clip(clip_gradient))
+    parts.append(_keep_dtypes(optax.clip(clip_gradient), clip_gradient))
   if not _is_const(wd, 0):  # wd=0: the params are not read
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
   return parts
@@ -94,7 +100,16 @@ def _preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
 def _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
   """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
   parts = [] if _is_const(wd_lh, 0) else [add_decayed_weights_per_leaf(wd_lh)]
-  return [*parts, optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+  return [*parts, _learning_rate(learning_rate), *_lr_mult(lr_mult)]
+
+
+def _learning_rate(learning_rate) -> optax.GradientTransformation:
+  return _keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
+
+
+def _hyperparams(**values: Any) -> list:
+  """The scalars to check against the params' dtypes at ``init`` (see check_inputs)."""
+  return [(k, x) for k, x in values.items() if x is not None]
 
 
 def _lr_mult(lr_mult) -> list:
@@ -103,9 +118,11 @@ def _lr_mult(lr_mult) -> list:
 
 def _finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
-            leaf_values: Sequence[tuple[str, masks.LeafValues]] = ()):
+            leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
+            hyperparams: Sequence[tuple[str, Any]] = ()):
   """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
-  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values), *parts)
+  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
+                                hyperparams=hyperparams), *parts)
   if lazy:
     tx = _lazy_update(tx)
   if multi_precision:
@@ -204,7 +221,9 @@ def lars(
       *_lr_mult(lr_mult),
       mxnet_momentum(learning_rate, momentum),
   ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
-      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
+      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+      hyperparams=[*_hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
+                   ("eta", eta, True), ("epsilon", epsilon, True)])
 
 
 def tf_lars(
@@ -285,11 +304,13 @@ def tf_lars(
   skip = masks.by_substring(*skip_list) if skip_list else None
   return _finish([
       scale_by_lars_trust_ratio(
-          optax.trace(decay=momentum, nesterov=use_nesterov),
+          _keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name),
-      optax.scale_by_learning_rate(learning_rate),
-  ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")])
+      _learning_rate(learning_rate),
+  ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")],
+      hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
+                   ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
 
 
 def signum(
@@ -353,11 +374,44 @@ def signum(
     return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
                    clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
                    multi_precision=multi_precision)
-  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [optax.ema(momentum, debias=False), optax.scale_by_sign()]
+  if isinstance(momentum, jax.Array):
+    # Possibly traced (optax.inject_hyperparams): 0 selects signSGD in the computation.
+    parts = _preprocess(rescale_grad, clip_gradient, 0.0, None)
+    parts += [_sign_of_momentum_or_gradient(momentum, wd, wd_mult)]
+  else:
+    parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+    parts += [_keep_dtypes(optax.ema(momentum, debias=False), momentum),
+              optax.scale_by_sign()]
   parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return _finish(parts, "signum", multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
+                                          rescale_grad=rescale_grad))
+
+
+def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
+                                  wd_mult: masks.LeafValues) -> optax.GradientTransformation:
+  """Signum's ``sign(e_t)`` (``wd`` coupled) for a JAX-array momentum, or signSGD's
+  ``sign(g) + wd * w`` (``wd`` decoupled) where its value is 0.
+
+  The choice is made in the computation, so a momentum that is traced (as under
+  ``optax.inject_hyperparams`` and ``jit``) selects by value as a Python 0 does; the
+  state (the momentum buffer) is the same either way.
+  """
+  ema = _keep_dtypes(optax.ema(momentum, debias=False), momentum)
+  decay = (None if _is_const(wd, 0)
+           else add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+
+  def add_decay(updates, params):
+    return updates if decay is None else decay.update(updates, optax.EmptyState(), params)[0]
+
+  def update_fn(updates, state, params=None):
+    e, state = ema.update(add_decay(updates, params), state, params)
+    sign_sgd = add_decay(jax.tree.map(jnp.sign, updates), params)
+    is_sgd = jnp.asarray(momentum) == 0
+    return jax.tree.map(lambda a, b: jnp.where(is_sgd, a, jnp.sign(b)), sign_sgd, e), state
+
+  return optax.GradientTransformation(ema.init, update_fn)
 
 
 def signsgd(
@@ -411,7 +465,8 @@ def signsgd(
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
   parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return _finish(parts, "signsgd", multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
 
 
 def adam(
@@ -453,7 +508,9 @@ def adam(
     learning_rate: a scalar or an optax schedule.
     beta1: in [0, 1).
     beta2: in [0, 1).
-    epsilon: >= 0.
+    epsilon: >= 0. With ``epsilon=0``, an entry whose gradient has been 0 at
+      every step so far (:math:`v_t = 0`) gets a zero update rather than
+      MXNet's 0/0 = NaN.
     wd: coupled weight decay >= 0.
     rescale_grad: gradient multiplier > 0.
     clip_gradient: element-wise clipping bound > 0, or None.
@@ -461,8 +518,13 @@ def adam(
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
     multi_precision: float32 master weights and state for float16/bfloat16.
+      Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
+      for float16 params: :math:`v_t` underflows in float16 and the steps
+      blow up (``optax.adam`` does the same).
     begin_num_update: updates done before the first (MXNet's argument): the
-      bias correction's :math:`t` starts at ``begin_num_update + 1``.
+      bias correction's :math:`t` starts at ``begin_num_update + 1``. An int
+      in [0, 2**31 - 2]: :math:`t` is an int32 count (it stops growing at
+      2**31 - 1, as optax's counts do).
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -478,12 +540,15 @@ def adam(
   v.check_scalar("epsilon", epsilon, low=0.0)
   lazy_update = _check_flag("lazy_update", lazy_update)
   multi_precision = _check_flag("multi_precision", multi_precision)
-  v.check_count("begin_num_update", begin_num_update)
+  v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
+                why=_COUNT_WHY)
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
-            optax.scale_by_learning_rate(learning_rate), *_lr_mult(lr_mult)]
+            _learning_rate(learning_rate), *_lr_mult(lr_mult)]
   return _finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd,
+                                          rescale_grad=rescale_grad))
 
 
 def sgd(
@@ -532,4 +597,6 @@ def sgd(
   parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*_lr_mult(lr_mult), mxnet_momentum(learning_rate, momentum)]
   return _finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)])
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd,
+                                          rescale_grad=rescale_grad))

@@ -26,6 +26,7 @@ import optax
 
 from lars_optax import _validation as v
 from lars_optax import optimizers, precision
+from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT, _saturating_add
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
@@ -93,7 +94,9 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   MXNet calls its scheduler with the update count, which is
   ``begin_num_update + 1`` at the first update; optax calls a schedule with
   the number of updates done so far (0 at the first). The returned schedule
-  is ``count -> lr_scheduler(count + 1 + begin_num_update)``.
+  is ``count -> lr_scheduler(count + 1 + begin_num_update)``, an int32 count
+  that stops growing at ``2**31 - 1`` (so ``begin_num_update`` is at most
+  ``2**31 - 2``).
 
   ``lr_scheduler`` may be a JAX-traceable function of the count (an optax
   schedule, a ``lambda n: ...`` with ``jnp`` ops), used as is under ``jit``.
@@ -104,7 +107,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
                     f"{type(lr_scheduler).__name__}.")
-  v.check_count("begin_num_update", begin_num_update)
+  v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
+                why=_COUNT_WHY)
   offset = int(begin_num_update) + 1
 
   def lr_dtype():
@@ -112,7 +116,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
   def traced(count):
-    return jnp.asarray(lr_scheduler(count + offset), lr_dtype())
+    return jnp.asarray(lr_scheduler(_saturating_add(count, offset)), lr_dtype())
 
   try:
     out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
@@ -194,7 +198,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   if lr is not _UNSET and lr_scheduler is None:
     # MXNet: learning_rate=None without a scheduler means 0.01.
     kwargs["learning_rate"] = 0.01 if lr is None else lr
-  v.check_count("begin_num_update", begin)
+  v.check_count("begin_num_update", begin, maximum=MAX_INITIAL_COUNT, why=_COUNT_WHY)
   if lr_scheduler is not None:
     kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory), begin)
   if "begin_num_update" in own:

@@ -28,9 +28,11 @@ import functools
 from collections.abc import Sequence
 import math
 from typing import Any, NamedTuple
+import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
@@ -38,6 +40,7 @@ from lars_optax import _validation as v
 from lars_optax import masks
 
 __all__ = [
+  "LowPrecisionWarning",
   "MXNetMomentumState",
   "ScaleByLarsTrustRatioState",
   "add_decayed_weights_per_leaf",
@@ -55,14 +58,76 @@ def _norm_dtype(dtype: Any) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
+class LowPrecisionWarning(UserWarning):
+  """An optimizer that is known to fail in this parameter dtype (e.g. float16
+  Adam without ``multi_precision``)."""
+
+
 def _is_const(x: Any, value: float) -> bool:
-  """True when ``x`` is a Python number equal to ``value``.
+  """True when ``x`` is a Python or numpy number equal to ``value``.
 
   Used to leave out work that a hyperparameter makes a no-op (a scale of 1, a
-  momentum of 0). Arrays and tracers (e.g. from ``optax.inject_hyperparams``)
-  are never treated as constants, so they always take the general path.
+  momentum of 0). The value decides, not the type (``0``, ``0.0`` and
+  ``np.float32(0)`` alike). JAX arrays and tracers (e.g. from
+  ``optax.inject_hyperparams``, whose ``init`` sees concrete arrays and whose
+  jitted ``update`` sees tracers) are never treated as constants, so the
+  structure of the state does not depend on whether they are traced.
   """
-  return isinstance(x, (int, float)) and x == value
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  if isinstance(x, (int, float, np.integer, np.floating)):
+    return x == value
+  return isinstance(x, np.ndarray) and x.ndim == 0 and bool(x == value)
+
+
+def _is_python_number(x: Any) -> bool:
+  """A Python int or float (weakly typed in JAX); not np.float64, a float subclass."""
+  return type(x) in (int, float)
+
+
+def _in(x: Any, dtype: Any) -> jax.Array:
+  """A hyperparameter in ``dtype``, as JAX treats a Python float (weak typing).
+
+  A numpy or JAX scalar is not weakly typed: multiplied with a bfloat16 array
+  it would make the result (and the state) float32. Every hyperparameter that
+  meets a buffer goes through here.
+  """
+  return jnp.asarray(x, dtype)
+
+
+def _keep_dtypes(tx: GradientTransformation, *hyperparams: Any) -> GradientTransformation:
+  """``tx`` with its updates and state cast back to the dtypes they came in.
+
+  For optax's own transformations (``scale``, ``clip``, ``ema``, ``trace``,
+  ``scale_by_learning_rate``), which multiply by a hyperparameter as given: a
+  typed (numpy or JAX) scalar would otherwise turn bfloat16/float16 updates and
+  state into float32 and make the next jitted step trace again. ``tx`` is
+  returned as it is when every hyperparameter is a Python number or a schedule.
+  """
+  if all(_is_python_number(h) or callable(h) or h is None for h in hyperparams):
+    return tx
+
+  def cast(new, old):
+    dtype = getattr(old, "dtype", None)
+    if dtype is None or getattr(new, "dtype", dtype) == dtype:
+      return new
+    return new.astype(dtype)
+
+  def update_fn(updates, state, params=None):
+    new_updates, new_state = tx.update(updates, state, params)
+    return jax.tree.map(cast, new_updates, updates), jax.tree.map(cast, new_state, state)
+
+  return GradientTransformation(tx.init, update_fn)
+
+
+def _saturating_add(count: jax.Array, offset: Any) -> jax.Array:
+  """``count + offset`` in int32 for ``0 <= offset <= INT32_MAX``, saturating there.
+
+  (optax's step counts saturate at the int32 maximum, too; a plain sum would
+  wrap around to a negative count.)
+  """
+  offset = jnp.asarray(offset, jnp.int32)
+  return jnp.minimum(count, v.INT32_MAX - offset) + offset
 
 
 def _sq_norm(x: jax.Array) -> jax.Array:
@@ -71,11 +136,16 @@ def _sq_norm(x: jax.Array) -> jax.Array:
 
 def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
   """The LARS ratio from the two norms, with MXNet's fallback to 1."""
-  ratio = eta * w_norm / (g_norm + weight_decay * w_norm + epsilon)
   # A finite norm is the square root of a finite sum, so it is far below the
   # dtype's maximum and wn + gn cannot overflow: the sum is finite exactly when
   # both norms are. With both finite and > 0, the ratio is finite too.
   ok = (w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm + g_norm)
+  # Where the fallback applies, divide 1 by 1 instead: the masked-out 0/0 of a
+  # zero layer would still trip jax_debug_nans.
+  w_norm = jnp.where(ok, w_norm, jnp.ones_like(w_norm))
+  g_norm = jnp.where(ok, g_norm, jnp.ones_like(g_norm))
+  dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
+  ratio = _in(eta, dt) * w_norm / (g_norm + _in(weight_decay, dt) * w_norm + _in(epsilon, dt))
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
@@ -110,10 +180,24 @@ def lars_trust_ratio(
   Returns:
     A scalar in float32 (float64 for float64 leaves).
 
+  Raises:
+    ValueError, TypeError: as the optimizers do, for an ``eta``,
+    ``weight_decay`` or ``epsilon`` that is not a finite number >= 0, a
+    ``grad_scale`` that is not finite, or non-float ``param``/``grad``.
+
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
+  v.check_scalar("eta", eta, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("grad_scale", grad_scale)
+  v.check_axis_name(axis_name)
+  v.check_float_params(param, "lars_trust_ratio", "param")
+  v.check_float_params(grad, "lars_trust_ratio", "grad")
+  for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+    v.check_representable(arg, value, param, compute=True)
   w2, g2 = _psum((_sq_norm(param), _sq_norm(grad)), axis_name)
   return _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale)
 
@@ -121,7 +205,7 @@ def lars_trust_ratio(
 def _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
   w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
   if not _is_const(grad_scale, 1):
-    g_norm = g_norm * jnp.abs(grad_scale)
+    g_norm = g_norm * jnp.abs(_in(grad_scale, g_norm.dtype))
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
 
 
@@ -265,6 +349,9 @@ def scale_by_lars_trust_ratio(
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
+    for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+      v.check_representable(arg, value, params, compute=True)
+    v.check_representable("rescale", rescale, params)
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
@@ -282,11 +369,14 @@ def scale_by_lars_trust_ratio(
                           [_times(weight_decay, m) for m in mults], epsilon, rescale,
                           axis_name)
     if not _is_const(rescale, 1):
-      updates = jax.tree.map(lambda g: g * rescale, updates)
+      updates = jax.tree.map(lambda g: g * _in(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
     flat_u = treedef.flatten_up_to(inner_updates)
-    scaled = [u if r is None else u * r.astype(u.dtype)
+    # The product is taken in the ratio's dtype (float32 or wider) and rounded
+    # once: a float16 ratio would overflow above 65504 (w = 10, g = 1e-7).
+    scaled = [u if r is None else (u.astype(jnp.promote_types(u.dtype, r.dtype)) * r
+                                   ).astype(u.dtype)
               for u, r in zip(flat_u, ratios)]
     dt = ratio_dtype(params)
     one = jnp.ones((), dt)
@@ -388,6 +478,7 @@ def mxnet_momentum(
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
     v.check_float_params(params, "mxnet_momentum")
+    v.check_representable("learning_rate", learning_rate, params)
     buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
     return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
 
@@ -399,7 +490,7 @@ def mxnet_momentum(
       return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
 
     if use_buffer:
-      new_m = jax.tree.map(lambda m, u: momentum * m - step(u),
+      new_m = jax.tree.map(lambda m, u: _in(momentum, m.dtype) * m - step(u),
                            state.momentum, updates)
       updates = new_m
     else:
@@ -434,7 +525,9 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   masks.check_leaf_values(multipliers, arg_name)
 
   def init_fn(params):
-    masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
+    mults = masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)
+    for (leaf, p), c in zip(masks.named_leaves(params), mults):
+      v.check_representable(arg_name, c, {leaf: p})
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
@@ -482,6 +575,7 @@ def add_decayed_weights_per_leaf(
 
   def init_fn(params):
     v.check_float_params(params, name)
+    v.check_representable("weight_decay", weight_decay, params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
@@ -502,6 +596,25 @@ def add_decayed_weights_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
+MAX_INITIAL_COUNT = v.INT32_MAX - 1
+_COUNT_WHY = (" (the step count is int32, and the count of the first update, this + 1, "
+              "must fit in it)")
+
+
+def _warn_float16(params: Any, where: str) -> None:
+  """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
+  low = [n for n, p in masks.named_leaves(params)
+         if getattr(p, "dtype", None) == jnp.float16]
+  if low:
+    warnings.warn(
+        f"{where}: parameter {low[0]!r}{f' (and {len(low) - 1} more)' if len(low) > 1 else ''}"
+        " is float16 and there are no float32 master weights: Adam's second moment "
+        "(squared gradients) underflows in float16 and the updates blow up on ordinary "
+        "data. Pass multi_precision=True (or wrap the optimizer in "
+        "lars_optax.multi_precision), or use bfloat16 params.",
+        LowPrecisionWarning, stacklevel=3)
+
+
 def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   """``1 - beta**t`` in ``t``'s dtype without the cancellation of the direct form.
 
@@ -510,7 +623,8 @@ def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   precision (the direct form is off by 1e-5 relative, because 0.999 is not a
   float32 number).
   """
-  if isinstance(beta, (int, float)):
+  if _is_python_number(beta) or isinstance(beta, (np.floating, np.integer)):
+    beta = float(beta)
     if beta == 0:
       return jnp.ones_like(t)
     log_beta = jnp.asarray(math.log(beta), t.dtype)
@@ -544,7 +658,16 @@ def scale_by_mxnet_adam(
 
   ``m`` and ``v`` are kept in the parameter dtype; the division is done in
   float32 or wider, so float16 states with ``eps=1e-8`` (which is 0 in
-  float16) do not divide 0 by 0.
+  float16) do not divide 0 by 0. Where the denominator is 0 (``eps=0`` and
+  :math:`v_t = 0`: every gradient of that entry so far was 0, or its square
+  underflowed) the update is 0, not NaN.
+
+  float16 without master weights: :math:`v_t` holds squared gradients, which
+  underflow to 0 in float16 below about 2.4e-4 (and 6e-8 for subnormals), so
+  the step :math:`m_t / \sqrt{v_t}` blows up on ordinary data (so does
+  :func:`optax.adam`'s). ``init`` warns (:class:`LowPrecisionWarning`) when a
+  parameter is float16; run it under :func:`lars_optax.multi_precision`
+  (``adam(..., multi_precision=True)``), or use bfloat16.
 
   Args:
     b1: :math:`\beta_1` in [0, 1).
@@ -552,7 +675,8 @@ def scale_by_mxnet_adam(
     eps: :math:`\epsilon` >= 0.
     initial_count: updates already done before the first one (MXNet's
       ``begin_num_update``): :math:`t` is ``initial_count + 1`` at the first
-      update.
+      update. At most ``2**31 - 2``: :math:`t` is an int32 count (it stops
+      growing at ``2**31 - 1``, as optax's counts do).
 
   Returns:
     A :class:`optax.GradientTransformation` with an
@@ -566,10 +690,13 @@ def scale_by_mxnet_adam(
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
-  v.check_count("initial_count", initial_count)  # (an integer array: inject_hyperparams)
+  # (an integer array passes: inject_hyperparams)
+  v.check_count("initial_count", initial_count, maximum=MAX_INITIAL_COUNT, why=_COUNT_WHY)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, "scale_by_mxnet_adam")
+    v.check_representable("eps", eps, params, compute=True)
+    _warn_float16(params, "scale_by_mxnet_adam")
     return optax.ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
         mu=jax.tree.map(jnp.zeros_like, params),
@@ -577,20 +704,26 @@ def scale_by_mxnet_adam(
 
   def update_fn(updates, state, params=None):
     del params
-    mu = jax.tree.map(lambda m, u: b1 * m + (1 - b1) * u, state.mu, updates)
-    nu = jax.tree.map(lambda n, u: b2 * n + (1 - b2) * jnp.square(u), state.nu, updates)
+    mu = jax.tree.map(lambda m, u: _in(b1, m.dtype) * m + _in(1 - b1, m.dtype) * u,
+                      state.mu, updates)
+    nu = jax.tree.map(lambda n, u: _in(b2, n.dtype) * n + _in(1 - b2, n.dtype) * jnp.square(u),
+                      state.nu, updates)
     count = optax.safe_int32_increment(state.count)
     scales = {}  # dtype -> bias-correction factor
 
     def bias_correction(dt):  # float32, or float64 for float64 leaves
       if dt not in scales:
-        t = (count + initial_count).astype(dt)
+        t = _saturating_add(count, initial_count).astype(dt)
         scales[dt] = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
       return scales[dt]
 
     def step(m, n):
       dt = _norm_dtype(m.dtype)
-      out = bias_correction(dt) * m.astype(dt) / (jnp.sqrt(n.astype(dt)) + eps)
+      denom = jnp.sqrt(n.astype(dt)) + _in(eps, dt)
+      # A zero denominator gives a zero step, and no 0/0 is formed (jax_debug_nans).
+      nonzero = denom > 0
+      out = bias_correction(dt) * jnp.where(
+          nonzero, m.astype(dt) / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
       return out.astype(m.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
@@ -598,11 +731,24 @@ def scale_by_mxnet_adam(
   return GradientTransformation(init_fn, update_fn)
 
 
+def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
+  try:
+    items = tuple(value)
+  except TypeError:
+    items = None
+  if items is None or any(not isinstance(t, (tuple, list)) or len(t) not in sizes
+                          or not isinstance(t[0], str) for t in items):
+    raise TypeError(f"{arg}: expected a sequence of {' or '.join(map(str, sizes))}-tuples "
+                    f"starting with an argument name, got {value!r}.")
+  return items
+
+
 def check_inputs(
     name: str = "optimizer",
     *,
     names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
     leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
+    hyperparams: Sequence[tuple[str, Any]] = (),
 ) -> GradientTransformationExtraArgs:
   """Checks params and gradients; casts each gradient to its param's dtype.
 
@@ -611,7 +757,9 @@ def check_inputs(
   * ``init``: every parameter is real floating point, and every name given in
     ``names`` (``(argument, mask, hint)``: e.g. ``("skip", skip, None)``) and
     in ``leaf_values`` (``(argument, lr_mult-style spec)``) matches a leaf
-    (see :func:`lars_optax.masks.check_matches`);
+    (see :func:`lars_optax.masks.check_matches`), and every constant in
+    ``hyperparams`` (``(argument, value)``) is finite in every parameter's
+    dtype (``learning_rate=1e39`` overflows float32, ``1e5`` float16);
   * ``update``: every gradient is real floating point; when params are
     given, the gradients have their tree structure and shapes (errors name
     the leaf), and a gradient of another float dtype is cast to its param's,
@@ -621,15 +769,27 @@ def check_inputs(
     name: how error messages name the optimizer.
     names: masks whose given names must match a leaf.
     leaf_values: per-leaf value specs whose names must match a leaf.
+    hyperparams: ``(argument, value)`` for scalars that meet values in the
+      parameter dtype, ``(argument, value, True)`` for scalars used in the
+      float32-or-wider dtype of norms (a LARS ``eta``).
 
   Returns:
     A stateless :class:`optax.GradientTransformationExtraArgs`.
   """
-  names = tuple(names)
-  leaf_values = tuple(leaf_values)
+  if not isinstance(name, str):
+    raise TypeError(f"name: expected a string, got {name!r}.")
+  names = _check_tuples("names", names, 3)
+  leaf_values = _check_tuples("leaf_values", leaf_values, 2)
+  hyperparams = _check_tuples("hyperparams", hyperparams, 2, 3)
+  for arg, mask, _ in names:
+    masks.check_mask_like(mask, arg)
+  for arg, spec in leaf_values:
+    masks.check_leaf_values(spec, arg)
 
   def init_fn(params):
     v.check_float_params(params, name)
+    for arg, value, *compute in hyperparams:
+      v.check_representable(arg, value, params, compute=bool(compute and compute[0]))
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
     for arg, spec in leaf_values:

@@ -125,6 +125,7 @@ def _check(name, mp, dtypes):
                                       np.asarray(q, np.float32))
 
 
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("mp", [False, True], ids=["plain", "multi_precision"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_dtype_matrix(name, mp):
@@ -132,6 +133,7 @@ def test_dtype_matrix(name, mp):
   _check(name, mp, DTYPES)
 
 
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("mp", [False, True], ids=["plain", "multi_precision"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_dtype_matrix_x64(name, mp):
@@ -162,3 +164,149 @@ def test_float64_norms_are_float64():
     ratio = lars_optax.lars_trust_ratio(w, jnp.ones((3,), jnp.float64), eta=1.0)
     assert ratio.dtype == jnp.float64
     np.testing.assert_allclose(float(ratio), 1.0 + 1e-12, rtol=1e-15)
+
+
+# --------------------------------------------------------------------------
+# Typed hyperparameters: numpy, jax and bfloat16 scalars, not only Python floats
+# --------------------------------------------------------------------------
+
+# Every float hyperparameter of every optimizer, at values that bfloat16 keeps
+# inside their ranges (bfloat16(0.999) is 1.0).
+HYPER = {
+    "lars": (lars_optax.lars, dict(learning_rate=0.1, momentum=0.9, eta=0.01, epsilon=1e-8,
+                                   wd=1e-3, rescale_grad=0.5, clip_gradient=1.0)),
+    "tf_lars": (lars_optax.tf_lars, dict(learning_rate=0.1, momentum=0.9, weight_decay=1e-4,
+                                         eeta=0.01, epsilon=1e-8)),
+    "signum": (lars_optax.signum, dict(learning_rate=0.01, momentum=0.9, wd_lh=1e-3, wd=1e-3,
+                                       rescale_grad=0.5, clip_gradient=1.0)),
+    "signsgd": (lars_optax.signsgd, dict(learning_rate=0.01, wd_lh=1e-3, wd=1e-3,
+                                         rescale_grad=0.5, clip_gradient=1.0)),
+    "adam": (lars_optax.adam, dict(learning_rate=0.01, beta1=0.9, beta2=0.99, epsilon=1e-8,
+                                   wd=1e-3, rescale_grad=0.5, clip_gradient=1.0)),
+    "sgd": (lars_optax.sgd, dict(learning_rate=0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
+                                 clip_gradient=1.0)),
+}
+
+SCALAR_TYPES = {
+    "python": float,
+    "np_float32": np.float32,
+    "np_float64": np.float64,
+    "jnp_float32": jnp.float32,
+    "jnp_bfloat16": jnp.bfloat16,
+}
+
+
+def _typed(kwargs, to):
+  return {k: to(x) for k, x in kwargs.items()}
+
+
+def _traced_steps(tx, params, steps=3):
+  """Jitted steps, counting traces; the updates and states after each."""
+  traces = []
+
+  @jax.jit
+  def step(params, state, grads):
+    traces.append(1)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), updates, state
+
+  state = tx.init(params)
+  out, p = [], params
+  for k in range(steps):
+    p, updates, state = step(p, state, _grads(params, k))
+    out.append((p, updates, state))
+  return out, len(traces)
+
+
+def _assert_dtypes_kept(params, out):
+  p_dtypes = jax.tree.map(lambda x: x.dtype, params)
+  state_dtypes = jax.tree.map(lambda x: x.dtype, out[0][2])
+  for p, updates, state in out:
+    assert jax.tree.map(lambda x: x.dtype, p) == p_dtypes
+    assert jax.tree.map(lambda x: x.dtype, updates) == p_dtypes
+    assert jax.tree.map(lambda x: x.dtype, state) == state_dtypes
+    chex.assert_tree_all_finite((p, updates, state))
+  for buf in _buffers(out[-1][2], params):
+    assert [x.dtype for x in buf] == [x.dtype for x in jax.tree.leaves(params)]
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
+@pytest.mark.parametrize("kind", sorted(SCALAR_TYPES))
+@pytest.mark.parametrize("name", sorted(HYPER))
+def test_typed_hyperparameters_keep_dtypes_and_trace_once(name, kind):
+  """State and updates keep the parameter dtypes whatever type the hyperparameters have."""
+  make, kwargs = HYPER[name]
+  to = SCALAR_TYPES[kind]
+  params = _params(DTYPES)
+  out, traces = _traced_steps(make(**_typed(kwargs, to)), params)
+  assert traces == 1
+  _assert_dtypes_kept(params, out)
+  # The same numbers as Python floats give the same steps (to the dtype's rounding).
+  same = _typed(kwargs, lambda x: float(np.asarray(to(x), np.float64)))
+  ref, _ = _traced_steps(make(**same), params)
+  for (p, _, _), (q, _, _) in zip(out, ref):
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+      tol = 1e-6 if a.dtype == jnp.float32 else 2e-2
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 rtol=tol, atol=tol)
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
+@pytest.mark.parametrize("name", sorted(HYPER))
+def test_float64_hyperparameters_under_x64_keep_dtypes_and_trace_once(name):
+  make, kwargs = HYPER[name]
+  with x64():
+    params = _params(DTYPES_X64)
+    for to in (np.float64, jnp.float64):
+      out, traces = _traced_steps(make(**_typed(kwargs, to)), params)
+      assert traces == 1
+      _assert_dtypes_kept(params, out)
+
+
+@pytest.mark.parametrize("name", sorted(HYPER))
+def test_inject_hyperparams_on_bfloat16_params(name):
+  """optax.inject_hyperparams casts the hyperparameters to bfloat16 here."""
+  make, kwargs = HYPER[name]
+  tx = optax.inject_hyperparams(make)(**kwargs)
+  params = _params([jnp.bfloat16])
+  out, traces = _traced_steps(tx, params)
+  assert traces == 1
+  for p, updates, _ in out:
+    assert {x.dtype for x in jax.tree.leaves((p, updates))} == {jnp.dtype(jnp.bfloat16)}
+    chex.assert_tree_all_finite(updates)
+  assert (jax.tree.map(lambda x: x.dtype, out[0][2].inner_state)
+          == jax.tree.map(lambda x: x.dtype, out[-1][2].inner_state))
+
+
+def test_inject_hyperparams_adam_default_beta2_names_the_fix_on_bfloat16():
+  # bfloat16(0.999) is 1.0: out of range, and v would never be updated.
+  params = _params([jnp.bfloat16])
+  with pytest.raises(ValueError, match=r"^beta2: must be in \[0, 1\), got 1 \(a bfloat16 "
+                     r"scalar.*hyperparam_dtype=jnp.float32"):
+    optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01).init(params)
+  tx = optax.inject_hyperparams(lars_optax.adam, hyperparam_dtype=jnp.float32)(0.01)
+  out, _ = _traced_steps(tx, params)
+  assert {x.dtype for x in jax.tree.leaves(out[-1][:2])} == {jnp.dtype(jnp.bfloat16)}
+
+
+# --------------------------------------------------------------------------
+# float16 trust ratios
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.lars(0.1, eta=1.0, epsilon=0.0, skip=None),
+    lambda: lars_optax.tf_lars(0.1, momentum=0.0, weight_decay=0.0, eeta=1.0),
+], ids=["lars", "tf_lars"])
+def test_float16_trust_ratio_above_the_float16_maximum_does_not_overflow(make):
+  # w = 10, g = 1e-7: the ratio is about 8.4e7, beyond float16's 65504.
+  params = {"w": jnp.full((4,), 10.0, jnp.float16)}
+  grads = {"w": jnp.full((4,), 1e-7, jnp.float16)}
+  tx = make()
+  updates, state = jax.jit(tx.update)(grads, tx.init(params), params)
+  g = float(np.float16(1e-7))
+  ratio = 20.0 / (2 * g)
+  np.testing.assert_allclose(float(lars_optax.trust_ratios(state)[0]), ratio, rtol=1e-6)
+  assert updates["w"].dtype == jnp.float16
+  np.testing.assert_allclose(np.asarray(updates["w"], np.float64), -0.1 * ratio * g,
+                             rtol=1e-3)
