@@ -30,8 +30,10 @@ def present_rows(grad: jax.Array) -> jax.Array:
   NaN counts as non-zero, so a non-finite gradient row is updated (and shows
   up) rather than silently skipped.
   """
+  if not hasattr(grad, "ndim") or not hasattr(grad, "dtype"):
+    raise TypeError(f"grad: expected an array, got {type(grad).__name__}.")
   if grad.ndim == 0:
-    raise ValueError("present_rows: a 0-d array has no rows.")
+    raise ValueError("grad: a 0-d array has no rows (present_rows needs axis 0).")
   return jnp.any(grad != 0, axis=tuple(range(1, grad.ndim)))
 
 

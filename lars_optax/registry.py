@@ -130,7 +130,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     dtype = lr_dtype()
 
     def host(n):
-      return np.asarray(lr_scheduler(int(n) + offset), dtype)
+      return np.asarray(lr_scheduler(min(int(n) + offset, v.INT32_MAX)), dtype)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 

@@ -234,6 +234,9 @@ def svrg_value_and_grads(
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn: expected a callable, got {type(loss_fn).__name__}.")
+  v.check_axis_name(axis_name)
+  if not isinstance(jit, (bool, np.bool_)):
+    raise TypeError(f"jit: expected a bool, got {jit!r}.")
   vg = jax.value_and_grad(loss_fn)
 
   def fn(params, snapshot_params, batch):
@@ -286,6 +289,7 @@ def full_gradient(
   """
   if not callable(loss_fn):
     raise TypeError(f"loss_fn: expected a callable, got {type(loss_fn).__name__}.")
+  v.check_axis_name(axis_name)
   vg = jax.value_and_grad(loss_fn)
 
   def grad_fn(params, batch):  # averaged over axis_name (each device: its share)

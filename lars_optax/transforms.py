@@ -194,8 +194,11 @@ def lars_trust_ratio(
   v.check_scalar("epsilon", epsilon, low=0.0)
   v.check_scalar("grad_scale", grad_scale)
   v.check_axis_name(axis_name)
-  v.check_float_params(param, "lars_trust_ratio", "param")
-  v.check_float_params(grad, "lars_trust_ratio", "grad")
+  for arg, x in (("param", param), ("grad", grad)):
+    dtype = getattr(x, "dtype", None)
+    dtype = np.asarray(x).dtype if dtype is None else dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
   for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
     v.check_representable(arg, value, param, compute=True)
   w2, g2 = _psum((_sq_norm(param), _sq_norm(grad)), axis_name)

@@ -219,3 +219,76 @@ def test_training_loop_survives_injected_nan_batches(make, dtype):
   # The same as training on the clean batches only.
   clean, _ = train([b for i, b in enumerate(batches) if i % 3 != 2])
   chex.assert_trees_all_equal(params, clean)
+
+
+# --------------------------------------------------------------------------
+# What the optimizer uses, signed zeros, and no internal NaN
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sgd(0.1, momentum=0.9),
+    lambda: lars_optax.signum(0.01),  # sign(inf) is finite: only the cast gradient shows it
+    lambda: lars_optax.lars(0.1, momentum=0.9),
+], ids=["sgd", "signum", "lars"])
+def test_skip_nonfinite_counts_a_gradient_that_overflows_the_param_dtype(make):
+  # 1e5 is finite in float32 and inf once cast to the float16 param's dtype.
+  tx = lars_optax.skip_nonfinite(make())
+  params = {"w": jnp.ones(3, jnp.float16)}
+  state = tx.init(params)
+  for step in (tx.update, jax.jit(tx.update)):
+    updates, new_state = step({"w": jnp.array([1.0, 1e5, 1.0], jnp.float32)}, state, params)
+    assert int(new_state.total_notfinite) == 1
+    chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
+    chex.assert_trees_all_equal(new_state.inner_state, state.inner_state)
+
+
+def test_skip_nonfinite_applies_that_gradient_under_multi_precision():
+  # The float32 master takes 1e5 as it is: nothing overflows, nothing is skipped.
+  tx = lars_optax.skip_nonfinite(lars_optax.sgd(1e-6, multi_precision=True))
+  params = {"w": jnp.ones(3, jnp.float16)}
+  updates, state = tx.update({"w": jnp.array([1.0, 1e5, 1.0])}, tx.init(params), params)
+  assert int(state.total_notfinite) == 0
+  np.testing.assert_allclose(np.asarray(updates["w"], np.float32)[1], -0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", ["sgd", "lars_mp", "adam"])
+def test_skipped_step_keeps_negative_zero_bit_for_bit(name, jit):
+  tx = lars_optax.skip_nonfinite(VARIANTS[name]())
+  dtype = jnp.bfloat16 if name in MP else jnp.float32
+  params = {"fc_weight": jnp.array([[-0.0, 0.0, -1.5], [2.0, -0.0, 3.0]], dtype),
+            "fc_bias": jnp.array([-0.0, 0.5, -0.0], dtype)}
+  grads = _poison(_grads(params, 0), NAN)
+  update = jax.jit(tx.update) if jit else tx.update
+  apply = jax.jit(optax.apply_updates) if jit else optax.apply_updates
+  updates, state = update(grads, tx.init(params), params)
+  assert int(state.total_notfinite) == 1
+  new = apply(params, updates)
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16 if a.itemsize == 2 else np.uint32),
+                                  np.asarray(b).view(np.uint16 if b.itemsize == 2 else np.uint32))
+
+
+ZERO_LAYER = {
+    **VARIANTS,
+    "tf_lars_plain": lambda: lars_optax.tf_lars(0.1, momentum=0.0, weight_decay=0.0),
+    "lars_skip_none": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, skip=None),
+    "adam_epsilon_0": lambda: lars_optax.adam(0.01, epsilon=0.0),
+    "signum_jnp_momentum": lambda: lars_optax.signum(0.01, momentum=jnp.float32(0.9)),
+    "skip_nonfinite_lars": lambda: lars_optax.skip_nonfinite(lars_optax.lars(0.1, skip=None)),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(ZERO_LAYER))
+def test_zero_layer_with_zero_gradient_forms_no_nan(name, jit):
+  """jax_debug_nans raises on any NaN computed, even one masked out afterwards."""
+  tx = ZERO_LAYER[name]()
+  params = jax.tree.map(jnp.zeros_like, _params())
+  update = jax.jit(tx.update) if jit else tx.update
+  with jax.debug_nans(True):
+    state = tx.init(params)
+    for _ in range(2):
+      updates, state = update(jax.tree.map(jnp.zeros_like, params), state, params)
+  chex.assert_tree_all_finite((updates, state))

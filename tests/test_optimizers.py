@@ -6,6 +6,7 @@ skipping and the trust-ratio read-out.
 """
 
 import math
+import warnings
 
 import chex
 import jax
@@ -655,3 +656,81 @@ def test_tf_lars_accepts_numpy_bool_nesterov():
   opt = lars_optax.tf_lars(0.1, use_nesterov=np.bool_(True))
   params = {"w": jnp.ones(3)}
   opt.update({"w": jnp.ones(3)}, opt.init(params), params)
+
+
+# --------------------------------------------------------------------------
+# Choices that depend on a hyperparameter's value, not its type
+# --------------------------------------------------------------------------
+
+ZEROS = {"int": 0, "float": 0.0, "np_float32": np.float32(0), "np_float64": np.float64(0),
+         "jnp_float32": jnp.float32(0), "jnp_bfloat16": jnp.bfloat16(0)}
+
+
+@pytest.mark.parametrize("zero", sorted(ZEROS))
+def test_signum_with_momentum_zero_is_signsgd_whatever_the_type_of_zero(zero):
+  params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5, -0.5])}
+  tx = lars_optax.signum(0.1, ZEROS[zero], wd=0.1, wd_lh=0.01)
+  ref = lars_optax.signsgd(0.1, wd=0.1, wd_lh=0.01)
+  s, r = tx.init(params), ref.init(params)
+  for k in range(3):
+    grads = jax.tree.map(lambda p: jnp.sin(p * (k + 1)) * 1e-3, params)
+    u, s = jax.jit(tx.update)(grads, s, params)
+    v, r = ref.update(grads, r, params)
+    chex.assert_trees_all_close(u, v, rtol=1e-6)  # decoupled decay: not signum's coupled wd
+
+
+def test_signum_momentum_zero_under_inject_hyperparams_is_signsgd():
+  params = {"w": jnp.array([1.0, -2.0, 3.0])}
+  grads = {"w": jnp.array([1e-3, 0.0, -1e-3])}
+  tx = optax.inject_hyperparams(lars_optax.signum)(learning_rate=0.1, momentum=0.0, wd=0.1)
+  u, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  ref = lars_optax.signsgd(0.1, wd=0.1)
+  chex.assert_trees_all_close(u, ref.update(grads, ref.init(params), params)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("epsilon", [0, 0.0, np.float32(0)], ids=["int", "float", "np_float32"])
+def test_adam_epsilon_zero_gives_a_zero_step_for_an_entry_whose_gradient_was_always_zero(
+    epsilon):
+  params = {"w": jnp.array([1.0, 2.0, 3.0])}
+  tx = lars_optax.adam(0.1, epsilon=epsilon)
+  state = tx.init(params)
+  for _ in range(2):
+    updates, state = tx.update({"w": jnp.array([0.0, 0.5, -0.5])}, state, params)
+    np.testing.assert_array_equal(np.asarray(updates["w"])[0], 0.0)
+    np.testing.assert_allclose(np.asarray(updates["w"])[1:], [-0.1, 0.1], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# float16 Adam without master weights
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.adam(0.01),
+    lambda: lars_optax.adam(0.01, lazy_update=True),
+    lambda: lars_optax.create("adam"),
+    lambda: lars_optax.scale_by_mxnet_adam(),
+], ids=["adam", "adam_lazy", "create_adam", "scale_by_mxnet_adam"])
+def test_float16_adam_without_multi_precision_warns_once_at_init(make):
+  params = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones(2, jnp.float16)}
+  tx = make()
+  with pytest.warns(lars_optax.LowPrecisionWarning, match="is float16 and there are no "
+                    "float32 master weights.*multi_precision=True") as record:
+    state = tx.init(params)
+  assert len(record) == 1
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tx.update(jax.tree.map(jnp.ones_like, params), state, params)  # update: no warning
+
+
+@pytest.mark.parametrize("make, dtype", [
+    (lambda: lars_optax.adam(0.01, multi_precision=True), jnp.float16),
+    (lambda: lars_optax.create("adam", multi_precision=True), jnp.float16),
+    (lambda: lars_optax.adam(0.01), jnp.bfloat16),
+    (lambda: lars_optax.adam(0.01), jnp.float32),
+    (lambda: lars_optax.sgd(0.1, momentum=0.9), jnp.float16),
+], ids=["multi_precision", "create_multi_precision", "bfloat16", "float32", "sgd"])
+def test_no_low_precision_warning_where_adam_is_safe(make, dtype):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    make().init({"w": jnp.ones(2, dtype)})

@@ -24,6 +24,8 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import x64
+
 import lars_optax
 from lars_optax import masks
 
@@ -66,6 +68,16 @@ BAD = {
              (None, TypeError, "expected a bool")],
     "count": [(-1, ValueError, "expected an int >= 0"), (1.5, ValueError, "expected an int >= 0"),
               (True, ValueError, "expected an int >= 0")],
+    # A step count: int32, and the first update's count (this + 1) must fit.
+    "step": [(-1, ValueError, r"expected an int in \[0, 2147483646\] \(the step count is int32"),
+             (1.5, ValueError, r"expected an int in \[0, 2147483646\]"),
+             (True, ValueError, r"expected an int in \[0, 2147483646\]"),
+             (2**31 - 1, ValueError, r"expected an int in \[0, 2147483646\] .*got 2147483647"),
+             (2**31, ValueError, r"expected an int in \[0, 2147483646\] .*got 2147483648")],
+    "finite": [(NAN, ValueError, "must be finite, got nan"),
+               (INF, ValueError, "must be finite, got inf"),
+               ("1", TypeError, "expected a real number, got '1'"),
+               (None, TypeError, "expected a real number, got None")],
 }
 
 BASE = {"learning_rate": "lr", "wd": "nonneg", "rescale_grad": "pos",
@@ -79,7 +91,7 @@ ARGS = {
     "signum": {**BASE, "momentum": "unit", "wd_lh": "nonneg"},
     "signsgd": {**BASE, "wd_lh": "nonneg"},
     "adam": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
-             "lazy_update": "flag", "begin_num_update": "count"},
+             "lazy_update": "flag", "begin_num_update": "step"},
     "sgd": {**BASE, "momentum": "unit", "lazy_update": "flag"},
 }
 
@@ -95,9 +107,15 @@ TRANSFORMS = {
                        {"learning_rate": "lr", "momentum": "unit"}),
     "scale_by_mxnet_adam": (lars_optax.scale_by_mxnet_adam, {},
                             {"b1": "unit", "b2": "unit", "eps": "nonneg",
-                             "initial_count": "count"}),
+                             "initial_count": "step"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
+    "lars_trust_ratio": (lars_optax.lars_trust_ratio,
+                         {"param": jnp.ones(3), "grad": jnp.ones(3)},
+                         {"eta": "nonneg", "weight_decay": "nonneg", "epsilon": "nonneg",
+                          "grad_scale": "finite"}),
+    "mxnet_schedule": (lars_optax.mxnet_schedule, {"lr_scheduler": lambda n: 0.1},
+                       {"begin_num_update": "step"}),
 }
 
 
@@ -148,6 +166,152 @@ def test_wrappers_need_a_transformation(fn, inner):
 def test_skip_nonfinite_max_consecutive_errors(value):
   with pytest.raises(ValueError, match=r"^max_consecutive_errors: expected None or an int >= 0"):
     lars_optax.skip_nonfinite(lars_optax.sgd(), value)
+
+
+def _loss(params, batch):
+  return jnp.sum(params["w"]) * 0.0
+
+
+# Every public building block's other arguments: (call, exception, message).
+BLOCKS = {
+    "lars_trust_ratio-param": (lambda: lars_optax.lars_trust_ratio(
+        jnp.ones(3, jnp.int32), jnp.ones(3)), TypeError, r"^param: expected a real floating"),
+    "lars_trust_ratio-grad": (lambda: lars_optax.lars_trust_ratio(
+        jnp.ones(3), jnp.ones(3, jnp.complex64)), TypeError, r"^grad: expected a real floating"),
+    "lars_trust_ratio-axis_name": (lambda: lars_optax.lars_trust_ratio(
+        jnp.ones(3), jnp.ones(3), axis_name=3), TypeError, r"^axis_name: expected None"),
+    "scale_by_lars_trust_ratio-axis_name": (lambda: lars_optax.scale_by_lars_trust_ratio(
+        axis_name=""), TypeError, r"^axis_name: expected None"),
+    "scale_per_leaf-negative": (lambda: lars_optax.scale_per_leaf({"w": -1.0}), ValueError,
+                                r"^multipliers: the value for 'w' must be finite and >= 0"),
+    "scale_per_leaf-arg_name": (lambda: lars_optax.scale_per_leaf(
+        {"w": NAN}, arg_name="lr_mult"), ValueError, r"^lr_mult: the value for 'w'"),
+    "scale_per_leaf-type": (lambda: lars_optax.scale_per_leaf(3), TypeError,
+                            r"^multipliers: expected a dict"),
+    "add_decayed_weights_per_leaf-multipliers": (
+        lambda: lars_optax.add_decayed_weights_per_leaf(0.1, {"w": NAN}), ValueError,
+        r"^multipliers: the value for 'w' must be finite"),
+    "check_inputs-name": (lambda: lars_optax.check_inputs(3), TypeError,
+                          r"^name: expected a string"),
+    "check_inputs-names": (lambda: lars_optax.check_inputs(names=[("skip",)]), TypeError,
+                           r"^names: expected a sequence of 3-tuples"),
+    "check_inputs-names-mask": (lambda: lars_optax.check_inputs(
+        names=[("skip", "nopreset", None)]), ValueError, r"^skip: unknown preset 'nopreset'"),
+    "check_inputs-leaf_values": (lambda: lars_optax.check_inputs(
+        leaf_values=[("lr_mult", {"w": -1.0})]), ValueError, r"^lr_mult: the value for 'w'"),
+    "check_inputs-hyperparams": (lambda: lars_optax.check_inputs(hyperparams=3), TypeError,
+                                 r"^hyperparams: expected a sequence of 2 or 3-tuples"),
+    "lazy_update-axis_name": (lambda: lars_optax.lazy_update(lars_optax.sgd(), axis_name=3),
+                              TypeError, r"^axis_name: expected None"),
+    "present_rows-type": (lambda: lars_optax.present_rows([1.0, 2.0]), TypeError,
+                          r"^grad: expected an array"),
+    "present_rows-0d": (lambda: lars_optax.present_rows(jnp.ones(())), ValueError,
+                        r"^grad: a 0-d array has no rows"),
+    "svrg_due-update_freq": (lambda: lars_optax.svrg_due(0, 0), ValueError,
+                             r"^update_freq: expected an int >= 1"),
+    "svrg_due-epoch": (lambda: lars_optax.svrg_due(-1, 1), ValueError,
+                       r"^epoch: expected an int >= 0"),
+    "svrg_value_and_grads-loss_fn": (lambda: lars_optax.svrg_value_and_grads(3), TypeError,
+                                     r"^loss_fn: expected a callable"),
+    "svrg_value_and_grads-axis_name": (lambda: lars_optax.svrg_value_and_grads(
+        _loss, axis_name=3), TypeError, r"^axis_name: expected None"),
+    "svrg_value_and_grads-jit": (lambda: lars_optax.svrg_value_and_grads(_loss, jit="yes"),
+                                 TypeError, r"^jit: expected a bool"),
+    "full_gradient-loss_fn": (lambda: lars_optax.full_gradient(3, {}, []), TypeError,
+                              r"^loss_fn: expected a callable"),
+    "full_gradient-batch_size": (lambda: lars_optax.full_gradient(
+        _loss, {"w": jnp.ones(2)}, (jnp.ones((4, 1)),), batch_size=0), ValueError,
+        r"^batch_size: expected an int >= 1"),
+    "full_gradient-axis_name": (lambda: lars_optax.full_gradient(
+        _loss, {"w": jnp.ones(2)}, [jnp.ones((1, 1))], axis_name=3), TypeError,
+        r"^axis_name: expected None"),
+    "mxnet_schedule-lr_scheduler": (lambda: lars_optax.mxnet_schedule(3), TypeError,
+                                    r"^lr_scheduler: expected a callable"),
+    "trust_ratios-state": (lambda: lars_optax.trust_ratios(3), ValueError,
+                           r"^state: no ScaleByLarsTrustRatioState found"),
+    "master_params-state": (lambda: lars_optax.master_params(3, {}), ValueError,
+                            r"^state: no MultiPrecisionState found"),
+    "svrg_snapshot-state": (lambda: lars_optax.svrg_snapshot(3), ValueError,
+                            r"^state: no SVRGState found"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_building_block_bad_argument(name):
+  call, exc, msg = BLOCKS[name]
+  with pytest.raises(exc, match=msg):
+    call()
+
+
+# --------------------------------------------------------------------------
+# Step counts and values beyond the params' dtype
+# --------------------------------------------------------------------------
+
+LARGEST_BEGIN = 2**31 - 2
+
+
+def test_begin_num_update_at_its_largest_value_gives_the_converged_bias_correction():
+  # t = 2**31 - 1 at the first step and stays there: both bias corrections are 1.
+  tx = lars_optax.adam(0.1, begin_num_update=LARGEST_BEGIN)
+  params = {"w": jnp.ones(3)}
+  state, update = tx.init(params), jax.jit(tx.update)
+  m = v = 0.0
+  for k in range(3):
+    g = 0.5 * (k + 1)
+    updates, state = update({"w": jnp.full(3, g)}, state, params)
+    m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+    np.testing.assert_allclose(updates["w"], -0.1 * m / (np.sqrt(v) + 1e-8), rtol=1e-5)
+
+
+def test_begin_num_update_at_its_largest_value_through_create():
+  seen = []
+  tx = lars_optax.create("sgd", lr_scheduler=lambda n: seen.append(int(n)) or 0.1,
+                         begin_num_update=LARGEST_BEGIN)
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  for _ in range(2):  # the count stops at the int32 maximum instead of wrapping around
+    updates, state = tx.update({"w": jnp.ones(2)}, state, params)
+    chex.assert_tree_all_finite(updates)
+  assert seen == [2**31 - 1, 2**31 - 1]
+  with pytest.raises(ValueError, match=r"^begin_num_update: expected an int in \[0, 2147483646\]"):
+    lars_optax.create("adam", begin_num_update=LARGEST_BEGIN + 1)
+
+
+# (optimizer, argument, value, params dtype): each overflows the dtype it meets.
+BEYOND = [
+    (lambda **kw: lars_optax.sgd(**kw), "learning_rate", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.sgd(**kw), "learning_rate", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.sgd(**kw), "wd", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.lars(**kw), "rescale_grad", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.lars(**kw), "eta", 1e39, jnp.float16),  # used in float32
+    (lambda **kw: lars_optax.tf_lars(0.1, **kw), "eeta", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.signum(**kw), "wd_lh", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.signsgd(**kw), "learning_rate", np.float32(1e5), jnp.float16),
+    (lambda **kw: lars_optax.adam(**kw), "learning_rate", jnp.float32(1e5), jnp.float16),
+    (lambda **kw: lars_optax.mxnet_momentum(**kw), "learning_rate", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.add_decayed_weights_per_leaf(**kw), "weight_decay", 1e5,
+     jnp.float16),
+]
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
+@pytest.mark.parametrize("make, arg, value, dtype", BEYOND,
+                         ids=[f"{a}={float(v):g}-{jnp.dtype(d).name}" for _, a, v, d in BEYOND])
+def test_hyperparameter_beyond_the_params_dtype_is_rejected_at_init(make, arg, value, dtype):
+  tx = make(**{arg: value})
+  # eta/eeta are used in the float32-or-wider dtype of the norms.
+  shown = jnp.promote_types(dtype, jnp.float32) if arg in ("eta", "eeta") else jnp.dtype(dtype)
+  with pytest.raises(ValueError, match=rf"^{arg}: {re.escape(f'{float(value):g}')} is beyond "
+                     rf"the range of {shown.name} .*parameter 'w'"):
+    tx.init({"w": jnp.ones(2, dtype), "z": jnp.ones(2, jnp.float32)})
+
+
+def test_hyperparameter_that_fits_with_master_weights_or_float64_is_accepted():
+  lars_optax.sgd(1e5, multi_precision=True).init({"w": jnp.ones(2, jnp.float16)})
+  lars_optax.lars(eta=1e5).init({"w": jnp.ones(2, jnp.float16)})  # the ratio is float32
+  lars_optax.sgd(optax.constant_schedule(1e39)).init({"w": jnp.ones(2)})  # schedules: unchecked
+  with x64():
+    lars_optax.sgd(1e39).init({"w": jnp.ones(2, jnp.float64)})
 
 
 @pytest.mark.parametrize("name", sorted(ARGS))
