@@ -145,8 +145,9 @@ def check_representable(name: str, value: Any, params: Any, *, compute: bool = F
                              if dtype in (jnp.float16, jnp.bfloat16) else "."))
     if nonzero and x != 0 and float(np.asarray(x).astype(dtype)) == 0:
       raise ValueError(
-          f"{name}: {x:g} is 0 in {dtype.name}, the dtype {'it is used in for' if compute else 'of'}"
-          f" parameter {leaf_name!r}; use a value >= {float(info.tiny):g}.")
+          f"{name}: {x:g} is 0 in {dtype.name}, the dtype "
+          f"{'it is used in for' if compute else 'of'} parameter {leaf_name!r}; use a value "
+          f">= {float(info.tiny):g}.")
 
 
 def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:

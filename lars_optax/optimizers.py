@@ -107,7 +107,7 @@ def _learning_rate(learning_rate) -> optax.GradientTransformation:
   return _keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
 
 
-def _hyperparams(**values: Any) -> list:
+def _hyperparams(**values: Any) -> list[tuple[Any, ...]]:
   """The scalars to check against the params' dtypes at ``init`` (see check_inputs)."""
   return [(k, x) for k, x in values.items() if x is not None]
 
@@ -119,7 +119,7 @@ def _lr_mult(lr_mult) -> list:
 def _finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
             leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[str, Any]] = ()):
+            hyperparams: Sequence[tuple[Any, ...]] = ()):
   """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
                                 hyperparams=hyperparams), *parts)

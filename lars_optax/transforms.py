@@ -609,10 +609,11 @@ def _warn_float16(params: Any, where: str) -> None:
   low = [n for n, p in masks.named_leaves(params)
          if getattr(p, "dtype", None) == jnp.float16]
   if low:
+    which = f"parameter {low[0]!r}" if low[0] else "the parameter"
+    more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
     warnings.warn(
-        f"{where}: parameter {low[0]!r}{f' (and {len(low) - 1} more)' if len(low) > 1 else ''}"
-        " is float16 and there are no float32 master weights: Adam's second moment "
-        "(squared gradients) underflows in float16 and the updates blow up on ordinary "
+        f"{where}: {which}{more} is float16 and there are no float32 master weights: "
+        "Adam's second moment (squared gradients) underflows in float16 and the updates blow up on ordinary "
         "data. Pass multi_precision=True (or wrap the optimizer in "
         "lars_optax.multi_precision), or use bfloat16 params.",
         LowPrecisionWarning, stacklevel=3)
@@ -751,7 +752,7 @@ def check_inputs(
     *,
     names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
     leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-    hyperparams: Sequence[tuple[str, Any]] = (),
+    hyperparams: Sequence[tuple[Any, ...]] = (),
 ) -> GradientTransformationExtraArgs:
   """Checks params and gradients; casts each gradient to its param's dtype.
 

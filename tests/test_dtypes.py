@@ -173,18 +173,20 @@ def test_float64_norms_are_float64():
 # Every float hyperparameter of every optimizer, at values that bfloat16 keeps
 # inside their ranges (bfloat16(0.999) is 1.0).
 HYPER = {
-    "lars": (lars_optax.lars, dict(learning_rate=0.1, momentum=0.9, eta=0.01, epsilon=1e-8,
-                                   wd=1e-3, rescale_grad=0.5, clip_gradient=1.0)),
-    "tf_lars": (lars_optax.tf_lars, dict(learning_rate=0.1, momentum=0.9, weight_decay=1e-4,
-                                         eeta=0.01, epsilon=1e-8)),
-    "signum": (lars_optax.signum, dict(learning_rate=0.01, momentum=0.9, wd_lh=1e-3, wd=1e-3,
-                                       rescale_grad=0.5, clip_gradient=1.0)),
-    "signsgd": (lars_optax.signsgd, dict(learning_rate=0.01, wd_lh=1e-3, wd=1e-3,
-                                         rescale_grad=0.5, clip_gradient=1.0)),
-    "adam": (lars_optax.adam, dict(learning_rate=0.01, beta1=0.9, beta2=0.99, epsilon=1e-8,
-                                   wd=1e-3, rescale_grad=0.5, clip_gradient=1.0)),
-    "sgd": (lars_optax.sgd, dict(learning_rate=0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
-                                 clip_gradient=1.0)),
+    "lars": (lars_optax.lars, {"learning_rate": 0.1, "momentum": 0.9, "eta": 0.01,
+                               "epsilon": 1e-8, "wd": 1e-3, "rescale_grad": 0.5,
+                               "clip_gradient": 1.0}),
+    "tf_lars": (lars_optax.tf_lars, {"learning_rate": 0.1, "momentum": 0.9,
+                                     "weight_decay": 1e-4, "eeta": 0.01, "epsilon": 1e-8}),
+    "signum": (lars_optax.signum, {"learning_rate": 0.01, "momentum": 0.9, "wd_lh": 1e-3,
+                                   "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "signsgd": (lars_optax.signsgd, {"learning_rate": 0.01, "wd_lh": 1e-3, "wd": 1e-3,
+                                     "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "adam": (lars_optax.adam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                               "epsilon": 1e-8, "wd": 1e-3, "rescale_grad": 0.5,
+                               "clip_gradient": 1.0}),
+    "sgd": (lars_optax.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
+                             "rescale_grad": 0.5, "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

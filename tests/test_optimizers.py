@@ -673,7 +673,7 @@ def test_signum_with_momentum_zero_is_signsgd_whatever_the_type_of_zero(zero):
   ref = lars_optax.signsgd(0.1, wd=0.1, wd_lh=0.01)
   s, r = tx.init(params), ref.init(params)
   for k in range(3):
-    grads = jax.tree.map(lambda p: jnp.sin(p * (k + 1)) * 1e-3, params)
+    grads = jax.tree.map(lambda p, k=k: jnp.sin(p * (k + 1)) * 1e-3, params)
     u, s = jax.jit(tx.update)(grads, s, params)
     v, r = ref.update(grads, r, params)
     chex.assert_trees_all_close(u, v, rtol=1e-6)  # decoupled decay: not signum's coupled wd

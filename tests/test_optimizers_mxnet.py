@@ -229,6 +229,7 @@ def test_wd_mult_does_not_scale_wd_lh():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("name", list(MXNET))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 def test_low_precision_keeps_its_dtype_end_to_end(name, dtype):

@@ -130,6 +130,7 @@ def test_state_structure(dtype):
   assert all(x.dtype == jnp.float32 for x in _float_leaves(state.inner_state))
 
 
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("name", ["lars", "adam", "sgd"])
 def test_float32_and_float64_leaves_pass_through(name):
   with x64():

@@ -7,7 +7,10 @@
 * Signum/signSGD never move a weight by more than lr plus the decay;
 * from a fresh state a zero gradient changes nothing but weight decay;
 * ``init`` and ``update`` are pure: the same inputs give the same outputs,
-  eagerly and under ``jit``, and the two agree.
+  eagerly and under ``jit``, and the two agree;
+* hyperparameters given as numpy, jax or bfloat16 scalars give the update the
+  same numbers give as Python floats, on float32, bfloat16 and float16 params,
+  with updates and state in the params' dtypes.
 
 Deterministic (``derandomize``, no example database) and small, so CI runs the
 same examples every time.
@@ -21,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -230,3 +234,48 @@ def test_init_and_update_are_pure(name, params, grads):
     _close(jit1, out1)
     s_eager, s_jit = out1[1], jit1[1]
   chex.assert_trees_all_equal(p, _jnp(params))  # inputs are not modified
+
+
+# --------------------------------------------------------------------------
+# Typed hyperparameters and low-precision params
+# --------------------------------------------------------------------------
+
+SCALAR_TYPES = {"python": float, "np_float32": np.float32, "np_float64": np.float64,
+                "jnp_float32": jnp.float32, "jnp_bfloat16": jnp.bfloat16}
+
+TYPED = {
+    "lars": lambda lr, mu, wd: lars_optax.lars(lr, momentum=mu, wd=wd, eta=0.01, skip=None),
+    "tf_lars": lambda lr, mu, wd: lars_optax.tf_lars(lr, momentum=mu, weight_decay=wd),
+    "signum": lambda lr, mu, wd: lars_optax.signum(lr, mu, wd=wd, wd_lh=wd),
+    "adam": lambda lr, mu, wd: lars_optax.adam(lr, beta1=mu, wd=wd),
+    "sgd": lambda lr, mu, wd: lars_optax.sgd(lr, momentum=mu, wd=wd),
+}
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
+@settings(SETTINGS, max_examples=25)
+@given(name=st.sampled_from(sorted(TYPED)), kind=st.sampled_from(sorted(SCALAR_TYPES)),
+       dtype=st.sampled_from(["float32", "bfloat16", "float16"]), params=_tree(10.0),
+       grads=_tree(10.0), lr=st.floats(1e-3, 1.0), momentum=st.sampled_from([0.0, 0.5, 0.9]),
+       wd=st.sampled_from([0.0, 1e-3]))
+def test_typed_hyperparameters_give_the_python_float_update_in_the_param_dtype(
+    name, kind, dtype, params, grads, lr, momentum, wd):
+  to = SCALAR_TYPES[kind]
+  p = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+  g = jax.tree.map(lambda x: jnp.asarray(x, dtype), grads)
+  typed = TYPED[name](to(lr), to(momentum), to(wd))
+  plain = TYPED[name](*(float(np.asarray(to(x), np.float64)) for x in (lr, momentum, wd)))
+  state_t, state_p = typed.init(p), plain.init(p)
+  for _ in range(2):
+    u_t, state_t = typed.update(g, state_t, p)
+    u_p, state_p = plain.update(g, state_p, p)
+    assert {x.dtype for x in jax.tree.leaves(u_t)} == {jnp.dtype(dtype)}
+    # (Buffers in the param dtype; trust ratios in float32. A JAX zero keeps a
+    # buffer a Python zero leaves out, so the structures may differ.)
+    allowed = {jnp.dtype(dtype)} | ({jnp.dtype(jnp.float32)} if "lars" in name else set())
+    assert {x.dtype for x in jax.tree.leaves(state_t)
+            if jnp.issubdtype(x.dtype, jnp.floating)} <= allowed
+    tol = 1e-6 if dtype == "float32" else 2e-2
+    for a, b in zip(jax.tree.leaves(u_t), jax.tree.leaves(u_p)):
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      np.testing.assert_allclose(a, b, rtol=tol, atol=tol * float(np.max(np.abs(b), initial=0)))

@@ -263,6 +263,7 @@ def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
   np.testing.assert_allclose(u2, 1e-7 / (1e-7 + 1e-8), rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
   tx = lars_optax.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
