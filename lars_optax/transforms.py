@@ -613,8 +613,8 @@ def _warn_float16(params: Any, where: str) -> None:
     more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
     warnings.warn(
         f"{where}: {which}{more} is float16 and there are no float32 master weights: "
-        "Adam's second moment (squared gradients) underflows in float16 and the updates blow up on ordinary "
-        "data. Pass multi_precision=True (or wrap the optimizer in "
+        "Adam's second moment (squared gradients) underflows in float16 and the updates "
+        "blow up on ordinary data. Pass multi_precision=True (or wrap the optimizer in "
         "lars_optax.multi_precision), or use bfloat16 params.",
         LowPrecisionWarning, stacklevel=3)
 
