@@ -17,8 +17,11 @@ name, MXNet style.
 
 Every optimizer checks its inputs. Hyperparameters are checked when it is
 built (a ValueError or TypeError that starts with the argument's name and
-states the accepted range). ``init`` rejects integer, boolean and complex
-params, and names in ``skip``/``skip_list``/``lr_mult``/``wd_mult`` that match
+states the accepted range); Python, numpy and JAX scalars (bfloat16 ones too)
+are accepted alike and never change the dtypes of updates and state. ``init``
+rejects a constant hyperparameter that the params' dtype cannot hold
+(``learning_rate=1e39`` for float32 params, ``1e5`` for float16), integer,
+boolean and complex params, and names in ``skip``/``skip_list``/``lr_mult``/``wd_mult`` that match
 no parameter (see :class:`lars_optax.masks.Mask`). ``update(grads, state,
 params)`` rejects non-float gradients and gradients whose tree or shapes
 differ from the params (naming the leaf), and casts a gradient of another

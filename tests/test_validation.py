@@ -685,3 +685,10 @@ def test_gradients_of_another_float_dtype_are_cast_to_the_params(name):
       ref_u, s = jax.jit(ref.update)(jax.tree.map(lambda g: g.astype(jnp.bfloat16), grads32),
                                      s, params)
     chex.assert_trees_all_equal(updates, ref_u)
+
+
+def test_lr_mult_beyond_the_params_dtype_is_rejected_at_init():
+  tx = lars_optax.sgd(0.1, lr_mult={"w": 1e5})
+  with pytest.raises(ValueError, match=r"^lr_mult: 100000 is beyond the range of float16 "
+                     r".*parameter 'w'"):
+    tx.init({"w": jnp.ones(2, jnp.float16), "z": jnp.ones(2)})
