@@ -59,8 +59,15 @@ def _norm_dtype(dtype: Any) -> jnp.dtype:
 
 
 class LowPrecisionWarning(UserWarning):
-  """An optimizer that is known to fail in this parameter dtype (e.g. float16
-  Adam without ``multi_precision``)."""
+  """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
+
+  Adam (:func:`lars_optax.adam`, :func:`scale_by_mxnet_adam`) on float16
+  params without float32 master weights: its second moment holds squared
+  gradients, which underflow to 0 in float16, and the steps then blow up.
+  Pass ``multi_precision=True`` (or wrap the optimizer in
+  :func:`lars_optax.multi_precision`), or use bfloat16. To silence it:
+  ``warnings.filterwarnings("ignore", category=lars_optax.LowPrecisionWarning)``.
+  """
 
 
 def _is_const(x: Any, value: float) -> bool:
@@ -181,9 +188,11 @@ def lars_trust_ratio(
     A scalar in float32 (float64 for float64 leaves).
 
   Raises:
-    ValueError, TypeError: as the optimizers do, for an ``eta``,
-    ``weight_decay`` or ``epsilon`` that is not a finite number >= 0, a
-    ``grad_scale`` that is not finite, or non-float ``param``/``grad``.
+    ValueError: for an ``eta``, ``weight_decay`` or ``epsilon`` that is not
+      a finite number >= 0, or a ``grad_scale`` that is not finite (as the
+      optimizers do; the message starts with the argument's name).
+    TypeError: for a hyperparameter that is not a real number, or a
+      ``param``/``grad`` that is not a real floating point array.
 
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
