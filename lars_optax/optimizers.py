@@ -21,13 +21,13 @@ states the accepted range); Python, numpy and JAX scalars (bfloat16 ones too)
 are accepted alike and never change the dtypes of updates and state. ``init``
 rejects a constant hyperparameter that the params' dtype cannot hold
 (``learning_rate=1e39`` for float32 params, ``1e5`` for float16), integer,
-boolean and complex params, and names in ``skip``/``skip_list``/``lr_mult``/``wd_mult`` that match
-no parameter (see :class:`lars_optax.masks.Mask`). ``update(grads, state,
-params)`` rejects non-float gradients and gradients whose tree or shapes
-differ from the params (naming the leaf), and casts a gradient of another
-float dtype to its parameter's, so that state and updates keep the parameter
-dtypes. These checks are the first link of every chain,
-:func:`lars_optax.check_inputs`.
+boolean and complex params, and names in
+``skip``/``skip_list``/``lr_mult``/``wd_mult`` that match no parameter (see
+:class:`lars_optax.masks.Mask`). ``update(grads, state, params)`` rejects
+non-float gradients and gradients whose tree or shapes differ from the params
+(naming the leaf), and casts a gradient of another float dtype to its
+parameter's, so that state and updates keep the parameter dtypes. These
+checks are the first link of every chain, :func:`lars_optax.check_inputs`.
 
 Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
 (it falls back to 1), but it does reach the weights. To skip such steps, wrap
@@ -352,7 +352,10 @@ def signum(
 
   Args:
     learning_rate: a scalar or an optax schedule.
-    momentum: :math:`\mu` in [0, 1); 0 selects signSGD.
+    momentum: :math:`\mu` in [0, 1); 0 selects signSGD, whatever its type
+      (``0``, ``0.0``, ``np.float32(0)``, a JAX 0, also one traced by
+      ``optax.inject_hyperparams``: there the choice is made in the
+      computation).
     wd_lh: decoupled weight decay >= 0.
     wd: coupled weight decay >= 0 (multiplied per leaf by ``wd_mult``).
     rescale_grad: gradient multiplier > 0.
