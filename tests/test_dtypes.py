@@ -243,6 +243,8 @@ def test_typed_hyperparameters_keep_dtypes_and_trace_once(name, kind):
   out, traces = _traced_steps(make(**_typed(kwargs, to)), params)
   assert traces == 1
   _assert_dtypes_kept(params, out)
+  if kind == "python":
+    return
   # The same numbers as Python floats give the same steps (to the dtype's rounding).
   same = _typed(kwargs, lambda x: float(np.asarray(to(x), np.float64)))
   ref, _ = _traced_steps(make(**same), params)
