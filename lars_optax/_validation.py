@@ -142,3 +142,25 @@ def check_axis_name(axis_name: Any) -> None:
   if axis_name is not None and (not isinstance(axis_name, str) or not axis_name):
     raise TypeError(f"axis_name: expected None or the name of a mesh axis (a non-empty "
                     f"string), got {axis_name!r}.")
+
+
+def align_params(updates: Any, params: Any) -> Any:
+  """``params`` with a None wherever ``updates`` holds a None (optax's convention).
+
+  Equinox's documented loop calls ``update(grads, state, model)``: the model
+  holds non-array leaves (activation functions, ...) where the filtered
+  gradients hold None. Those params are not trained, so they are dropped, as
+  optax's own transformations ignore them. Trees that do not line up this way
+  are returned unchanged, for :func:`check_same_structure` to report.
+  """
+  if params is None or updates is None:
+    return params
+  t_u: Any = jax.tree.structure(updates)
+  t_p: Any = jax.tree.structure(params)
+  if t_u == t_p:
+    return params
+  try:
+    return jax.tree.map(lambda u, p: None if u is None else p, updates, params,
+                        is_leaf=lambda x: x is None)
+  except (ValueError, TypeError):
+    return params

@@ -85,14 +85,21 @@ def path_to_name(path: tuple[Any, ...]) -> str:
 
 
 def _is_box(x: Any) -> bool:
-  """A Flax ``nnx.Variable`` (or alike): a node that holds one value.
+  """A node that holds one value: a Flax ``nnx.Variable`` or a linen metadata box.
 
-  Its leaf is named by the Variable's own path, so ``nnx.state(model)`` (which
+  Its leaf is named by the box's own path, so ``nnx.state(model)`` (which
   holds Variables, as ``nnx.Optimizer`` passes it to ``init``) and the pure
   arrays (as passed to ``update``) give the same names: ``lin1/kernel``, not
-  ``lin1/kernel/value``.
+  ``lin1/kernel/value``. Likewise the params of a linen model built with
+  ``nn.with_logical_partitioning`` / ``nn.with_partitioning`` hold
+  ``nn.Partitioned`` boxes (``flax.core.meta.AxisMetadata``): their leaves are
+  named ``Dense_0/kernel``, as after ``nn.meta.unbox``, so the presets see them.
   """
-  return hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in type(x).__mro__)
+  mro = type(x).__mro__
+  if hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in mro):
+    return True
+  return hasattr(x, "unbox") and any(
+      c.__name__ == "AxisMetadata" and c.__module__.startswith("flax") for c in mro)
 
 
 def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:

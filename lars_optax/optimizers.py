@@ -40,7 +40,7 @@ optimizers without ``multi_precision``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import optax
@@ -216,6 +216,7 @@ def tf_lars(
     skip_list: Sequence[str] | None = None,
     use_nesterov: bool = False,
     *,
+    skip: masks.MaskLike = None,
     axis_name: str | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
@@ -226,8 +227,7 @@ def tf_lars(
   .. math::
 
     \rho &= \frac{\eta\,\|w\|}{\|g\| + \lambda\|w\| + \epsilon}
-      \quad (1 \text{ if a leaf's name contains a } \texttt{skip\_list}
-      \text{ entry, or a norm is 0}) \\
+      \quad (1 \text{ for skipped leaves, or when a norm is 0}) \\
     a_t &= \mu\,a_{t-1} + g \\
     w_t &= w_{t-1} - \eta_t\,\rho\,a_t
       \qquad \text{or, with Nesterov,} \qquad
@@ -245,10 +245,19 @@ def tf_lars(
     weight_decay: :math:`\lambda` >= 0, used in the trust ratio only.
     eeta: LARS coefficient :math:`\eta` >= 0.
     epsilon: added to the ratio's denominator, >= 0.
-    skip_list: strings; a leaf whose name contains any of them keeps ratio 1.
-      Each must be contained in some parameter's name: ``init`` raises a
-      ValueError naming the entry otherwise (a typo would skip nothing).
+    skip_list: strings; a leaf whose name contains any of them keeps ratio 1
+      (TF's argument). Each must be contained in some parameter's name:
+      ``init`` raises a ValueError naming the entry otherwise (a typo would
+      skip nothing). For an entry that may match nothing (``"bias"`` for a
+      model without biases, such as Gemma), pass
+      ``skip=lars_optax.by_substring("bias").optional()`` instead.
     use_nesterov: Nesterov momentum.
+    skip: leaves that keep ratio 1, as :func:`lars` takes it: a preset name
+      (``"flax"``, ``"haiku"``, ``"equinox"``, ``"mxnet"``), a
+      :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree or a
+      bool pytree. ``skip_list=[...]`` is ``skip=by_substring(...)``; give one
+      of the two, not both (a ValueError; combine masks with ``|`` instead).
+      Default: no leaf skipped, as in TF.
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
@@ -258,8 +267,9 @@ def tf_lars(
 
   Raises:
     ValueError: for ``momentum < 0`` or ``weight_decay < 0`` (as TF does), and
-      for any other out-of-range or non-finite hyperparameter; in ``init``,
-      for a ``skip_list`` entry that no parameter name contains.
+      for any other out-of-range or non-finite hyperparameter; for both
+      ``skip_list`` and ``skip``; in ``init``, for a ``skip_list`` entry that
+      no parameter name contains.
 
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
@@ -274,22 +284,36 @@ def tf_lars(
   if not isinstance(use_nesterov, (bool, np.bool_)):
     raise TypeError(f"use_nesterov: expected a bool, got {use_nesterov!r}.")
   use_nesterov = bool(use_nesterov)
-  if isinstance(skip_list, str):
+  if isinstance(skip_list, (str, bytes)):
     raise TypeError("skip_list: expected a list of strings, got the single "
                     f"string {skip_list!r}; write [{skip_list!r}].")
+  if skip_list is not None and not isinstance(skip_list, Iterable):
+    raise TypeError(f"skip_list: expected a list of strings, got {skip_list!r}.")
   if skip_list is not None:
     skip_list = list(skip_list)
     bad = [s for s in skip_list if not isinstance(s, str) or not s]
     if bad:
       raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
-  skip = masks.by_substring(*skip_list) if skip_list else None
+  masks.check_mask_like(skip, "skip")
+  names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
+  if skip_list is not None and skip is not None:
+    raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
+                     "of both, pass one mask combined with |, e.g. "
+                     "skip=lars_optax.FLAX_SKIP | lars_optax.by_substring('embedding').")
+  if skip_list:
+    skip = masks.by_substring(*skip_list)
+    args = ", ".join(repr(s) for s in skip_list)
+    hint = ("Fix the entry or leave it out; for an entry that may match nothing "
+            "(e.g. 'bias' in a model without biases), pass "
+            f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
+    names = [("skip_list", skip, hint)]
   return _finish([
       scale_by_lars_trust_ratio(
           optax.trace(decay=momentum, nesterov=use_nesterov),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name),
       optax.scale_by_learning_rate(learning_rate),
-  ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")])
+  ], "tf_lars", names=names)
 
 
 def signum(

@@ -272,6 +272,7 @@ def scale_by_lars_trust_ratio(
     return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
 
   def update_fn(updates, state, params=None, **extra_args):
+    params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
     v.check_float_params(params, name)
     skipped = masks.resolve_mask(skip, params, "skip")
@@ -486,6 +487,7 @@ def add_decayed_weights_per_leaf(
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
+    params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
@@ -646,6 +648,7 @@ def check_inputs(
     del extra_args
     v.check_float_params(updates, name, "gradient")
     if params is not None:
+      params = v.align_params(updates, params)
       v.check_same_structure(updates, params, name)
       v.check_float_params(params, name)
       updates = jax.tree.map(cast, updates, params)
