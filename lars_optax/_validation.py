@@ -101,6 +101,11 @@ def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
   for name, leaf in masks.named_leaves(tree):
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
+      if isinstance(leaf, (int, float, complex)):
+        raise TypeError(
+            f"{where}: {what} {name!r} is a Python {type(leaf).__name__}, not an array; "
+            f"pass arrays (e.g. jnp.asarray({leaf!r}, jnp.float32)) so that its dtype "
+            "is known.")
       dtype = np.asarray(leaf).dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(

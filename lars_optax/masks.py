@@ -55,6 +55,7 @@ __all__ = [
   "check_leaf_values",
   "check_mask_like",
   "check_matches",
+  "check_unique_names",
   "everything",
   "leaf_names",
   "named_leaves",
@@ -141,6 +142,25 @@ def _placeholder_names(tree: Any) -> list[str]:
   """The names of the leaves and of the None / optax.MaskedNode placeholders."""
   return [name for name, _ in _named(
       tree, is_leaf=lambda x: x is None or isinstance(x, optax.MaskedNode))]
+
+
+def check_unique_names(tree: Any, arg_name: str = "params") -> None:
+  """Raises a ValueError when two leaves of ``tree`` get the same name.
+
+  Names join path entries with ``/``, so a key ``"a/b"`` and the nested keys
+  ``{"a": {"b": ...}}`` both give ``a/b``: a mask or an ``lr_mult`` entry could
+  not tell them apart. Where names are used (``skip``, ``lr_mult``,
+  ``wd_mult``, :func:`lars_optax.trust_ratios`), ``init`` checks this first.
+  """
+  seen: dict[str, Any] = {}
+  for path, _ in jtu.tree_flatten_with_path(tree, is_leaf=_is_box)[0]:
+    name = path_to_name(path)
+    if name in seen:
+      raise ValueError(
+          f"{arg_name}: the leaves at {jtu.keystr(seen[name])} and {jtu.keystr(path)} "
+          f"share the name {name!r} (names join path entries with '/'), so masks, "
+          "lr_mult/wd_mult and trust_ratios cannot tell them apart; rename a key.")
+    seen[name] = path
 
 
 def leaf_names(tree: Any) -> Any:
@@ -323,6 +343,10 @@ def by_regex(pattern: str | re.Pattern[str]) -> Mask:
   ``by_regex(r"BatchNorm_\d+/")`` selects every leaf of a Flax BatchNorm
   layer. An invalid pattern raises a ValueError naming ``pattern``.
   """
+  if isinstance(pattern, bytes) or (isinstance(pattern, re.Pattern)
+                                    and not isinstance(pattern.pattern, str)):
+    raise TypeError(f"pattern: expected a str (leaf names are str), got the bytes "
+                    f"pattern {pattern!r}.")
   try:
     compiled = re.compile(pattern)
   except (re.error, TypeError) as e:
@@ -402,7 +426,9 @@ def check_mask_like(mask: MaskLike, arg_name: str = "mask") -> None:
   if isinstance(mask, str) and mask not in PRESETS:
     raise ValueError(f"{arg_name}: unknown preset {mask!r}; valid presets are "
                      f"{sorted(PRESETS)}.")
-  if isinstance(mask, (int, float)) and not isinstance(mask, bool):
+  number = (isinstance(mask, (int, float, complex, np.number, bytes))
+            or (isinstance(mask, (np.ndarray, jax.Array)) and mask.dtype != np.bool_))
+  if number and not isinstance(mask, bool):
     raise TypeError(f"{arg_name}: expected a mask, a preset name or a bool pytree, "
                     f"got {mask!r}.")
   if (isinstance(mask, (list, tuple)) and mask
@@ -484,7 +510,8 @@ leaf, as a ``skip`` mask must (checked in ``init``). Leaves that no entry names 
 
 
 def _check_value(arg_name: str, key: Any, value: Any) -> float:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.integer, np.floating))):
     raise TypeError(f"{arg_name}: the value for {key!r} must be a real number, "
                     f"got {value!r}.")
   value = float(value)

@@ -59,7 +59,9 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
 
   Raises:
     ValueError: the name is taken (pass ``overwrite=True`` to replace it).
-    TypeError: the name is not a string or the factory is not callable.
+    TypeError: the name is not a string, the factory is not callable or is
+      annotated to return None. A factory that returns anything but an optax
+      transformation is reported by :func:`create` (a TypeError naming it).
   """
   if not isinstance(name, str) or not name:
     raise TypeError(f"name: expected a non-empty string, got {name!r}.")
@@ -68,6 +70,13 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
   def add(fn: Factory) -> Factory:
     if not callable(fn):
       raise TypeError(f"factory: expected a callable, got {type(fn).__name__}.")
+    try:
+      returns = inspect.signature(fn).return_annotation
+    except (TypeError, ValueError):  # builtins without a signature
+      returns = inspect.Signature.empty
+    if returns is None or returns == "None":
+      raise TypeError(f"factory: {getattr(fn, '__name__', fn)!r} is annotated to return "
+                      "None; it must return an optax.GradientTransformation.")
     if key in _REGISTRY and not overwrite:
       raise ValueError(f"name: an optimizer called {name!r} is already registered; "
                        "pass overwrite=True to replace it.")
@@ -215,6 +224,10 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
       raise ValueError(f"{k}: {key!r} does not support this argument; its "
                        f"arguments are {sorted(own)}.")
   tx = factory(**kwargs)
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(f"name: the factory registered as {key!r} returned "
+                    f"{type(tx).__name__}, not an optax.GradientTransformation "
+                    "(did it forget to return the optimizer?).")
   return precision.multi_precision(tx) if wrap else tx
 
 
@@ -231,11 +244,24 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   if lr is None or lr is _UNSET:  # None: MXNet keeps the scheduler's base_lr
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
-  if lr_scheduler.base_lr != lr:
-    warnings.warn(f"lr_scheduler: base_lr {lr_scheduler.base_lr} is replaced by "
+  old_lr = lr_scheduler.base_lr
+  try:
+    lr_scheduler = copy.deepcopy(lr_scheduler)
+  except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+    raise TypeError(
+        f"lr_scheduler: cannot copy {type(lr_scheduler).__name__} to set its base_lr to "
+        f"learning_rate ({type(e).__name__}: {e}); pass learning_rate=None to keep the "
+        "scheduler's base_lr, or a scheduler that copy.deepcopy can copy.") from e
+  try:
+    lr_scheduler.base_lr = lr
+  except (AttributeError, TypeError) as e:
+    raise TypeError(
+        f"lr_scheduler: cannot set base_lr on {type(lr_scheduler).__name__} "
+        f"({type(e).__name__}: {e}); pass learning_rate=None to keep the scheduler's "
+        "base_lr, or give it a writable base_lr.") from e
+  if old_lr != lr:
+    warnings.warn(f"lr_scheduler: base_lr {old_lr} is replaced by "
                   f"learning_rate {lr}, as MXNet does.", stacklevel=3)
-  lr_scheduler = copy.deepcopy(lr_scheduler)
-  lr_scheduler.base_lr = lr
   return lr_scheduler
 
 

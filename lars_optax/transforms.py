@@ -265,6 +265,7 @@ def scale_by_lars_trust_ratio(
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
+    masks.check_unique_names(params)
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
@@ -321,6 +322,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
                      "state of an optimizer that uses scale_by_lars_trust_ratio.")
   if params is None:
     return found.trust_ratio
+  masks.check_unique_names(params)
   named = masks.named_leaves(params)
   if len(named) != found.trust_ratio.shape[0]:
     raise ValueError(f"params: has {len(named)} leaves but the state holds "
@@ -435,6 +437,8 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   masks.check_leaf_values(multipliers, arg_name)
 
   def init_fn(params):
+    if multipliers is not None:
+      masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
@@ -483,6 +487,8 @@ def add_decayed_weights_per_leaf(
 
   def init_fn(params):
     v.check_float_params(params, name)
+    if multipliers is not None:
+      masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
@@ -632,6 +638,9 @@ def check_inputs(
 
   def init_fn(params):
     v.check_float_params(params, name)
+    if any(mask is not None for _, mask, _ in names) or any(
+        spec is not None for _, spec in leaf_values):
+      masks.check_unique_names(params)
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
     for arg, spec in leaf_values:

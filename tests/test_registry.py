@@ -309,3 +309,56 @@ def test_learning_rate_none_means_mxnets_fallback():
     tx = lars_optax.create("sgd", learning_rate=None, lr_scheduler=sched)
   updates, _ = tx.update(_grads(), tx.init(_params()), _params())
   np.testing.assert_allclose(updates["fc1_bias"], -0.3 * _grads()["fc1_bias"], rtol=1e-6)
+
+
+class _ReadOnlyScheduler:
+  """An MXNet-style scheduler whose base_lr cannot be set."""
+
+  def __init__(self, base_lr=0.1):
+    self._base_lr = base_lr
+
+  @property
+  def base_lr(self):
+    return self._base_lr
+
+  def __call__(self, num_update):
+    return self._base_lr * (0.5 if num_update > 2 else 1.0)
+
+
+class _UncopyableScheduler:
+  def __init__(self):
+    self.base_lr = 0.1
+
+  def __deepcopy__(self, memo):
+    raise RuntimeError("holds a lock")
+
+  def __call__(self, num_update):
+    return self.base_lr
+
+
+@pytest.mark.parametrize("scheduler, msg", [
+    (_ReadOnlyScheduler(), r"^lr_scheduler: cannot set base_lr on _ReadOnlyScheduler"),
+    (_UncopyableScheduler(), r"^lr_scheduler: cannot copy _UncopyableScheduler"),
+])
+def test_scheduler_whose_base_lr_cannot_be_set_names_the_argument(scheduler, msg):
+  with pytest.raises(TypeError, match=msg + ".*learning_rate=None"):
+    lars_optax.create("sgd", learning_rate=0.2, lr_scheduler=scheduler)
+  lars_optax.create("sgd", learning_rate=None, lr_scheduler=scheduler)  # keeps base_lr
+
+
+def test_register_rejects_a_factory_annotated_to_return_none(clean_registry):
+  def bad(learning_rate=0.1) -> None:
+    optax.sgd(learning_rate)
+
+  with pytest.raises(TypeError, match="^factory: 'bad' is annotated to return None"):
+    lars_optax.register("bad", bad)
+
+
+def test_create_rejects_a_factory_that_returns_none(clean_registry):
+  def forgot(learning_rate=0.1):
+    optax.sgd(learning_rate)
+
+  lars_optax.register("forgot", forgot)
+  with pytest.raises(TypeError, match="^name: the factory registered as 'forgot' returned "
+                                      "NoneType, not an optax.GradientTransformation"):
+    lars_optax.create("forgot")
