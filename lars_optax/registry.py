@@ -247,7 +247,7 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   old_lr = lr_scheduler.base_lr
   try:
     lr_scheduler = copy.deepcopy(lr_scheduler)
-  except Exception as e:  # noqa: BLE001 - any failure to copy gets the same advice
+  except Exception as e:  # any failure to copy gets the same advice
     raise TypeError(
         f"lr_scheduler: cannot copy {type(lr_scheduler).__name__} to set its base_lr to "
         f"learning_rate ({type(e).__name__}: {e}); pass learning_rate=None to keep the "

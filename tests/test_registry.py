@@ -350,7 +350,7 @@ def test_register_rejects_a_factory_annotated_to_return_none(clean_registry):
   def bad(learning_rate=0.1) -> None:
     optax.sgd(learning_rate)
 
-  with pytest.raises(TypeError, match="^factory: 'bad' is annotated to return None"):
+  with pytest.raises(TypeError, match=r"^factory: 'bad' is annotated to return None"):
     lars_optax.register("bad", bad)
 
 
@@ -359,6 +359,6 @@ def test_create_rejects_a_factory_that_returns_none(clean_registry):
     optax.sgd(learning_rate)
 
   lars_optax.register("forgot", forgot)
-  with pytest.raises(TypeError, match="^name: the factory registered as 'forgot' returned "
-                                      "NoneType, not an optax.GradientTransformation"):
+  with pytest.raises(TypeError, match=r"^name: the factory registered as 'forgot' returned "
+                                      r"NoneType, not an optax.GradientTransformation"):
     lars_optax.create("forgot")

@@ -287,7 +287,7 @@ def test_tf_lars_skip_list_error_says_how_to_make_an_entry_optional():
       "skip=lars_optax.by_substring('bias', 'scale').optional() instead of skip_list")):
     lars_optax.tf_lars(0.1, skip_list=["bias", "scale"]).init(params)
   tx = lars_optax.tf_lars(0.1, skip=lars_optax.by_substring("bias", "scale").optional())
-  updates, state = tx.update(params, tx.init(params), params)
+  _, state = tx.update(params, tx.init(params), params)
   assert float(lars_optax.trust_ratios(state, params)["norm/scale"]) == 1.0
 
 
@@ -308,7 +308,7 @@ def test_tf_lars_skip_takes_what_lars_takes(skip):
 
 
 def test_tf_lars_skip_and_skip_list_together_are_rejected():
-  with pytest.raises(ValueError, match="^skip_list: give skip_list or skip, not both"):
+  with pytest.raises(ValueError, match=r"^skip_list: give skip_list or skip, not both"):
     lars_optax.tf_lars(0.1, skip_list=["bias"], skip="flax")
 
 
@@ -322,7 +322,7 @@ def test_tf_lars_bad_skip_at_construction(skip, exc, msg):
 
 
 def test_tf_lars_skip_mask_matching_nothing_at_init():
-  with pytest.raises(ValueError, match="^skip: no parameter name ends with 'bais'"):
+  with pytest.raises(ValueError, match=r"^skip: no parameter name ends with 'bais'"):
     lars_optax.tf_lars(0.1, skip=lars_optax.by_suffix("bais")).init(_tree())
 
 
