@@ -30,6 +30,7 @@ import difflib
 import functools
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -62,6 +63,7 @@ __all__ = [
   "nothing",
   "resolve_leaf_values",
   "resolve_mask",
+  "warn_foreign_names",
 ]
 
 
@@ -415,6 +417,61 @@ multi-dimensional weight: add it with :func:`by_regex` if you use one."""
 PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAIKU_SKIP,
                             "equinox": EQUINOX_SKIP}
 """Presets by name, accepted wherever a mask is (``skip="flax"``)."""
+
+
+
+class _DefaultPreset(str):
+  """A preset name given as an argument's default, not by the user.
+
+  Equal to (and used as) the name; only its identity differs, so that
+  :func:`warn_foreign_names` warns only when the default is in force.
+  """
+
+  __slots__ = ()
+
+
+MXNET_DEFAULT = _DefaultPreset("mxnet")
+"""``"mxnet"`` as :func:`lars_optax.lars`'s default ``skip``: see :func:`warn_foreign_names`."""
+
+
+def _foreign_preset(tree: Any) -> tuple[str, list[str]] | None:
+  """The preset whose names ``tree`` has, with the leaves MXNet's rule would adapt."""
+  named = named_leaves(tree)
+  last = {_last(n) for n, _ in named}
+  if last & {"b", "offset"}:
+    preset = "haiku"
+  elif "scale" in last:
+    preset = "flax"
+  elif any(_last(n) == "weight" and np.ndim(x) == 1 for n, x in named):
+    preset = "equinox"
+  else:
+    return None
+  missed = [n for n, x in named
+            if PRESETS[preset].matches(n, x) and not MXNET_SKIP.matches(n, x)]
+  return (preset, missed) if missed else None
+
+
+def warn_foreign_names(tree: Any, arg_name: str = "skip") -> None:
+  """Warns when the default MXNet preset meets another framework's names.
+
+  MXNet's rule skips names ending in ``gamma``, ``beta`` or ``bias``. A Flax,
+  Haiku or Equinox model names its norm parameters ``scale``/``offset``/
+  ``weight`` and Haiku its biases ``b``: under the default those would get a
+  trust ratio. :func:`lars_optax.lars` calls this in ``init`` when its
+  ``skip`` is the default (not when ``skip="mxnet"`` is passed explicitly).
+  """
+  found = _foreign_preset(tree)
+  if found is None:
+    return
+  preset, missed = found
+  warnings.warn(
+      f"{arg_name}: the default preset 'mxnet' (names ending in gamma, beta or bias) "
+      f"does not skip {missed[:3]}" + (f" and {len(missed) - 3} more" if len(missed) > 3
+                                      else "")
+      + f", which look like {preset.capitalize()} norm or bias parameters; pass "
+      f"skip={preset!r} to skip them, or skip='mxnet' to keep MXNet's rule (and "
+      "silence this warning).", UserWarning, stacklevel=3)
+
 
 MaskLike = str | Mask | Callable[[Any], Any] | Any | None
 """A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``, ``"equinox"``), a :class:`Mask`, a

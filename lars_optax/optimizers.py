@@ -121,7 +121,7 @@ def lars(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    skip: masks.MaskLike = "mxnet",
+    skip: masks.MaskLike = masks.MXNET_DEFAULT,
     *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,

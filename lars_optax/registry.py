@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -109,12 +110,24 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   A Python scheduler that cannot be traced (one that branches on the count or
   keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
   host through :func:`jax.pure_callback` with the concrete count.
+
+  The rate is a function of the state's count, so ``update`` stays pure even
+  for a stateful scheduler: restoring an earlier optimizer state (a rollback,
+  a checkpoint) and replaying gives the same rates. The rate for count ``n``
+  is what a copy of ``lr_scheduler`` (taken here, before any call) returns
+  when called with every count from the first up to ``n`` in order, as in a
+  run without rollback. A count below the last one restarts from a fresh copy
+  (one host call per count to catch up: about a second per million steps);
+  the same count again returns the same rate. A scheduler that
+  :func:`copy.deepcopy` cannot copy is called as is (a UserWarning says that
+  replay after a rollback then needs a fresh optimizer).
   """
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
                     f"{type(lr_scheduler).__name__}.")
   v.check_count("begin_num_update", begin_num_update)
   offset = int(begin_num_update) + 1
+  replay = _Replay(lr_scheduler, offset)  # copies it before anything calls it
 
   def lr_dtype():
     # float64 when x64 is on (as MXNet's Python-float rate), else float32; checked at call time.
@@ -135,11 +148,56 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     dtype = lr_dtype()
 
     def host(n):
-      return np.asarray(lr_scheduler(int(n) + offset), dtype)
+      return np.asarray(replay(int(n)), dtype)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 
   return on_host
+
+
+class _Replay:
+  """A host scheduler made a function of the count (see :func:`mxnet_schedule`).
+
+  ``self(n)`` is the rate a fresh copy returns after being called with every
+  count from 0 to ``n`` in order (MXNet's ``num_update`` is ``n + offset``).
+  Only the working copy and the last rate are kept.
+  """
+
+  def __init__(self, scheduler: Callable[[Any], Any], offset: int):
+    self._offset = offset
+    try:
+      self._pristine: Any = copy.deepcopy(scheduler)
+    except Exception:  # noqa: BLE001 - any failure to copy: call it as is
+      self._pristine = None
+    self._working = scheduler
+    self._next = 0  # the next count the working copy expects
+    self._last: Any = None
+    self._lock = threading.Lock()
+    self._warned = False
+
+  def __call__(self, n: int) -> Any:
+    with self._lock:
+      if n == self._next - 1:  # the same count again (a skipped or repeated step)
+        return self._last
+      if n < self._next:  # a rollback: restart from the state at creation
+        if self._pristine is None:
+          if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "lr_scheduler: the optimizer went back to an earlier step, but the "
+                f"scheduler ({type(self._working).__name__}) cannot be copied, so its "
+                "rate may differ from the first time; build a fresh optimizer to "
+                "replay exactly.", stacklevel=2)
+        else:
+          self._working = copy.deepcopy(self._pristine)
+          self._next = 0
+      if self._pristine is not None:
+        while self._next < n:  # catch up on the counts not seen
+          self._working(self._next + self._offset)
+          self._next += 1
+      self._last = self._working(n + self._offset)
+      self._next = n + 1
+      return self._last
 
 
 _UNSET = object()

@@ -283,6 +283,8 @@ def scale_by_lars_trust_ratio(
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
     masks.check_unique_names(params)
+    if skip is masks.MXNET_DEFAULT:
+      masks.warn_foreign_names(params)
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)

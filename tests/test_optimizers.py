@@ -6,6 +6,7 @@ skipping and the trust-ratio read-out.
 """
 
 import math
+import warnings
 
 import chex
 import jax
@@ -655,3 +656,63 @@ def test_tf_lars_accepts_numpy_bool_nesterov():
   opt = lars_optax.tf_lars(0.1, use_nesterov=np.bool_(True))
   params = {"w": jnp.ones(3)}
   opt.update({"w": jnp.ones(3)}, opt.init(params), params)
+
+
+# --------------------------------------------------------------------------
+# The default skip preset warns on another framework's names
+# --------------------------------------------------------------------------
+
+
+def _framework_params(kind):
+  if kind == "flax":
+    return {"Dense_0": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
+            "LayerNorm_0": {"scale": jnp.ones(2), "bias": jnp.ones(2)}}
+  if kind == "haiku":
+    return {"linear": {"w": jnp.ones((3, 2)), "b": jnp.ones(2)},
+            "layer_norm": {"scale": jnp.ones(2), "offset": jnp.ones(2)}}
+  if kind == "equinox":
+    return {"linear": {"weight": jnp.ones((2, 3)), "bias": jnp.ones(2)},
+            "norm": {"weight": jnp.ones(2), "bias": jnp.ones(2)}}
+  return {"fc1_weight": jnp.ones((3, 2)), "fc1_bias": jnp.ones(2),
+          "bn0_gamma": jnp.ones(2), "bn0_beta": jnp.ones(2)}
+
+
+@pytest.mark.parametrize("kind, missed", [
+    ("flax", "LayerNorm_0/scale"), ("haiku", "layer_norm/offset"), ("equinox", "norm/weight")])
+def test_default_skip_warns_on_another_frameworks_names(kind, missed):
+  with pytest.warns(UserWarning, match=rf"^skip: the default preset 'mxnet' .*{missed}.*"
+                                       rf"pass skip='{kind}'"):
+    lars_optax.lars(0.1).init(_framework_params(kind))
+
+
+@pytest.mark.parametrize("kind", ["flax", "haiku", "equinox"])
+def test_explicit_skip_does_not_warn(kind):
+  params = _framework_params(kind)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    lars_optax.lars(0.1, skip="mxnet").init(params)
+    lars_optax.lars(0.1, skip=kind).init(params)
+    lars_optax.create("lars", skip=kind).init(params)
+
+
+def test_default_skip_keeps_mxnets_rule_silently_on_mxnet_names():
+  params = _framework_params("mxnet")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    state = lars_optax.lars(0.1).init(params)
+  tx = lars_optax.lars(0.1)
+  _, state = tx.update(params, state, params)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert [n for n, r in ratios.items() if float(r) == 1.0] == ["bn0_beta", "bn0_gamma",
+                                                               "fc1_bias"]
+
+
+def test_default_skip_is_still_mxnets_preset():
+  params = _framework_params("flax")
+  with pytest.warns(UserWarning):
+    tx = lars_optax.lars(0.1)
+    state = tx.init(params)
+  _, state = tx.update(params, state, params)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert float(ratios["LayerNorm_0/scale"]) != 1.0  # adapted, as MXNet's rule says
+  assert float(ratios["LayerNorm_0/bias"]) == 1.0
