@@ -24,7 +24,9 @@ params)`` rejects non-float gradients and gradients whose tree or shapes
 differ from the params (naming the leaf), and casts a gradient of another
 float dtype to its parameter's, so that state and updates keep the parameter
 dtypes. These checks are the first link of every chain,
-:func:`lars_optax.check_inputs`.
+:func:`lars_optax.check_inputs`. As in optax, params that sit where the
+gradients hold None are ignored, so Equinox's ``update(grads, state, model)``
+works with the whole model.
 
 Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
 (it falls back to 1), but it does reach the weights. To skip such steps, wrap
@@ -195,7 +197,11 @@ def lars(
       (``by_suffix("bias")``, ...) must match: ``init`` raises a ValueError
       when one of its names matches no parameter (presets and
       ``mask.optional()`` may match nothing). Pass a callable mask through
-      ``static_args`` when wrapping with ``optax.inject_hyperparams``.
+      ``static_args`` when wrapping with ``optax.inject_hyperparams``. When
+      the default is in force and the names look like a Flax, Haiku or
+      Equinox model's (norm ``scale``/``offset``/1-d ``weight``, Haiku's
+      ``b``), ``init`` warns and names the preset to use; MXNet's rule still
+      applies, and ``skip="mxnet"`` given explicitly does not warn.
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
     wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
