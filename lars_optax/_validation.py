@@ -133,7 +133,9 @@ def check_same_structure(updates: Any, params: Any, where: str) -> None:
   p_names = {n for n, _ in masks.named_leaves(params)}
   detail = []
   if p_names - u_names:
-    detail.append(f"missing from gradients: {sorted(p_names - u_names)[:5]}")
+    detail.append(f"missing from gradients: {sorted(p_names - u_names)[:5]}; a gradient "
+                  "may be None where a param is not trained (e.g. Equinox's filtered "
+                  "gradients), or pass eqx.filter(model, eqx.is_array)")
   if u_names - p_names:
     detail.append(f"not in params: {sorted(u_names - p_names)[:5]}")
   raise ValueError(

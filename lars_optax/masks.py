@@ -435,8 +435,13 @@ MXNET_DEFAULT = _DefaultPreset("mxnet")
 
 
 def _foreign_preset(tree: Any) -> tuple[str, list[str]] | None:
-  """The preset whose names ``tree`` has, with the leaves MXNet's rule would adapt."""
-  named = named_leaves(tree)
+  """The preset whose names ``tree`` has, with the leaves MXNet's rule would adapt.
+
+  Only nested names count (``module/scale``): these frameworks always nest
+  their params by module, while MXNet's names and toy examples (``{"w", "b"}``)
+  are flat.
+  """
+  named = [(n, x) for n, x in named_leaves(tree) if "/" in n]
   last = {_last(n) for n, _ in named}
   if last & {"b", "offset"}:
     preset = "haiku"
@@ -457,7 +462,8 @@ def warn_foreign_names(tree: Any, arg_name: str = "skip") -> None:
   MXNet's rule skips names ending in ``gamma``, ``beta`` or ``bias``. A Flax,
   Haiku or Equinox model names its norm parameters ``scale``/``offset``/
   ``weight`` and Haiku its biases ``b``: under the default those would get a
-  trust ratio. :func:`lars_optax.lars` calls this in ``init`` when its
+  trust ratio. Only nested names (``layer_norm/scale``) are looked at, so
+  flat MXNet-style dicts never warn. :func:`lars_optax.lars` calls this in ``init`` when its
   ``skip`` is the default (not when ``skip="mxnet"`` is passed explicitly).
   """
   found = _foreign_preset(tree)

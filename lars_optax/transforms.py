@@ -343,13 +343,15 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   if not found:
     raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
                      "state of an optimizer that uses scale_by_lars_trust_ratio.")
-  sizes = {f.trust_ratio.shape[0] for f in found}
+  # (jax.tree.leaves unwraps an nnx Variable holding the vector, as in nnx.Optimizer's state.)
+  vecs = [jax.tree.leaves(f.trust_ratio)[0] for f in found]
+  sizes = {v.shape[0] for v in vecs}
   if len(sizes) > 1:
     raise ValueError(f"state: holds LARS states of different sizes {sorted(sizes)}; "
                      "pass each sub-state to trust_ratios on its own.")
-  vec = found[0].trust_ratio
-  for other in found[1:]:  # each covers its own leaves; -1 elsewhere
-    vec = jnp.where(vec < 0, other.trust_ratio.astype(vec.dtype), vec)
+  vec = vecs[0]
+  for other in vecs[1:]:  # each covers its own leaves; -1 elsewhere
+    vec = jnp.where(vec < 0, other.astype(vec.dtype), vec)
   if params is None:
     return vec
   masks.check_unique_names(params)

@@ -398,6 +398,7 @@ def test_nnx_optimizer_checks_the_same_names_at_init_and_update(kwargs):
   from flax import nnx
 
   model = _nnx_model()
+  kwargs = {"skip": "flax", **kwargs}
   nnx.Optimizer(model, lars_optax.lars(0.1, momentum=0.9, **kwargs), wrt=nnx.Param)
 
 

@@ -809,3 +809,10 @@ def test_byol_lars_recipe_in_the_module_docs_is_the_tested_chain():
   documented, tested = namespace["byol_lars"], _byol_lars(0.2, weight_decay=1e-6, eta=0.001)
   chex.assert_trees_all_equal(documented.update(grads, documented.init(params), params)[0],
                               tested.update(grads, tested.init(params), params)[0])
+
+
+def test_default_skip_does_not_warn_on_flat_names():
+  params = {"w": jnp.ones((3, 2)), "b": jnp.ones(2), "scale": jnp.ones(2)}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    lars_optax.lars(0.1).init(params)
