@@ -159,6 +159,11 @@ def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
   for name, leaf in masks.named_leaves(tree):
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
+      if isinstance(leaf, (int, float, complex)):
+        raise TypeError(
+            f"{where}: {what} {name!r} is a Python {type(leaf).__name__}, not an array; "
+            f"pass arrays (e.g. jnp.asarray({leaf!r}, jnp.float32)) so that its dtype "
+            "is known.")
       dtype = np.asarray(leaf).dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(
@@ -186,7 +191,9 @@ def check_same_structure(updates: Any, params: Any, where: str) -> None:
   p_names = {n for n, _ in masks.named_leaves(params)}
   detail = []
   if p_names - u_names:
-    detail.append(f"missing from gradients: {sorted(p_names - u_names)[:5]}")
+    detail.append(f"missing from gradients: {sorted(p_names - u_names)[:5]}; a gradient "
+                  "may be None where a param is not trained (e.g. Equinox's filtered "
+                  "gradients), or pass eqx.filter(model, eqx.is_array)")
   if u_names - p_names:
     detail.append(f"not in params: {sorted(u_names - p_names)[:5]}")
   raise ValueError(
@@ -200,3 +207,25 @@ def check_axis_name(axis_name: Any) -> None:
   if axis_name is not None and (not isinstance(axis_name, str) or not axis_name):
     raise TypeError(f"axis_name: expected None or the name of a mesh axis (a non-empty "
                     f"string), got {axis_name!r}.")
+
+
+def align_params(updates: Any, params: Any) -> Any:
+  """``params`` with a None wherever ``updates`` holds a None (optax's convention).
+
+  Equinox's documented loop calls ``update(grads, state, model)``: the model
+  holds non-array leaves (activation functions, ...) where the filtered
+  gradients hold None. Those params are not trained, so they are dropped, as
+  optax's own transformations ignore them. Trees that do not line up this way
+  are returned unchanged, for :func:`check_same_structure` to report.
+  """
+  if params is None or updates is None:
+    return params
+  t_u: Any = jax.tree.structure(updates)
+  t_p: Any = jax.tree.structure(params)
+  if t_u == t_p:
+    return params
+  try:
+    return jax.tree.map(lambda u, p: None if u is None else p, updates, params,
+                        is_leaf=lambda x: x is None)
+  except (ValueError, TypeError):
+    return params

@@ -107,6 +107,7 @@ def lazy_update(inner: GradientTransformation, *,
     return inner_tx.init(params)
 
   def update_fn(updates, state, params=None, **extra_args):
+    params = v.align_params(updates, params)
     if params is not None:
       v.check_same_structure(updates, params, "lazy_update")
     _check_rows(updates, "lazy_update", "gradient")

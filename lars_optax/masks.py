@@ -30,6 +30,7 @@ import difflib
 import functools
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -55,12 +56,14 @@ __all__ = [
   "check_leaf_values",
   "check_mask_like",
   "check_matches",
+  "check_unique_names",
   "everything",
   "leaf_names",
   "named_leaves",
   "nothing",
   "resolve_leaf_values",
   "resolve_mask",
+  "warn_foreign_names",
 ]
 
 
@@ -85,14 +88,21 @@ def path_to_name(path: tuple[Any, ...]) -> str:
 
 
 def _is_box(x: Any) -> bool:
-  """A Flax ``nnx.Variable`` (or alike): a node that holds one value.
+  """A node that holds one value: a Flax ``nnx.Variable`` or a linen metadata box.
 
-  Its leaf is named by the Variable's own path, so ``nnx.state(model)`` (which
+  Its leaf is named by the box's own path, so ``nnx.state(model)`` (which
   holds Variables, as ``nnx.Optimizer`` passes it to ``init``) and the pure
   arrays (as passed to ``update``) give the same names: ``lin1/kernel``, not
-  ``lin1/kernel/value``.
+  ``lin1/kernel/value``. Likewise the params of a linen model built with
+  ``nn.with_logical_partitioning`` / ``nn.with_partitioning`` hold
+  ``nn.Partitioned`` boxes (``flax.core.meta.AxisMetadata``): their leaves are
+  named ``Dense_0/kernel``, as after ``nn.meta.unbox``, so the presets see them.
   """
-  return hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in type(x).__mro__)
+  mro = type(x).__mro__
+  if hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in mro):
+    return True
+  return hasattr(x, "unbox") and any(
+      c.__name__ == "AxisMetadata" and c.__module__.startswith("flax") for c in mro)
 
 
 def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
@@ -134,6 +144,25 @@ def _placeholder_names(tree: Any) -> list[str]:
   """The names of the leaves and of the None / optax.MaskedNode placeholders."""
   return [name for name, _ in _named(
       tree, is_leaf=lambda x: x is None or isinstance(x, optax.MaskedNode))]
+
+
+def check_unique_names(tree: Any, arg_name: str = "params") -> None:
+  """Raises a ValueError when two leaves of ``tree`` get the same name.
+
+  Names join path entries with ``/``, so a key ``"a/b"`` and the nested keys
+  ``{"a": {"b": ...}}`` both give ``a/b``: a mask or an ``lr_mult`` entry could
+  not tell them apart. Where names are used (``skip``, ``lr_mult``,
+  ``wd_mult``, :func:`lars_optax.trust_ratios`), ``init`` checks this first.
+  """
+  seen: dict[str, Any] = {}
+  for path, _ in jtu.tree_flatten_with_path(tree, is_leaf=_is_box)[0]:
+    name = path_to_name(path)
+    if name in seen:
+      raise ValueError(
+          f"{arg_name}: the leaves at {jtu.keystr(seen[name])} and {jtu.keystr(path)} "
+          f"share the name {name!r} (names join path entries with '/'), so masks, "
+          "lr_mult/wd_mult and trust_ratios cannot tell them apart; rename a key.")
+    seen[name] = path
 
 
 def leaf_names(tree: Any) -> Any:
@@ -316,6 +345,10 @@ def by_regex(pattern: str | re.Pattern[str]) -> Mask:
   ``by_regex(r"BatchNorm_\d+/")`` selects every leaf of a Flax BatchNorm
   layer. An invalid pattern raises a ValueError naming ``pattern``.
   """
+  if isinstance(pattern, bytes) or (isinstance(pattern, re.Pattern)
+                                    and not isinstance(pattern.pattern, str)):
+    raise TypeError(f"pattern: expected a str (leaf names are str), got the bytes "
+                    f"pattern {pattern!r}.")
   try:
     compiled = re.compile(pattern)
   except (re.error, TypeError) as e:
@@ -385,6 +418,67 @@ PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAI
                             "equinox": EQUINOX_SKIP}
 """Presets by name, accepted wherever a mask is (``skip="flax"``)."""
 
+
+
+class _DefaultPreset(str):
+  """A preset name given as an argument's default, not by the user.
+
+  Equal to (and used as) the name; only its identity differs, so that
+  :func:`warn_foreign_names` warns only when the default is in force.
+  """
+
+  __slots__ = ()
+
+
+MXNET_DEFAULT = _DefaultPreset("mxnet")
+"""``"mxnet"`` as :func:`lars_optax.lars`'s default ``skip``: see :func:`warn_foreign_names`."""
+
+
+def _foreign_preset(tree: Any) -> tuple[str, list[str]] | None:
+  """The preset whose names ``tree`` has, with the leaves MXNet's rule would adapt.
+
+  Only nested names count (``module/scale``): these frameworks always nest
+  their params by module, while MXNet's names and toy examples (``{"w", "b"}``)
+  are flat.
+  """
+  named = [(n, x) for n, x in named_leaves(tree) if "/" in n]
+  last = {_last(n) for n, _ in named}
+  if last & {"b", "offset"}:
+    preset = "haiku"
+  elif "scale" in last:
+    preset = "flax"
+  elif any(_last(n) == "weight" and np.ndim(x) == 1 for n, x in named):
+    preset = "equinox"
+  else:
+    return None
+  missed = [n for n, x in named
+            if PRESETS[preset].matches(n, x) and not MXNET_SKIP.matches(n, x)]
+  return (preset, missed) if missed else None
+
+
+def warn_foreign_names(tree: Any, arg_name: str = "skip") -> None:
+  """Warns when the default MXNet preset meets another framework's names.
+
+  MXNet's rule skips names ending in ``gamma``, ``beta`` or ``bias``. A Flax,
+  Haiku or Equinox model names its norm parameters ``scale``/``offset``/
+  ``weight`` and Haiku its biases ``b``: under the default those would get a
+  trust ratio. Only nested names (``layer_norm/scale``) are looked at, so
+  flat MXNet-style dicts never warn. :func:`lars_optax.lars` calls this in ``init`` when its
+  ``skip`` is the default (not when ``skip="mxnet"`` is passed explicitly).
+  """
+  found = _foreign_preset(tree)
+  if found is None:
+    return
+  preset, missed = found
+  warnings.warn(
+      f"{arg_name}: the default preset 'mxnet' (names ending in gamma, beta or bias) "
+      f"does not skip {missed[:3]}" + (f" and {len(missed) - 3} more" if len(missed) > 3
+                                      else "")
+      + f", which look like {preset.capitalize()} norm or bias parameters; pass "
+      f"skip={preset!r} to skip them, or skip='mxnet' to keep MXNet's rule (and "
+      "silence this warning).", UserWarning, stacklevel=3)
+
+
 MaskLike = str | Mask | Callable[[Any], Any] | Any | None
 """A preset name (``"mxnet"``, ``"flax"``, ``"haiku"``, ``"equinox"``), a :class:`Mask`, a
 callable ``tree -> bool pytree``, a bool pytree, or None (no leaf)."""
@@ -395,7 +489,9 @@ def check_mask_like(mask: MaskLike, arg_name: str = "mask") -> None:
   if isinstance(mask, str) and mask not in PRESETS:
     raise ValueError(f"{arg_name}: unknown preset {mask!r}; valid presets are "
                      f"{sorted(PRESETS)}.")
-  if isinstance(mask, (int, float)) and not isinstance(mask, bool):
+  number = (isinstance(mask, (int, float, complex, np.number, bytes))
+            or (isinstance(mask, (np.ndarray, jax.Array)) and mask.dtype != np.bool_))
+  if number and not isinstance(mask, bool):
     raise TypeError(f"{arg_name}: expected a mask, a preset name or a bool pytree, "
                     f"got {mask!r}.")
   if (isinstance(mask, (list, tuple)) and mask
@@ -477,7 +573,8 @@ leaf, as a ``skip`` mask must (checked in ``init``). Leaves that no entry names 
 
 
 def _check_value(arg_name: str, key: Any, value: Any) -> float:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.integer, np.floating))):
     raise TypeError(f"{arg_name}: the value for {key!r} must be a real number, "
                     f"got {value!r}.")
   value = float(value)

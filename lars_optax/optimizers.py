@@ -28,6 +28,8 @@ non-float gradients and gradients whose tree or shapes differ from the params
 (naming the leaf), and casts a gradient of another float dtype to its
 parameter's, so that state and updates keep the parameter dtypes. These
 checks are the first link of every chain, :func:`lars_optax.check_inputs`.
+As in optax, params that sit where the gradients hold None are ignored, so
+Equinox's ``update(grads, state, model)`` works with the whole model.
 
 Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
 (it falls back to 1), but it does reach the weights. To skip such steps, wrap
@@ -39,11 +41,39 @@ A skipped step leaves the params and every state buffer unchanged and is
 counted in ``state.total_notfinite`` (:func:`lars_optax.skip_nonfinite`).
 ``optax.apply_if_finite(tx, max_consecutive_errors)`` does the same for the
 optimizers without ``multi_precision``.
+
+Recipe: the LARS of BYOL and SimCLR (and of :func:`optax.lars`). Their rule
+differs from MXNet's and TF's: weight decay is added to the gradient first
+(masked like the ratio), the ratio is taken from the decayed gradient,
+:math:`\\rho = \\eta\\|w\\| / \\|g + \\lambda w\\|`, the momentum accumulates
+:math:`\\rho(g + \\lambda w)`, and the learning rate multiplies the
+momentum from outside (:math:`m_t = \\mu m_{t-1} + \\rho u_t`,
+:math:`w_t = w_{t-1} - \\eta_t m_t`). Biases and norm parameters get neither
+decay nor a ratio. It is a chain of public transformations::
+
+  import optax
+  import lars_optax
+
+  skip = lars_optax.by_ndim(1)  # biases and norm scales: no decay, ratio 1
+  byol_lars = optax.chain(
+      lars_optax.check_inputs("byol_lars"),
+      lars_optax.add_decayed_weights_per_leaf(1e-6, [(skip, 0.0)]),  # u = g + wd * w
+      lars_optax.scale_by_lars_trust_ratio(eta=0.001, skip=skip),    # rho from ||u||
+      optax.trace(decay=0.9),                                         # m = mu * m + rho * u
+      optax.scale_by_learning_rate(0.2),                              # w -= lr * m
+  )
+
+With a constant learning rate this equals ``optax.lars(0.2, weight_decay=1e-6,
+weight_decay_mask=keep, trust_coefficient=0.001, trust_ratio_mask=keep,
+momentum=0.9)`` with ``keep`` the complement of ``skip`` (optax.lars puts a
+scheduled rate inside the momentum); :func:`lars` instead takes the ratio from
+:math:`\\|g\\| + \\lambda\\|w\\|` and puts the rate inside the momentum
+(MXNet). Use ``skip="flax"`` (or another preset) to select by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -141,7 +171,7 @@ def lars(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    skip: masks.MaskLike = "mxnet",
+    skip: masks.MaskLike = masks.MXNET_DEFAULT,
     *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
@@ -187,7 +217,11 @@ def lars(
       (``by_suffix("bias")``, ...) must match: ``init`` raises a ValueError
       when one of its names matches no parameter (presets and
       ``mask.optional()`` may match nothing). Pass a callable mask through
-      ``static_args`` when wrapping with ``optax.inject_hyperparams``.
+      ``static_args`` when wrapping with ``optax.inject_hyperparams``. When
+      the default is in force and the names look like a Flax, Haiku or
+      Equinox model's (norm ``scale``/``offset``/1-d ``weight``, Haiku's
+      ``b``), ``init`` warns and names the preset to use; MXNet's rule still
+      applies, and ``skip="mxnet"`` given explicitly does not warn.
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
     wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
@@ -238,6 +272,7 @@ def tf_lars(
     skip_list: Sequence[str] | None = None,
     use_nesterov: bool = False,
     *,
+    skip: masks.MaskLike = None,
     axis_name: str | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
@@ -248,8 +283,7 @@ def tf_lars(
   .. math::
 
     \rho &= \frac{\eta\,\|w\|}{\|g\| + \lambda\|w\| + \epsilon}
-      \quad (1 \text{ if a leaf's name contains a } \texttt{skip\_list}
-      \text{ entry, or a norm is 0}) \\
+      \quad (1 \text{ for skipped leaves, or when a norm is 0}) \\
     a_t &= \mu\,a_{t-1} + g \\
     w_t &= w_{t-1} - \eta_t\,\rho\,a_t
       \qquad \text{or, with Nesterov,} \qquad
@@ -267,10 +301,19 @@ def tf_lars(
     weight_decay: :math:`\lambda` >= 0, used in the trust ratio only.
     eeta: LARS coefficient :math:`\eta` >= 0.
     epsilon: added to the ratio's denominator, >= 0.
-    skip_list: strings; a leaf whose name contains any of them keeps ratio 1.
-      Each must be contained in some parameter's name: ``init`` raises a
-      ValueError naming the entry otherwise (a typo would skip nothing).
+    skip_list: strings; a leaf whose name contains any of them keeps ratio 1
+      (TF's argument). Each must be contained in some parameter's name:
+      ``init`` raises a ValueError naming the entry otherwise (a typo would
+      skip nothing). For an entry that may match nothing (``"bias"`` for a
+      model without biases, such as Gemma), pass
+      ``skip=lars_optax.by_substring("bias").optional()`` instead.
     use_nesterov: Nesterov momentum.
+    skip: leaves that keep ratio 1, as :func:`lars` takes it: a preset name
+      (``"flax"``, ``"haiku"``, ``"equinox"``, ``"mxnet"``), a
+      :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree or a
+      bool pytree. ``skip_list=[...]`` is ``skip=by_substring(...)``; give one
+      of the two, not both (a ValueError; combine masks with ``|`` instead).
+      Default: no leaf skipped, as in TF.
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
@@ -280,8 +323,9 @@ def tf_lars(
 
   Raises:
     ValueError: for ``momentum < 0`` or ``weight_decay < 0`` (as TF does), and
-      for any other out-of-range or non-finite hyperparameter; in ``init``,
-      for a ``skip_list`` entry that no parameter name contains.
+      for any other out-of-range or non-finite hyperparameter; for both
+      ``skip_list`` and ``skip``; in ``init``, for a ``skip_list`` entry that
+      no parameter name contains.
 
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
@@ -296,22 +340,36 @@ def tf_lars(
   if not isinstance(use_nesterov, (bool, np.bool_)):
     raise TypeError(f"use_nesterov: expected a bool, got {use_nesterov!r}.")
   use_nesterov = bool(use_nesterov)
-  if isinstance(skip_list, str):
+  if isinstance(skip_list, (str, bytes)):
     raise TypeError("skip_list: expected a list of strings, got the single "
                     f"string {skip_list!r}; write [{skip_list!r}].")
+  if skip_list is not None and not isinstance(skip_list, Iterable):
+    raise TypeError(f"skip_list: expected a list of strings, got {skip_list!r}.")
   if skip_list is not None:
     skip_list = list(skip_list)
     bad = [s for s in skip_list if not isinstance(s, str) or not s]
     if bad:
       raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
-  skip = masks.by_substring(*skip_list) if skip_list else None
+  masks.check_mask_like(skip, "skip")
+  names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
+  if skip_list is not None and skip is not None:
+    raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
+                     "of both, pass one mask combined with |, e.g. "
+                     "skip=lars_optax.FLAX_SKIP | lars_optax.by_substring('embedding').")
+  if skip_list:
+    skip = masks.by_substring(*skip_list)
+    args = ", ".join(repr(s) for s in skip_list)
+    hint = ("Fix the entry or leave it out; for an entry that may match nothing "
+            "(e.g. 'bias' in a model without biases), pass "
+            f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
+    names = [("skip_list", skip, hint)]
   return _finish([
       scale_by_lars_trust_ratio(
           _keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name),
       _learning_rate(learning_rate),
-  ], "tf_lars", names=[("skip_list", skip, "Fix the entry or leave it out.")],
+  ], "tf_lars", names=names,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
 

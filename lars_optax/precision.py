@@ -93,6 +93,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
     return MultiPrecisionState(master, inner_tx.init(master_tree(params, master)))
 
   def update_fn(updates, state, params=None, **extra_args):
+    params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
     v.check_float_params(updates, name, "gradient")
     full = master_tree(params, state.master)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,9 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
 
   Raises:
     ValueError: the name is taken (pass ``overwrite=True`` to replace it).
-    TypeError: the name is not a string or the factory is not callable.
+    TypeError: the name is not a string, the factory is not callable or is
+      annotated to return None. A factory that returns anything but an optax
+      transformation is reported by :func:`create` (a TypeError naming it).
   """
   if not isinstance(name, str) or not name:
     raise TypeError(f"name: expected a non-empty string, got {name!r}.")
@@ -69,6 +72,13 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
   def add(fn: Factory) -> Factory:
     if not callable(fn):
       raise TypeError(f"factory: expected a callable, got {type(fn).__name__}.")
+    try:
+      returns = inspect.signature(fn).return_annotation
+    except (TypeError, ValueError):  # builtins without a signature
+      returns = inspect.Signature.empty
+    if returns is None or returns == "None":
+      raise TypeError(f"factory: {getattr(fn, '__name__', fn)!r} is annotated to return "
+                      "None; it must return an optax.GradientTransformation.")
     if key in _REGISTRY and not overwrite:
       raise ValueError(f"name: an optimizer called {name!r} is already registered; "
                        "pass overwrite=True to replace it.")
@@ -103,6 +113,17 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   A Python scheduler that cannot be traced (one that branches on the count or
   keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
   host through :func:`jax.pure_callback` with the concrete count.
+
+  The rate is a function of the state's count, so ``update`` stays pure even
+  for a stateful scheduler: restoring an earlier optimizer state (a rollback,
+  a checkpoint) and replaying gives the same rates. The rate for count ``n``
+  is what a copy of ``lr_scheduler`` (taken here, before any call) returns
+  when called with every count from the first up to ``n`` in order, as in a
+  run without rollback. A count below the last one restarts from a fresh copy
+  (one host call per count to catch up: about a second per million steps);
+  the same count again returns the same rate. A scheduler that
+  :func:`copy.deepcopy` cannot copy is called as is (a UserWarning says that
+  replay after a rollback then needs a fresh optimizer).
   """
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
@@ -110,6 +131,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
                 why=_COUNT_WHY)
   offset = int(begin_num_update) + 1
+  replay = _Replay(lr_scheduler, offset)  # copies it before anything calls it
 
   def lr_dtype():
     # float64 when x64 is on (as MXNet's Python-float rate), else float32; checked at call time.
@@ -130,11 +152,57 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     dtype = lr_dtype()
 
     def host(n):
-      return np.asarray(lr_scheduler(min(int(n) + offset, v.INT32_MAX)), dtype)
+      # The count saturates so that MXNet's num_update stays within int32.
+      return np.asarray(replay(min(int(n), v.INT32_MAX - offset)), dtype)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 
   return on_host
+
+
+class _Replay:
+  """A host scheduler made a function of the count (see :func:`mxnet_schedule`).
+
+  ``self(n)`` is the rate a fresh copy returns after being called with every
+  count from 0 to ``n`` in order (MXNet's ``num_update`` is ``n + offset``).
+  Only the working copy and the last rate are kept.
+  """
+
+  def __init__(self, scheduler: Callable[[Any], Any], offset: int):
+    self._offset = offset
+    try:
+      self._pristine: Any = copy.deepcopy(scheduler)
+    except Exception:  # noqa: BLE001 - any failure to copy: call it as is
+      self._pristine = None
+    self._working = scheduler
+    self._next = 0  # the next count the working copy expects
+    self._last: Any = None
+    self._lock = threading.Lock()
+    self._warned = False
+
+  def __call__(self, n: int) -> Any:
+    with self._lock:
+      if n == self._next - 1:  # the same count again (a skipped or repeated step)
+        return self._last
+      if n < self._next:  # a rollback: restart from the state at creation
+        if self._pristine is None:
+          if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "lr_scheduler: the optimizer went back to an earlier step, but the "
+                f"scheduler ({type(self._working).__name__}) cannot be copied, so its "
+                "rate may differ from the first time; build a fresh optimizer to "
+                "replay exactly.", stacklevel=2)
+        else:
+          self._working = copy.deepcopy(self._pristine)
+          self._next = 0
+      if self._pristine is not None:
+        while self._next < n:  # catch up on the counts not seen
+          self._working(self._next + self._offset)
+          self._next += 1
+      self._last = self._working(n + self._offset)
+      self._next = n + 1
+      return self._last
 
 
 _UNSET = object()
@@ -219,6 +287,10 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
       raise ValueError(f"{k}: {key!r} does not support this argument; its "
                        f"arguments are {sorted(own)}.")
   tx = factory(**kwargs)
+  if not isinstance(tx, optax.GradientTransformation):
+    raise TypeError(f"name: the factory registered as {key!r} returned "
+                    f"{type(tx).__name__}, not an optax.GradientTransformation "
+                    "(did it forget to return the optimizer?).")
   return precision.multi_precision(tx) if wrap else tx
 
 
@@ -235,11 +307,24 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   if lr is None or lr is _UNSET:  # None: MXNet keeps the scheduler's base_lr
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
-  if lr_scheduler.base_lr != lr:
-    warnings.warn(f"lr_scheduler: base_lr {lr_scheduler.base_lr} is replaced by "
+  old_lr = lr_scheduler.base_lr
+  try:
+    lr_scheduler = copy.deepcopy(lr_scheduler)
+  except Exception as e:  # any failure to copy gets the same advice
+    raise TypeError(
+        f"lr_scheduler: cannot copy {type(lr_scheduler).__name__} to set its base_lr to "
+        f"learning_rate ({type(e).__name__}: {e}); pass learning_rate=None to keep the "
+        "scheduler's base_lr, or a scheduler that copy.deepcopy can copy.") from e
+  try:
+    lr_scheduler.base_lr = lr
+  except (AttributeError, TypeError) as e:
+    raise TypeError(
+        f"lr_scheduler: cannot set base_lr on {type(lr_scheduler).__name__} "
+        f"({type(e).__name__}: {e}); pass learning_rate=None to keep the scheduler's "
+        "base_lr, or give it a writable base_lr.") from e
+  if old_lr != lr:
+    warnings.warn(f"lr_scheduler: base_lr {old_lr} is replaced by "
                   f"learning_rate {lr}, as MXNet does.", stacklevel=3)
-  lr_scheduler = copy.deepcopy(lr_scheduler)
-  lr_scheduler.base_lr = lr
   return lr_scheduler
 
 

@@ -267,7 +267,11 @@ class ScaleByLarsTrustRatioState(NamedTuple):
       step (1 for skipped leaves and before the first step). Float32, or
       float64 when a leaf is float64. :func:`trust_ratios` turns it into a
       pytree or a ``{name: ratio}`` dict for logging. (One vector rather than
-      one scalar per leaf: a single output buffer per step.)
+      one scalar per leaf: a single output buffer per step.) Inside
+      ``optax.masked``, ``optax.partition`` or ``optax.multi_transform`` the
+      leaves routed elsewhere (``optax.MaskedNode`` placeholders) have an
+      entry too, -1 (a ratio is never negative), so the vector still has
+      one entry per leaf of the whole params tree.
     inner_state: the state of the inner transformation.
   """
 
@@ -359,18 +363,35 @@ def scale_by_lars_trust_ratio(
                             (_norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
                             jnp.dtype(jnp.float32))
 
+  def slots(params):
+    """Per leaf of the whole tree: True for a leaf, False for a MaskedNode placeholder."""
+    return [not isinstance(x, optax.MaskedNode) for x in jax.tree.leaves(
+        params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))]
+
+  def vector(params, ratios):
+    """The state's vector: the leaves' ratios (1 when None), -1 for placeholders."""
+    dt = ratio_dtype(params)
+    it = iter(ratios)
+    entries = [(jnp.ones((), dt) if (r := next(it)) is None else r.astype(dt))
+               if real else jnp.full((), -1, dt) for real in slots(params)]
+    return jnp.stack(entries) if entries else jnp.ones((0,), dt)
+
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
     for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
       v.check_representable(arg, value, params, compute=True)
     v.check_representable("rescale", rescale, params)
+    masks.check_unique_names(params)
+    if skip is masks.MXNET_DEFAULT:
+      masks.warn_foreign_names(params)
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
-    ones = jnp.ones(len(jax.tree.leaves(params)), ratio_dtype(params))
+    ones = vector(params, [None] * len(jax.tree.leaves(params)))
     return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
 
   def update_fn(updates, state, params=None, **extra_args):
+    params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
     v.check_float_params(params, name)
     skipped = masks.resolve_mask(skip, params, "skip")
@@ -390,12 +411,8 @@ def scale_by_lars_trust_ratio(
     scaled = [u if r is None else (u.astype(jnp.promote_types(u.dtype, r.dtype)) * r
                                    ).astype(u.dtype)
               for u, r in zip(flat_u, ratios)]
-    dt = ratio_dtype(params)
-    one = jnp.ones((), dt)
-    vec = (jnp.stack([one if r is None else r.astype(dt) for r in ratios])
-           if ratios else jnp.ones((0,), dt))
     return (jax.tree.unflatten(treedef, scaled),
-            ScaleByLarsTrustRatioState(vec, inner_state))
+            ScaleByLarsTrustRatioState(vector(params, ratios), inner_state))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -403,8 +420,8 @@ def scale_by_lars_trust_ratio(
 def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   """The per-leaf trust ratios of the last step, from an optimizer state.
 
-  Finds the first :class:`ScaleByLarsTrustRatioState` in ``state`` (the state
-  of :func:`lars_optax.lars`, :func:`lars_optax.tf_lars`, a chain or a wrapper
+  Finds the :class:`ScaleByLarsTrustRatioState` in ``state`` (the state of
+  :func:`lars_optax.lars`, :func:`lars_optax.tf_lars`, a chain or a wrapper
   holding one) and returns its ratios (1 for skipped leaves):
 
   * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
@@ -412,21 +429,51 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
     ``{"params/Dense_0/kernel": 0.012, ...}``, ready for a logger.
 
+  Through ``optax.partition``, ``optax.multi_transform`` or ``optax.masked``,
+  where LARS covers only some leaves, the ratios of the leaves it covers are
+  returned: the dict leaves out the others, and the vector holds -1 for them.
+  Several LARS sub-states (e.g. two labels with different ``eta``) are
+  merged. Which leaves are covered is read from the vector's values, so under
+  ``jit`` (where they are unknown) the dict keeps every leaf, -1 for those
+  routed elsewhere.
+
   Raises:
     ValueError: when ``state`` holds no LARS trust-ratio state, or ``params``
       has a different number of leaves.
   """
-  found = _find_state(state)
-  if found is None:
+  found = _find_states(state)
+  if not found:
     raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
                      "state of an optimizer that uses scale_by_lars_trust_ratio.")
+  # (jax.tree.leaves unwraps an nnx Variable holding the vector, as in nnx.Optimizer's state.)
+  vecs = [jax.tree.leaves(f.trust_ratio)[0] for f in found]
+  sizes = {v.shape[0] for v in vecs}
+  if len(sizes) > 1:
+    raise ValueError(f"state: holds LARS states of different sizes {sorted(sizes)}; "
+                     "pass each sub-state to trust_ratios on its own.")
+  vec = vecs[0]
+  for other in vecs[1:]:  # each covers its own leaves; -1 elsewhere
+    vec = jnp.where(vec < 0, other.astype(vec.dtype), vec)
   if params is None:
-    return found.trust_ratio
+    return vec
+  masks.check_unique_names(params)
   named = masks.named_leaves(params)
-  if len(named) != found.trust_ratio.shape[0]:
+  if len(named) != vec.shape[0]:
     raise ValueError(f"params: has {len(named)} leaves but the state holds "
-                     f"{found.trust_ratio.shape[0]} trust ratios.")
-  return {n: found.trust_ratio[i] for i, (n, _) in enumerate(named)}
+                     f"{vec.shape[0]} trust ratios.")
+  if isinstance(vec, jax.core.Tracer):
+    return {n: vec[i] for i, (n, _) in enumerate(named)}
+  covered = [bool(c) for c in jax.device_get(vec >= 0)]
+  return {n: vec[i] for i, (n, _) in enumerate(named) if covered[i]}
+
+
+def _find_states(node: Any, cls: type = ScaleByLarsTrustRatioState) -> list[Any]:
+  """Every instance of ``cls`` in a (nested) optimizer state, outermost first."""
+  if isinstance(node, cls):
+    return [node]
+  children = node.values() if isinstance(node, dict) else (
+      node if isinstance(node, (tuple, list)) else ())
+  return [found for child in children for found in _find_states(child, cls)]
 
 
 def _find_state(node: Any, cls: type = ScaleByLarsTrustRatioState) -> Any:
@@ -537,6 +584,8 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   masks.check_leaf_values(multipliers, arg_name)
 
   def init_fn(params):
+    if multipliers is not None:
+      masks.check_unique_names(params)
     mults = masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)
     for (leaf, p), c in zip(masks.named_leaves(params), mults):
       v.check_representable(arg_name, c, {leaf: p})
@@ -588,10 +637,13 @@ def add_decayed_weights_per_leaf(
   def init_fn(params):
     v.check_float_params(params, name)
     v.check_representable("weight_decay", weight_decay, params)
+    if multipliers is not None:
+      masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)  # fail early
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
+    params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
@@ -803,6 +855,9 @@ def check_inputs(
     v.check_float_params(params, name)
     for arg, value, *compute in hyperparams:
       v.check_representable(arg, value, params, compute=bool(compute and compute[0]))
+    if any(mask is not None for _, mask, _ in names) or any(
+        spec is not None for _, spec in leaf_values):
+      masks.check_unique_names(params)
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
     for arg, spec in leaf_values:
@@ -819,6 +874,7 @@ def check_inputs(
     del extra_args
     v.check_float_params(updates, name, "gradient")
     if params is not None:
+      params = v.align_params(updates, params)
       v.check_same_structure(updates, params, name)
       v.check_float_params(params, name)
       updates = jax.tree.map(cast, updates, params)

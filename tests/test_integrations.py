@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -397,4 +398,123 @@ def test_nnx_optimizer_checks_the_same_names_at_init_and_update(kwargs):
   from flax import nnx
 
   model = _nnx_model()
+  kwargs = {"skip": "flax", **kwargs}
   nnx.Optimizer(model, lars_optax.lars(0.1, momentum=0.9, **kwargs), wrt=nnx.Param)
+
+
+# --------------------------------------------------------------------------
+# Flax linen with partitioning metadata: params hold nn.Partitioned boxes
+# --------------------------------------------------------------------------
+
+
+def _boxed_linen_model():
+  import flax.linen as nn
+
+  def part(init, names):
+    return nn.with_logical_partitioning(init, names)
+
+  class Net(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      h = nn.Dense(16, kernel_init=part(nn.initializers.lecun_normal(), ("embed", "mlp")),
+                   bias_init=part(nn.initializers.zeros, ("mlp",)))(x)
+      h = nn.LayerNorm(scale_init=part(nn.initializers.ones, ("mlp",)),
+                       bias_init=part(nn.initializers.zeros, ("mlp",)))(nn.relu(h))
+      return nn.Dense(1, kernel_init=part(nn.initializers.lecun_normal(), ("mlp", "out")),
+                      bias_init=part(nn.initializers.zeros, ("out",)))(h)
+
+  return Net()
+
+
+BOXED_KERNELS = ("Dense_0/kernel", "Dense_1/kernel")
+BOXED_SKIPPED = ("Dense_0/bias", "Dense_1/bias", "LayerNorm_0/bias", "LayerNorm_0/scale")
+
+
+def test_linen_partitioned_boxes_are_named_by_the_box():
+  """``nn.with_logical_partitioning`` params: ``Dense_0/kernel``, not ``.../value``."""
+  pytest.importorskip("flax")
+  import flax.linen as nn
+
+  params = _boxed_linen_model().init(jax.random.key(0), X)["params"]
+  assert isinstance(params["LayerNorm_0"]["scale"], nn.Partitioned)
+  names = sorted(n for n, _ in lars_optax.named_leaves(params))
+  assert names == sorted(BOXED_KERNELS + BOXED_SKIPPED)
+  assert sorted(masks.FLAX_SKIP.select(params)) == sorted(BOXED_SKIPPED)
+  assert names == sorted(n for n, _ in lars_optax.named_leaves(nn.meta.unbox(params)))
+
+
+@pytest.mark.parametrize("opt_name", LARS_LIKE)
+def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
+  """Boxed params as ``init`` returns them: norm scales and biases keep ratio 1."""
+  pytest.importorskip("flax")
+  import flax.linen as nn
+
+  model = _boxed_linen_model()
+  params = model.init(jax.random.key(0), X)["params"]
+  tx = (lars_optax.lars(0.1, momentum=0.9, eta=1.0, wd=1e-4, skip="flax")
+        if opt_name == "lars" else lars_optax.tf_lars(0.05, eeta=1.0, skip="flax"))
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, opt_state):
+    loss, grads = jax.value_and_grad(
+        lambda p: _mse(model.apply({"params": p}, X), Y))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  losses = []
+  for _ in range(STEPS):
+    params, opt_state, loss = step(params, opt_state)
+    losses.append(float(loss))
+  assert isinstance(params["Dense_0"]["kernel"], nn.Partitioned)  # still boxed
+  assert losses[-1] < 0.8 * losses[0], losses
+  ratios = {n: float(r) for n, r in lars_optax.trust_ratios(opt_state, params).items()}
+  assert sorted(ratios) == sorted(BOXED_KERNELS + BOXED_SKIPPED)
+  for name in BOXED_SKIPPED:
+    assert ratios[name] == 1.0, (name, ratios)
+  for name in BOXED_KERNELS:
+    assert math.isfinite(ratios[name]) and ratios[name] > 0 and ratios[name] != 1.0
+  # The same ratios as for the unboxed params.
+  plain = nn.meta.unbox(model.init(jax.random.key(0), X)["params"])
+  plain_state = tx.init(plain)
+  for _ in range(STEPS):
+    grads = jax.grad(lambda p: _mse(model.apply({"params": p}, X), Y))(plain)
+    updates, plain_state = tx.update(grads, plain_state, plain)
+    plain = optax.apply_updates(plain, updates)
+  chex.assert_trees_all_close(nn.meta.unbox(params), plain, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Equinox's documented loop: update(grads, state, model) with the whole model
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("opt_name", ["lars", "tf_lars", "signum", "adam", "sgd"])
+def test_equinox_update_with_the_model_as_params(opt_name):
+  """The model's non-array leaves (activations) sit where the grads hold None."""
+  pytest.importorskip("equinox")
+  import equinox as eqx
+
+  tx = (lars_optax.sgd(0.05, momentum=0.9, wd=1e-4) if opt_name == "sgd"
+        else _make_tx(opt_name, EQUINOX))
+  model = _equinox_model()
+  opt_state = tx.init(eqx.filter(model, eqx.is_array))
+
+  @eqx.filter_jit
+  def step(model, opt_state):
+    loss, grads = eqx.filter_value_and_grad(lambda m: _mse(jax.vmap(m)(X), Y))(model)
+    updates, opt_state = tx.update(grads, opt_state, model)  # the model, unfiltered
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+  losses = []
+  for _ in range(STEPS):
+    model, opt_state, loss = step(model, opt_state)
+    losses.append(float(loss))
+  assert all(math.isfinite(v) for v in losses), losses
+  assert losses[-1] < 0.8 * losses[0], losses
+  # Identical to the loop that passes eqx.filter(model, eqx.is_array).
+  ref_losses, _, ref_params = _equinox_train(tx, STEPS)
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  chex.assert_trees_all_close(jax.tree.leaves(eqx.filter(model, eqx.is_array)),
+                              jax.tree.leaves(ref_params), rtol=1e-6)

@@ -533,3 +533,25 @@ def test_leaf_values_unknown_name_suggests_close_ones():
 def test_leaf_values_bad_specs(spec, exc, match):
   with pytest.raises(exc, match="lr_mult: .*" + match):
     masks.check_leaf_values(spec, "lr_mult")
+
+
+@pytest.mark.parametrize("pattern", [b"bias", re.compile(b"bias")])
+def test_by_regex_rejects_bytes_patterns(pattern):
+  with pytest.raises(TypeError, match=r"^pattern: expected a str"):
+    lars_optax.by_regex(pattern)
+
+
+@pytest.mark.parametrize("value", [np.complex64(2 + 1j), np.complex128(1), 1 + 2j,
+                                   jnp.complex64(3)])
+def test_leaf_values_reject_complex_numbers(value):
+  with pytest.raises(TypeError, match=r"^lr_mult: the value for 'w' must be a real number"):
+    masks.check_leaf_values({"w": value}, "lr_mult")
+  with pytest.raises(TypeError, match=r"^lr_mult: the value for .* must be a real number"):
+    masks.check_leaf_values([("mxnet", value)], "lr_mult")
+
+
+def test_check_unique_names():
+  masks.check_unique_names({"a": {"b": 1}, "a_b": 2})
+  with pytest.raises(ValueError, match=r"^params: the leaves at \['a'\]\['b'\] and "
+                                       r"\['a/b'\] share the name 'a/b'"):
+    masks.check_unique_names({"a/b": 1, "a": {"b": 2}})

@@ -6,6 +6,7 @@ skipping and the trust-ratio read-out.
 """
 
 import math
+import textwrap
 import warnings
 
 import chex
@@ -17,6 +18,7 @@ import pytest
 from conftest import x64
 
 import lars_optax
+from lars_optax import masks
 from lars_optax import MXNetMomentumState, ScaleByLarsTrustRatioState
 
 
@@ -585,7 +587,9 @@ def test_inside_optax_masked(name):
   params, grads = _params(), _grads()
   updates, state = opt.update(grads, opt.init(params), params)
   chex.assert_trees_all_equal(updates["fc_bias"], grads["fc_bias"])
-  assert lars_optax.trust_ratios(state).shape == (1,)
+  vec = lars_optax.trust_ratios(state)  # leaf order: fc_bias (routed elsewhere: -1), w
+  assert vec.shape == (2,) and float(vec[0]) == -1.0 and float(vec[1]) > 0
+  assert sorted(lars_optax.trust_ratios(state, params)) == ["w"]
 
 
 def test_tf_lars_with_inject_hyperparams():
@@ -734,3 +738,159 @@ def test_no_low_precision_warning_where_adam_is_safe(make, dtype):
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     make().init({"w": jnp.ones(2, dtype)})
+
+
+# --------------------------------------------------------------------------
+# The default skip preset warns on another framework's names
+# --------------------------------------------------------------------------
+
+
+def _framework_params(kind):
+  if kind == "flax":
+    return {"Dense_0": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)},
+            "LayerNorm_0": {"scale": jnp.ones(2), "bias": jnp.ones(2)}}
+  if kind == "haiku":
+    return {"linear": {"w": jnp.ones((3, 2)), "b": jnp.ones(2)},
+            "layer_norm": {"scale": jnp.ones(2), "offset": jnp.ones(2)}}
+  if kind == "equinox":
+    return {"linear": {"weight": jnp.ones((2, 3)), "bias": jnp.ones(2)},
+            "norm": {"weight": jnp.ones(2), "bias": jnp.ones(2)}}
+  return {"fc1_weight": jnp.ones((3, 2)), "fc1_bias": jnp.ones(2),
+          "bn0_gamma": jnp.ones(2), "bn0_beta": jnp.ones(2)}
+
+
+@pytest.mark.parametrize("kind, missed", [
+    ("flax", "LayerNorm_0/scale"), ("haiku", "layer_norm/offset"), ("equinox", "norm/weight")])
+def test_default_skip_warns_on_another_frameworks_names(kind, missed):
+  with pytest.warns(UserWarning, match=rf"^skip: the default preset 'mxnet' .*{missed}.*"
+                                       rf"pass skip='{kind}'"):
+    lars_optax.lars(0.1).init(_framework_params(kind))
+
+
+@pytest.mark.parametrize("kind", ["flax", "haiku", "equinox"])
+def test_explicit_skip_does_not_warn(kind):
+  params = _framework_params(kind)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    lars_optax.lars(0.1, skip="mxnet").init(params)
+    lars_optax.lars(0.1, skip=kind).init(params)
+    lars_optax.create("lars", skip=kind).init(params)
+
+
+def test_default_skip_keeps_mxnets_rule_silently_on_mxnet_names():
+  params = _framework_params("mxnet")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    state = lars_optax.lars(0.1).init(params)
+  tx = lars_optax.lars(0.1)
+  _, state = tx.update(params, state, params)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert [n for n, r in ratios.items() if float(r) == 1.0] == ["bn0_beta", "bn0_gamma",
+                                                               "fc1_bias"]
+
+
+def test_default_skip_is_still_mxnets_preset():
+  params = _framework_params("flax")
+  with pytest.warns(UserWarning):
+    tx = lars_optax.lars(0.1)
+    state = tx.init(params)
+  _, state = tx.update(params, state, params)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert float(ratios["LayerNorm_0/scale"]) != 1.0  # adapted, as MXNet's rule says
+  assert float(ratios["LayerNorm_0/bias"]) == 1.0
+
+
+# --------------------------------------------------------------------------
+# The BYOL / SimCLR LARS recipe (the rule of optax.lars)
+# --------------------------------------------------------------------------
+
+
+def _byol_lars(learning_rate, weight_decay=1e-2, eta=0.01, momentum=0.9):
+  """The recipe as the module docstring of lars_optax.optimizers gives it."""
+  skip = lars_optax.by_ndim(1)  # biases and norm scales: no decay, ratio 1
+  return optax.chain(
+      lars_optax.check_inputs("byol_lars"),
+      lars_optax.add_decayed_weights_per_leaf(weight_decay, [(skip, 0.0)]),
+      lars_optax.scale_by_lars_trust_ratio(eta=eta, skip=skip),
+      optax.trace(decay=momentum),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def _byol_problem():
+  rng = np.random.default_rng(7)
+  params = {"conv": {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=4)},
+            "bn": {"scale": 1.0 + 0.1 * rng.normal(size=4)}, "head": rng.normal(size=(4, 2))}
+  grads = [jax.tree.map(lambda x: rng.normal(size=np.shape(x)), params) for _ in range(5)]
+  return params, grads
+
+
+def _byol_numpy(params, grads, lr, weight_decay=1e-2, eta=0.01, momentum=0.9):
+  """BYOL's LARS in float64 NumPy: u = g + wd*w, rho = eta*|w|/|u|, m = mu*m + rho*u, w -= lr*m."""
+  w = {k: np.asarray(v, np.float64) for k, v in masks.named_leaves(params)}
+  m = {k: np.zeros_like(v) for k, v in w.items()}
+  for t, g_tree in enumerate(grads):
+    g = dict(masks.named_leaves(g_tree))
+    for k in w:
+      adapted = w[k].ndim > 1
+      u = g[k] + (weight_decay * w[k] if adapted else 0.0)
+      wn, un = np.linalg.norm(w[k]), np.linalg.norm(u)
+      rho = eta * wn / un if (adapted and wn > 0 and un > 0) else 1.0
+      m[k] = momentum * m[k] + rho * u
+      w[k] = w[k] - lr(t) * m[k]
+  return w
+
+
+def test_byol_lars_recipe_equals_a_float64_numpy_rule():
+  params64, grads64 = _byol_problem()
+  schedule = optax.exponential_decay(0.5, transition_steps=1, decay_rate=0.8)
+  tx = _byol_lars(schedule)
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for g in grads64:
+    updates, state = step(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state,
+                          params)
+    params = optax.apply_updates(params, updates)
+  expected = _byol_numpy(params64, grads64, lambda t: float(schedule(t)))
+  for name, value in masks.named_leaves(params):
+    np.testing.assert_allclose(value, expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+def test_byol_lars_recipe_equals_optax_lars_with_a_constant_learning_rate():
+  """optax.lars puts the learning rate before the momentum: equal for a constant rate."""
+  params64, grads64 = _byol_problem()
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params)
+  ours = _byol_lars(0.3)
+  ref = optax.lars(0.3, weight_decay=1e-2, weight_decay_mask=keep, trust_coefficient=0.01,
+                   trust_ratio_mask=keep, momentum=0.9)
+  p_ours, p_ref = params, params
+  s_ours, s_ref = ours.init(params), ref.init(params)
+  for g64 in grads64:
+    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g64)
+    u, s_ours = ours.update(g, s_ours, p_ours)
+    p_ours = optax.apply_updates(p_ours, u)
+    u, s_ref = ref.update(g, s_ref, p_ref)
+    p_ref = optax.apply_updates(p_ref, u)
+  chex.assert_trees_all_close(p_ours, p_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_byol_lars_recipe_in_the_module_docs_is_the_tested_chain():
+  doc = lars_optax.optimizers.__doc__
+  code = doc.split("It is a chain of public transformations::\n")[1].split("\nWith a constant")[0]
+  namespace: dict = {}
+  exec(textwrap.dedent(code), namespace)
+  params64, grads64 = _byol_problem()
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  grads = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grads64[0])
+  documented, tested = namespace["byol_lars"], _byol_lars(0.2, weight_decay=1e-6, eta=0.001)
+  chex.assert_trees_all_equal(documented.update(grads, documented.init(params), params)[0],
+                              tested.update(grads, tested.init(params), params)[0])
+
+
+def test_default_skip_does_not_warn_on_flat_names():
+  params = {"w": jnp.ones((3, 2)), "b": jnp.ones(2), "scale": jnp.ones(2)}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    lars_optax.lars(0.1).init(params)

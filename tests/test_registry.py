@@ -309,3 +309,123 @@ def test_learning_rate_none_means_mxnets_fallback():
     tx = lars_optax.create("sgd", learning_rate=None, lr_scheduler=sched)
   updates, _ = tx.update(_grads(), tx.init(_params()), _params())
   np.testing.assert_allclose(updates["fc1_bias"], -0.3 * _grads()["fc1_bias"], rtol=1e-6)
+
+
+class _ReadOnlyScheduler:
+  """An MXNet-style scheduler whose base_lr cannot be set."""
+
+  def __init__(self, base_lr=0.1):
+    self._base_lr = base_lr
+
+  @property
+  def base_lr(self):
+    return self._base_lr
+
+  def __call__(self, num_update):
+    return self._base_lr * (0.5 if num_update > 2 else 1.0)
+
+
+class _UncopyableScheduler:
+  def __init__(self):
+    self.base_lr = 0.1
+
+  def __deepcopy__(self, memo):
+    raise RuntimeError("holds a lock")
+
+  def __call__(self, num_update):
+    return self.base_lr
+
+
+@pytest.mark.parametrize("scheduler, msg", [
+    (_ReadOnlyScheduler(), r"^lr_scheduler: cannot set base_lr on _ReadOnlyScheduler"),
+    (_UncopyableScheduler(), r"^lr_scheduler: cannot copy _UncopyableScheduler"),
+])
+def test_scheduler_whose_base_lr_cannot_be_set_names_the_argument(scheduler, msg):
+  with pytest.raises(TypeError, match=msg + ".*learning_rate=None"):
+    lars_optax.create("sgd", learning_rate=0.2, lr_scheduler=scheduler)
+  lars_optax.create("sgd", learning_rate=None, lr_scheduler=scheduler)  # keeps base_lr
+
+
+def test_register_rejects_a_factory_annotated_to_return_none(clean_registry):
+  def bad(learning_rate=0.1) -> None:
+    optax.sgd(learning_rate)
+
+  with pytest.raises(TypeError, match=r"^factory: 'bad' is annotated to return None"):
+    lars_optax.register("bad", bad)
+
+
+def test_create_rejects_a_factory_that_returns_none(clean_registry):
+  def forgot(learning_rate=0.1):
+    optax.sgd(learning_rate)
+
+  lars_optax.register("forgot", forgot)
+  with pytest.raises(TypeError, match=r"^name: the factory registered as 'forgot' returned "
+                                      r"NoneType, not an optax.GradientTransformation"):
+    lars_optax.create("forgot")
+
+
+class _FactorScheduler:
+  """MXNet's ``FactorScheduler``: keeps state, so a call changes later calls."""
+
+  def __init__(self, step, factor=0.5, base_lr=0.1):
+    self.step, self.factor, self.base_lr, self.count = step, factor, base_lr, 0
+
+  def __call__(self, num_update):
+    while num_update > self.count + self.step:
+      self.count += self.step
+      self.base_lr *= self.factor
+    return self.base_lr
+
+
+class _CallCounter:
+  """A scheduler whose rate depends on how often it was called, not on the count."""
+
+  def __init__(self):
+    self.base_lr = 0.1
+    self.calls = 0
+
+  def __call__(self, num_update):
+    int(num_update)  # a Python function of the count: called on the host
+    self.calls += 1
+    return self.base_lr / self.calls
+
+
+@pytest.mark.parametrize("scheduler", [lambda: _FactorScheduler(2), _CallCounter],
+                         ids=["factor", "call_counter"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_host_scheduler_replays_exactly_after_restoring_an_earlier_state(scheduler, jit):
+  tx = lars_optax.create("sgd", momentum=0.9, learning_rate=None, lr_scheduler=scheduler())
+  update = jax.jit(tx.update) if jit else tx.update
+  params = _params()
+  states, first = [tx.init(params)], []
+  for _ in range(6):
+    updates, state = update(_grads(), states[-1], params)
+    states.append(state)
+    first.append(updates)
+  for restore in (2, 0, 4):  # roll back and replay from there
+    state = states[restore]
+    for step in range(restore, 6):
+      updates, state = update(_grads(), state, params)
+      chex.assert_trees_all_equal(updates, first[step])
+
+
+def test_host_scheduler_rates_follow_the_count_from_a_fresh_copy():
+  sched = _FactorScheduler(2)
+  schedule = lars_optax.mxnet_schedule(sched)
+  rates = [float(schedule(jnp.asarray(n))) for n in (0, 1, 2, 3, 4, 5, 1, 5, 5)]
+  np.testing.assert_allclose(rates, [0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.1, 0.025, 0.025],
+                             rtol=1e-6)
+  # The first time through, the object passed in is the one called (as before).
+  assert sched.count == 4
+
+
+def test_uncopyable_host_scheduler_warns_on_rollback():
+  class Uncopyable(_CallCounter):
+    def __deepcopy__(self, memo):
+      raise RuntimeError("holds a lock")
+
+  schedule = lars_optax.mxnet_schedule(Uncopyable())
+  schedule(jnp.asarray(0))
+  schedule(jnp.asarray(1))
+  with pytest.warns(UserWarning, match="^lr_scheduler: the optimizer went back"):
+    schedule(jnp.asarray(0))

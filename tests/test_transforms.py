@@ -307,3 +307,73 @@ def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
       out, state = tx.update(jnp.asarray(g, jnp.float64), state)
       assert out.dtype == jnp.float64
       np.testing.assert_allclose(out, exp, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# trust_ratios through optax.partition / multi_transform / masked
+# --------------------------------------------------------------------------
+
+
+def _partition_params():
+  return {"dense": {"kernel": jnp.full((3, 2), 2.0), "bias": jnp.ones(2)},
+          "emb": jnp.ones((4, 2)), "head": {"kernel": jnp.full((2, 2), 3.0)}}
+
+
+def _partition_step(tx, params, jit=False):
+  grads = jax.tree.map(lambda x: 0.25 * x, params)
+  update = jax.jit(tx.update) if jit else tx.update
+  _, state = update(grads, tx.init(params), params)
+  return state
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("combine", ["partition", "multi_transform"])
+def test_trust_ratios_through_partition_cover_the_lars_leaves(combine, jit):
+  params = _partition_params()
+  labels = {"dense": {"kernel": "lars", "bias": "lars"}, "emb": "adam",
+            "head": {"kernel": "lars"}}
+  make = optax.partition if combine == "partition" else optax.multi_transform
+  tx = make({"lars": lars_optax.lars(0.1, momentum=0.9, eta=0.5), "adam": optax.adam(1e-3)},
+            labels)
+  state = _partition_step(tx, params, jit)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert sorted(ratios) == ["dense/bias", "dense/kernel", "head/kernel"]  # no "emb"
+  # The same ratios as LARS alone on the leaves it covers.
+  sub = {"dense": params["dense"], "head": params["head"]}
+  alone = lars_optax.trust_ratios(
+      _partition_step(lars_optax.lars(0.1, momentum=0.9, eta=0.5), sub), sub)
+  for name, value in alone.items():
+    assert float(ratios[name]) == float(value), name
+  assert float(ratios["dense/bias"]) == 1.0 and float(ratios["dense/kernel"]) != 1.0
+  vec = lars_optax.trust_ratios(state)  # leaf order: dense/bias, dense/kernel, emb, head
+  assert vec.shape == (4,) and float(vec[2]) == -1.0
+
+
+def test_trust_ratios_merge_several_lars_sub_states():
+  params = _partition_params()
+  labels = {"dense": {"kernel": "a", "bias": "a"}, "emb": "sgd", "head": {"kernel": "b"}}
+  tx = optax.partition({"a": lars_optax.lars(0.1, eta=0.5), "b": lars_optax.tf_lars(0.1, eeta=2.0),
+                        "sgd": optax.sgd(0.1)}, labels)
+  ratios = lars_optax.trust_ratios(_partition_step(tx, params), params)
+  assert sorted(ratios) == ["dense/bias", "dense/kernel", "head/kernel"]
+  # head/kernel: ||w|| = 6, ||g|| = 1.5, eeta = 2 (tf_lars: weight_decay 1e-4 in the ratio).
+  np.testing.assert_allclose(float(ratios["head/kernel"]), 2.0 * 6 / (1.5 + 1e-4 * 6),
+                             rtol=1e-6)
+
+
+def test_trust_ratios_through_optax_masked():
+  params = _partition_params()
+  route = {"dense": {"kernel": True, "bias": False}, "emb": False, "head": {"kernel": True}}
+  tx = optax.masked(lars_optax.lars(0.1, momentum=0.9, skip=None), route)
+  ratios = lars_optax.trust_ratios(_partition_step(tx, params), params)
+  assert sorted(ratios) == ["dense/kernel", "head/kernel"]
+
+
+def test_trust_ratios_under_jit_keep_every_leaf():
+  params = _partition_params()
+  labels = {"dense": {"kernel": "lars", "bias": "lars"}, "emb": "sgd",
+            "head": {"kernel": "lars"}}
+  tx = optax.partition({"lars": lars_optax.lars(0.1), "sgd": optax.sgd(0.1)}, labels)
+  state = _partition_step(tx, params)
+  ratios = jax.jit(lambda s: lars_optax.trust_ratios(s, params))(state)
+  assert float(ratios["emb"]) == -1.0 and len(ratios) == 4
