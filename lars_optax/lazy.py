@@ -19,6 +19,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import sparse as _sparse
 from lars_optax.transforms import _psum
 
 __all__ = ["lazy_update", "present_rows"]
@@ -105,6 +106,9 @@ def lazy_update(inner: GradientTransformation, *,
     return inner_tx.init(params)
 
   def update_fn(updates, state, params=None, **extra_args):
+    if any(_sparse.is_row_sparse(g)
+           for g in jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)):
+      return _sparse_update(updates, state, params, extra_args)
     if params is not None:
       v.check_same_structure(updates, params, "lazy_update")
     _check_rows(updates, "lazy_update", "gradient")
@@ -144,5 +148,17 @@ def lazy_update(inner: GradientTransformation, *,
 
     new_state = jax.tree.map(keep, new_state, state, is_leaf=is_params_like)
     return new_updates, new_state
+
+  def _sparse_update(updates, state, params, extra_args):
+    # Row-sparse (BCOO) leaves: gather, update and scatter their rows
+    # (lars_optax.sparse); dense leaves in the tree follow the rule above.
+    def dense_step(new, old, grad):
+      rows = present_rows(grad)
+      if axis_name is not None:
+        rows = _psum(rows.astype(jnp.int32), axis_name) > 0
+      return _keep_rows(new, old, rows)
+
+    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+                                      dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)

@@ -36,6 +36,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import sparse as _sparse
 
 __all__ = [
   "MXNetMomentumState",
@@ -612,7 +613,11 @@ def check_inputs(
     ``names`` (``(argument, mask, hint)``: e.g. ``("skip", skip, None)``) and
     in ``leaf_values`` (``(argument, lr_mult-style spec)``) matches a leaf
     (see :func:`lars_optax.masks.check_matches`);
-  * ``update``: every gradient is real floating point; when params are
+  * ``update``: no gradient is a row-sparse BCOO (those are taken by
+    :func:`lars_optax.lazy_update`, which gathers their rows before this
+    check: a BCOO reaching it gets an error naming the leaf, after the
+    checks of its layout, index dtype and shape); every gradient is real
+    floating point; when params are
     given, the gradients have their tree structure and shapes (errors name
     the leaf), and a gradient of another float dtype is cast to its param's,
     so state and updates keep the parameter dtypes.
@@ -644,6 +649,7 @@ def check_inputs(
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
+    _sparse.reject_row_sparse(updates, params, name)
     v.check_float_params(updates, name, "gradient")
     if params is not None:
       v.check_same_structure(updates, params, name)
