@@ -31,6 +31,13 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
+from lars_optax.sparse import (
+    RowSparseUpdate,
+    is_row_sparse,
+    row_sparse,
+    sparse_psum,
+    sparse_value_and_grad,
+)
 from lars_optax.svrg import (
     SVRGState,
     full_gradient,
@@ -64,6 +71,7 @@ __all__ = [
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
+    "RowSparseUpdate",
     "SVRGState",
     "ScaleByLarsTrustRatioState",
     "adam",
@@ -77,6 +85,7 @@ __all__ = [
     "check_inputs",
     "create",
     "full_gradient",
+    "is_row_sparse",
     "lars",
     "lars_trust_ratio",
     "lazy_update",
@@ -90,6 +99,7 @@ __all__ = [
     "present_rows",
     "register",
     "registered",
+    "row_sparse",
     "scale_by_lars_trust_ratio",
     "scale_by_mxnet_adam",
     "scale_per_leaf",
@@ -97,6 +107,8 @@ __all__ = [
     "signsgd",
     "signum",
     "skip_nonfinite",
+    "sparse_psum",
+    "sparse_value_and_grad",
     "svrg",
     "svrg_due",
     "svrg_refresh",

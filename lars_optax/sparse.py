@@ -63,8 +63,10 @@ With ``jax.jit(train_step, donate_argnums=(0, 1))`` the table, Adam's moments
 and the step are updated in place.
 
 Out-of-range indices (negative or >= the number of rows) in a row-sparse
-gradient are dropped under ``jit``, as JAX's scatter drops them; when the
-indices are concrete (outside ``jit``) they raise a ValueError naming the leaf.
+gradient are dropped under ``jit``, as JAX's scatter drops them. When the
+indices are concrete (outside ``jit``) they raise a ValueError naming the leaf,
+except the index equal to the number of rows: that one marks padding, as in
+BCOO's own padded arrays (:func:`sparse_value_and_grad` pads with it).
 
 Inner transformations must be *row-wise*: every row of their output may depend
 only on the same row of the gradient, params and state (Adam, SGD, momentum,
@@ -165,13 +167,13 @@ def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
         "real floating point values are supported.")
   if not isinstance(grad.indices, jax.core.Tracer) and grad.indices.size:
     idx = np.asarray(grad.indices)
-    bad = (idx < 0) | (idx >= shape[0])
-    if isinstance(grad, RowSparseUpdate):
-      return  # (padding of our own updates uses the row count as index)
+    # The index num_rows marks padding, as in BCOO's own padded arrays.
+    bad = (idx < 0) | (idx > shape[0])
     if bad.any():
       raise ValueError(
-          f"{where}: gradient {name!r} has row indices out of range [0, {shape[0]}): "
-          f"{idx[bad][:5].tolist()}. (Under jit such rows are dropped.)")
+          f"{where}: gradient {name!r} has row indices out of range [0, {shape[0]}) "
+          f"(and not the padding index {shape[0]}): {idx[bad][:5].tolist()}. "
+          "(Under jit such rows are dropped.)")
 
 
 def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
@@ -215,9 +217,9 @@ abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp conve
 copy copy_p cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite
 le log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem round
 rsqrt select_n sign sin sinh sqrt square sub tan tanh xor stop_gradient optimization_barrier
-""".split())
-_REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or "
-                        "argmax argmin".split())
+""".split())  # noqa: SIM905  (element-wise primitives: row r of the output needs row r of the inputs)
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())  # noqa: SIM905
 
 
 class _NotRowWise(Exception):
@@ -238,6 +240,19 @@ def _sub_jaxprs(params: dict) -> list[Any]:
   return out
 
 
+def _is_rowwise(eqn: Any) -> bool:
+  """Element-wise, a reduction over other axes, or a broadcast that keeps axis 0."""
+  name = eqn.primitive.name
+  if name in _ROWWISE:
+    return True
+  if name in _REDUCTIONS:
+    return 0 not in eqn.params.get("axes", (0,))
+  if name == "broadcast_in_dim":
+    return (not eqn.invars[0].aval.shape
+            or tuple(eqn.params["broadcast_dimensions"][:1]) == (0,))
+  return False
+
+
 def _walk(jaxpr: Any, taints: list[frozenset]) -> list[frozenset]:
   """Propagates which sparse leaves each value depends on; raises if not row-wise."""
   env: dict[Any, frozenset] = {}
@@ -254,12 +269,7 @@ def _walk(jaxpr: Any, taints: list[frozenset]) -> list[frozenset]:
     name = eqn.primitive.name
     if union:
       subs = _sub_jaxprs(eqn.params)
-      if name in _ROWWISE:
-        pass
-      elif name in _REDUCTIONS and 0 not in eqn.params.get("axes", (0,)):
-        pass
-      elif name == "broadcast_in_dim" and (
-          not eqn.invars[0].aval.shape or eqn.params["broadcast_dimensions"][:1] == (0,)):
+      if _is_rowwise(eqn):
         pass
       elif name == "cond" and subs:
         for sub in subs:
@@ -353,7 +363,8 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
   if params is None:
     raise ValueError(f"{where}: params are required with row-sparse gradients; call "
                      "update(updates, state, params).")
-  flat_g, treedef = jax.tree.flatten(updates, is_leaf=is_row_sparse)
+  flat_g, treedef_ = jax.tree.flatten(updates, is_leaf=is_row_sparse)
+  treedef: Any = treedef_
   try:
     flat_p = treedef.flatten_up_to(params)
   except (ValueError, TypeError):
@@ -473,24 +484,33 @@ class _Table:
     self.index, self.value, self.name = index, value, name
 
 
-def _lookup_rows(eqn: Any, indices: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
-  """The table rows a gather reads, as the gather computes them, and if valid."""
-  idx = indices[..., 0]
-  mode = eqn.params.get("mode")
-  if mode is not None and "CLIP" in str(mode):
-    return jnp.clip(idx, 0, num_rows - 1), jnp.ones(idx.shape, bool)
-  return idx, (idx >= 0) & (idx < num_rows)
+def _bind(eqn: Any, invals: list) -> Any:
+  """``eqn``'s primitive applied to ``invals`` (as ``jax.core.eval_jaxpr`` does)."""
+  bind_params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns: Sequence[Any] = ()
+  if isinstance(bind_params, tuple):  # (older JAX: (subfuns, params))
+    subfuns, bind_params = bind_params
+  with eqn.ctx.manager:
+    return eqn.primitive.bind(*subfuns, *invals, **bind_params)
 
 
-def _is_row_lookup(eqn: Any, table: jax.Array) -> bool:
-  dn = eqn.params["dimension_numbers"]
-  rest = table.shape[1:]
-  idx_nd = eqn.invars[1].aval.ndim
-  return (tuple(dn.start_index_map) == (0,) and tuple(dn.collapsed_slice_dims) == (0,)
-          and not tuple(getattr(dn, "operand_batching_dims", ()))
-          and tuple(eqn.params["slice_sizes"]) == (1, *rest)
-          and eqn.invars[1].aval.shape[-1:] == (1,)
-          and tuple(dn.offset_dims) == tuple(range(idx_nd - 1, idx_nd - 1 + len(rest))))
+def _row_component(dnums: Any, slice_sizes: Sequence[int], shape: tuple) -> int | None:
+  """Where a gather's index vectors hold the row, if the gather reads whole rows.
+
+  A row lookup slices one row (``slice_sizes[0] == 1``) and every other
+  dimension whole, so the only start index that matters is the row's.
+  """
+  if tuple(getattr(dnums, "operand_batching_dims", ())) or 0 not in dnums.start_index_map:
+    return None
+  if tuple(slice_sizes) != (1, *shape[1:]):
+    return None
+  return tuple(dnums.start_index_map).index(0)
+
+
+def _dynamic_slice_as_gather(ndim: int) -> Any:
+  """The dimension numbers of ``dynamic_slice`` (all start indices in one vector)."""
+  return jax.lax.GatherDimensionNumbers(
+      offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
 
 
 class _Interpreter:
@@ -506,31 +526,36 @@ class _Interpreter:
     self.max_rows, self.deltas = max_rows, deltas
     self.lookups: list[tuple[int, jax.Array]] = []  # (table index, unique rows)
 
-  def lookup(self, eqn: Any, table: _Table, indices: jax.Array) -> jax.Array:
-    dense = jax.lax.stop_gradient(table.value)
-    out = eqn.primitive.bind(dense, indices, **eqn.params)
+  def lookup(self, table: _Table, out: jax.Array, indices: jax.Array, dnums: Any,
+             slice_sizes: Sequence[int], row: int, clip: bool) -> jax.Array:
+    """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
     n = table.value.shape[0]
-    rows, valid = _lookup_rows(eqn, indices, n)
-    uniq = jnp.unique(jnp.where(valid, rows, n).reshape(-1), size=self.max_rows,
-                      fill_value=n)
+    rows = indices[..., row]
+    if clip:
+      rows, valid = jnp.clip(rows, 0, n - 1), jnp.ones(rows.shape, bool)
+    else:
+      valid = (rows >= 0) & (rows < n)
+    rows = jnp.where(valid, rows, n)
+    uniq = jnp.unique(rows.reshape(-1), size=self.max_rows, fill_value=n)
     if not isinstance(uniq, jax.core.Tracer):
-      distinct = np.unique(np.asarray(jnp.where(valid, rows, n))).size - (
-          not bool(np.all(np.asarray(valid))))
+      distinct = int(np.unique(np.asarray(rows)[np.asarray(valid)]).size)
       if distinct > self.max_rows:
         raise ValueError(
-            f"sparse_value_and_grad: a lookup of {table.name!r} reads {distinct} "
-            f"distinct rows, more than max_rows={self.max_rows}; raise max_rows.")
+            f"max_rows: a lookup of {table.name!r} reads {distinct} distinct rows, "
+            f"more than max_rows={self.max_rows}; raise max_rows.")
     slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, self.max_rows - 1)
     found = valid & (uniq[slot] == rows)
     k = len(self.lookups)
     self.lookups.append((table.index, uniq))
-    if self.deltas is None:
-      delta = jnp.zeros((self.max_rows, *table.value.shape[1:]), table.value.dtype)
-    else:
-      delta = self.deltas[k]
-    extra = jnp.where(found.reshape(found.shape + (1,) * (out.ndim - found.ndim)),
-                      delta[slot].astype(out.dtype), 0)
-    return out + extra
+    shape = (self.max_rows, *table.value.shape[1:])
+    delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
+    # The same gather on delta, with the row replaced by its slot (out of range,
+    # so 0, where the id was not found) and the other (whole) dimensions at 0.
+    new_idx = jnp.zeros_like(indices).at[..., row].set(
+        jnp.where(found, slot, self.max_rows).astype(indices.dtype))
+    extra = jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
+                           mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
+    return out + extra.astype(out.dtype)
 
   def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     env: dict[Any, Any] = {}
@@ -545,11 +570,7 @@ class _Interpreter:
     for eqn in jaxpr.eqns:
       invals = [read(v) for v in eqn.invars]
       tables = [x for x in invals if isinstance(x, _Table)]
-      if not tables:
-        subfuns, params = eqn.primitive.get_bind_params(eqn.params)
-        ans = eqn.primitive.bind(*subfuns, *invals, **params)
-      else:
-        ans = self.sparse_eqn(eqn, invals, tables[0])
+      ans = self.sparse_eqn(eqn, invals, tables[0]) if tables else _bind(eqn, invals)
       if eqn.primitive.multiple_results:
         for var, val in zip(eqn.outvars, ans):
           env[var] = val
@@ -559,47 +580,35 @@ class _Interpreter:
 
   def sparse_eqn(self, eqn: Any, invals: list, table: _Table) -> Any:
     name = eqn.primitive.name
-    if (name == "gather" and invals[0] is table and not isinstance(invals[1], _Table)
-        and _is_row_lookup(eqn, table.value)):
-      return self.lookup(eqn, table, invals[1])
-    if name == "dynamic_slice" and invals[0] is table and all(
-        not isinstance(x, _Table) for x in invals[1:]) and tuple(
-            eqn.params["slice_sizes"]) == (1, *table.value.shape[1:]):
-      # x[i] with a scalar i: a lookup of one row.
-      start = jnp.asarray(invals[1]).reshape(1, 1)
-      gather_eqn = _GatherLike(table.value.shape)
-      return self.lookup(gather_eqn, table, start)
+    others_dense = all(not isinstance(x, _Table) for x in invals[1:])
+    shape = table.value.shape
+    if name == "gather" and invals[0] is table and others_dense:
+      dnums, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+      row = _row_component(dnums, sizes, shape)
+      if row is not None:
+        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]])
+        clip = "CLIP" in str(eqn.params.get("mode"))
+        return self.lookup(table, out, invals[1], dnums, sizes, row, clip)
+    if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
+        eqn.params["slice_sizes"]) == (1, *shape[1:]):
+      # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
+      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]])
+      starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
+      return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
+                         eqn.params["slice_sizes"], 0, True)
     if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table and (
         eqn.params.get("new_dtype") in (None, table.value.dtype)):
       return table
     subs = _sub_jaxprs(eqn.params)
-    if len(subs) == 1 and len(subs[0].invars) == len(invals) and name != "cond" and (
-        name not in ("scan", "while")):
+    if len(subs) == 1 and len(subs[0].invars) == len(invals) and name not in (
+        "cond", "scan", "while"):
       sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-      consts = getattr(sub, "consts", ())
-      outs = self.run(subs[0], consts, invals)
+      outs = self.run(subs[0], getattr(sub, "consts", ()), invals)
       return outs if eqn.primitive.multiple_results else outs[0]
     raise ValueError(
-        f"sparse_value_and_grad: the sparse leaf {table.name!r} is used by "
-        f"'{name}', not only by row lookups (table[ids], jnp.take(table, ids, "
-        "axis=0)); its gradient is not row-sparse. Leave this leaf out of "
-        "`sparse`.")
-
-
-class _GatherLike:
-  """Stands for the gather of one row that ``x[i]`` (a dynamic slice) does."""
-
-  def __init__(self, shape: tuple):
-    rest = shape[1:]
-    self.params = {
-        "dimension_numbers": jax.lax.GatherDimensionNumbers(
-            offset_dims=tuple(range(1, 1 + len(rest))), collapsed_slice_dims=(0,),
-            start_index_map=(0,)),
-        "slice_sizes": (1, *rest), "mode": jax.lax.GatherScatterMode.CLIP}
-    self.primitive = self
-
-  def bind(self, operand, indices, **params):
-    return jax.lax.gather(operand, indices, **params)
+        f"sparse: the leaf {table.name!r} is used by '{name}', not only by row "
+        "lookups (table[ids], jnp.take(table, ids, axis=0)), so its gradient is "
+        "not row-sparse. Leave this leaf out of `sparse`.")
 
 
 def sparse_value_and_grad(
