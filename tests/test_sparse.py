@@ -504,3 +504,39 @@ def test_sparse_psum_mean_divides_by_axis_size():
 def test_sparse_psum_unbound_axis_names_the_option():
   with pytest.raises(ValueError, match="axis_name: 'nope' is not bound"):
     sparse_psum({"b": jnp.ones(2)}, "nope")
+
+
+# --------------------------------------------------------------------------
+# The benchmark script (a quick smoke run)
+# --------------------------------------------------------------------------
+
+
+def test_benchmark_quick_run_prints_a_markdown_table():
+  import importlib.util
+
+  path = pathlib.Path(__file__).parent.parent / "benchmarks" / "sparse_embedding.py"
+  spec = importlib.util.spec_from_file_location("sparse_embedding_benchmark", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  report = module.main(["--quick", "--rounds", "1", "--rows", "2000"])
+  assert "| lars_optax.adam(lazy_update=True), row-sparse BCOO gradient |" in report
+  assert "not run (no --mxnet-python)" in report
+
+
+def test_module_docstring_training_loop_runs():
+  import textwrap
+
+  doc = lars_optax.sparse.__doc__
+  block = doc.split("::\n\n", 1)[1].split("\n\n", 1)[0]
+  lines = doc.split("::\n\n", 1)[1].splitlines()
+  code = []
+  for line in lines:  # the indented block, blank lines included
+    if line and not line.startswith("  "):
+      break
+    code.append(line)
+  assert block.strip() and "train_step" in "\n".join(code)
+  namespace = {}
+  exec(textwrap.dedent("\n".join(code)), namespace)
+  emb = namespace["params"]["Embed_0"]["embedding"]
+  assert np.isfinite(np.asarray(emb)).all()
+  assert int(optax.tree_utils.tree_get(namespace["state"], "count")) == 20
