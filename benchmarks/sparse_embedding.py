@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None) -> str:
   parser.add_argument("--sparse-only", action="store_true",
                       help="only the sparse step (for tables too big to hold several copies)")
   parser.add_argument("--quick", action="store_true",
-                      help="a small, fast run (20,000 rows, 3 rounds): a smoke test")
+                      help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
+  if parser.parse_args(argv).quick:  # small defaults; explicit options still win
+    parser.set_defaults(rows=20_000, touched=64, batch=16, bag=4, rounds=3)
   args = parser.parse_args(argv)
-  if args.quick:
-    args.rows, args.touched, args.batch, args.bag, args.rounds = 20_000, 64, 16, 4, 3
 
   mx = "not run (no --mxnet-python)"
   if args.mxnet_python:
