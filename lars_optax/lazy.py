@@ -2,9 +2,10 @@
 
 MXNet sends embedding-style gradients as ``row_sparse`` arrays and, with
 ``lazy_update=True``, updates only the rows that appear in the gradient: the
-weights *and* every optimizer buffer of an absent row stay as they were. JAX
-gradients are dense, so :func:`lazy_update` calls a row present when any of its
-entries is non-zero.
+weights *and* every optimizer buffer of an absent row stay as they were. A
+dense JAX gradient has no list of rows, so :func:`lazy_update` calls a row
+present when any of its entries is non-zero. A row-sparse (BCOO) gradient leaf
+lists its rows: :mod:`lars_optax.sparse` then updates just those, in O(rows).
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def lazy_update(inner: GradientTransformation, *,
   :func:`lars_optax.multi_precision` keep them). Buffers held in another
   layout are not recognised and are updated densely; a state array that
   happens to have the params' structure and shape is treated as a buffer.
+
+  A gradient leaf may also be a row-sparse
+  :class:`jax.experimental.sparse.BCOO` (``indices`` of shape ``(K, 1)``):
+  then only its K rows of the param and of every params-shaped buffer are
+  gathered, updated by ``inner`` and scattered back, in O(K) (see
+  :mod:`lars_optax.sparse`); its update comes back row-sparse, and
+  ``inner`` must be row-wise (checked, with an error naming the leaf).
 
   Example: MXNet's ``Adam(lazy_update=True)`` is
   ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way

@@ -357,6 +357,13 @@ def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest:
   return jax.tree.map(one, state, *rest, is_leaf=lambda n: subtrees(n) is not None)
 
 
+class _Tag:
+  """Stands for a state leaf in a tree of tags (a pytree leaf, unlike a frozenset of names)."""
+
+  def __init__(self, leaves: frozenset):
+    self.leaves = leaves
+
+
 def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                        extra_args: dict, dense_step: Callable, where: str) -> tuple[Any, Any]:
   """The lazy step on a gradient tree with row-sparse leaves (see the module doc).
@@ -402,11 +409,12 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
 
   # The inner transformation must be row-wise on the sparse leaves.
   tags = [frozenset([n]) if s else frozenset() for n, s in zip(names, sparse)]
-  state_tags = _buffers(jax.tree.map(lambda _: frozenset(), state_in), treedef, row_shapes,
-                        lambda bufs: [frozenset(t) for t in tags])
+  # State leaves are tagged through the buffers they belong to.
+  state_tags = _buffers(state_in, treedef, row_shapes, lambda bufs: [
+      b if isinstance(b, optax.MaskedNode) else _Tag(t) for b, t in zip(bufs, tags)])
   leaves_s, tdef_s = jax.tree.flatten(state_in)
-  taint_s = jax.tree.leaves(state_tags, is_leaf=lambda x: isinstance(x, frozenset))
-  taint_s = [t for t in taint_s if isinstance(t, frozenset)]
+  taint_s = [t.leaves if isinstance(t, _Tag) else frozenset()
+             for t in jax.tree.leaves(state_tags, is_leaf=lambda x: isinstance(x, _Tag))]
   if len(taint_s) != len(leaves_s):  # (a structure we cannot label: check without it)
     taint_s = [frozenset()] * len(leaves_s)
 

@@ -236,6 +236,23 @@ def test_not_row_wise_inner_raises_naming_the_leaf(inner):
     tx.update(grads, tx.init(params), params)
 
 
+def test_reduction_over_a_state_buffer_is_not_row_wise():
+  """A rule that mixes rows of its state only (not of the gradient) is caught too."""
+
+  def init(params):
+    return optax.TraceState(trace=jax.tree.map(jnp.ones_like, params))
+
+  def update(updates, state, params=None):
+    del params
+    out = jax.tree.map(lambda g, t: g / jnp.sum(t), updates, state.trace)
+    return out, optax.TraceState(trace=jax.tree.map(jnp.add, state.trace, updates))
+
+  params = {"emb": jnp.ones((5, 2))}
+  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  with pytest.raises(ValueError, match=r"gradient 'emb' is row-sparse.*not row-wise"):
+    tx.update({"emb": _bcoo(np.ones((1, 2), np.float32), [1], (5, 2))}, tx.init(params), params)
+
+
 def test_multi_precision_rejects_bcoo():
   params = {"emb": jnp.ones((4, 2), jnp.float16)}
   tx = lars_optax.adam(0.1, lazy_update=True, multi_precision=True)
