@@ -330,13 +330,34 @@ def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
   return x.at[jnp.minimum(rows, x.shape[0] - 1)].get(mode="promise_in_bounds")
 
 
+def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
+  """The params-shaped fields of the states this library knows, by state type."""
+  from lars_optax.precision import MultiPrecisionState
+  from lars_optax.transforms import MXNetMomentumState
+
+  return {
+      optax.ScaleByAdamState: ("mu", "nu"),
+      optax.TraceState: ("trace",),
+      optax.EmaState: ("ema",),
+      optax.ScaleByRmsState: ("nu",),
+      optax.ScaleByRStdDevState: ("mu", "nu"),
+      optax.ScaleByBeliefState: ("mu", "nu"),
+      MXNetMomentumState: ("momentum",),
+      MultiPrecisionState: ("master",),
+  }
+
+
 def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest: Any) -> Any:
   """Maps ``fn(buffer_leaves, *rest_leaves)`` over the params-shaped buffers of ``state``.
 
-  A buffer is a subtree with the params' structure and, at each leaf, an array
-  of the expected shape or an empty :class:`optax.MaskedNode` (as optax,
-  :func:`optax.masked` and :func:`lars_optax.multi_precision` keep them).
+  The buffers of the states listed in :func:`_row_buffer_fields` are their
+  named fields (e.g. Adam's ``mu`` and ``nu``; not ``count``). Elsewhere they
+  are found by structure: a subtree with the params' structure and, at each
+  leaf, an array of the expected shape or an empty :class:`optax.MaskedNode`
+  (as optax, :func:`optax.masked` and :func:`lars_optax.multi_precision` keep
+  them).
   """
+  known = _row_buffer_fields()
 
   def subtrees(node):
     try:
@@ -347,14 +368,26 @@ def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest:
                for x, sh in zip(subs, shapes))
     return subs if fits and any(hasattr(x, "shape") for x in subs) else None
 
-  def one(node, *others):
+  def buffer(node, *others):
     subs = subtrees(node)
     if subs is None:
       return node
     return jax.tree.unflatten(
         treedef, fn(subs, *[treedef.flatten_up_to(o) for o in others]))
 
-  return jax.tree.map(one, state, *rest, is_leaf=lambda n: subtrees(n) is not None)
+  def visit(node, *others):  # a known state, a buffer or a leaf
+    fields = known.get(type(node))
+    if fields is None:
+      return buffer(node, *others)
+    return type(node)(*[
+        (buffer if name in fields else walk)(value, *[getattr(o, name) for o in others])
+        for name, value in zip(node._fields, node)])
+
+  def walk(node, *others):
+    return jax.tree.map(visit, node, *others, is_leaf=lambda n: (
+        type(n) in known or subtrees(n) is not None))
+
+  return walk(state, *rest)
 
 
 class _Tag:

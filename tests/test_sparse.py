@@ -236,6 +236,31 @@ def test_not_row_wise_inner_raises_naming_the_leaf(inner):
     tx.update(grads, tx.init(params), params)
 
 
+def test_buffers_of_an_unknown_state_are_found_by_structure():
+  """A state type lars_optax does not list: its params-shaped field is still gathered."""
+  from typing import NamedTuple
+
+  class MyState(NamedTuple):
+    acc: dict
+    steps: jax.Array
+
+  def init(params):
+    return MyState(jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    acc = jax.tree.map(lambda a, g: a + g * g, state.acc, updates)
+    return jax.tree.map(lambda g, a: -g / jnp.sqrt(a + 1.0), updates, acc), MyState(
+        acc, state.steps + 1)
+
+  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  params = {"emb": jnp.ones((5, 2))}
+  sparse_g = {"emb": _bcoo(np.full((1, 2), 2.0, np.float32), [3], (5, 2))}
+  _, state = jax.jit(tx.update)(sparse_g, tx.init(params), params)
+  np.testing.assert_array_equal(state.acc["emb"], [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]])
+  assert int(state.steps) == 1
+
+
 def test_reduction_over_a_state_buffer_is_not_row_wise():
   """A rule that mixes rows of its state only (not of the gradient) is caught too."""
 
