@@ -99,7 +99,12 @@ __all__ = [
 
 
 def is_row_sparse(x: Any) -> bool:
-  """True for a :class:`jax.experimental.sparse.BCOO` (use as ``is_leaf``)."""
+  """True for a :class:`jax.experimental.sparse.BCOO`.
+
+  Pass it as ``is_leaf`` to tree functions so that a row-sparse gradient is
+  one leaf rather than its ``data`` and ``indices``:
+  ``jax.tree.leaves(grads, is_leaf=lars_optax.is_row_sparse)``.
+  """
   return isinstance(x, BCOO)
 
 
@@ -132,7 +137,12 @@ class RowSparseUpdate(BCOO):
 
 
 def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
-  """``BCOO((values, rows[:, None]), shape=(num_rows, *values.shape[1:]))``."""
+  """A row-sparse gradient: ``values[i]`` is the gradient of row ``rows[i]``.
+
+  Returns ``BCOO((values, rows[:, None]), shape=(num_rows, *values.shape[1:]))``,
+  the layout :func:`lars_optax.lazy_update` takes. Repeated rows are summed by
+  the optimizer; the index ``num_rows`` marks padding.
+  """
   rows = jnp.asarray(rows)
   return BCOO((jnp.asarray(values), rows.reshape(-1, 1)),
               shape=(num_rows, *jnp.shape(values)[1:]))
