@@ -160,6 +160,7 @@ def lazy_update(inner: GradientTransformation, *,
   def _sparse_update(updates, state, params, extra_args):
     # Row-sparse (BCOO) leaves: gather, update and scatter their rows
     # (lars_optax.sparse); dense leaves in the tree follow the rule above.
+    _check_rows(updates, "lazy_update", "gradient")
     def dense_step(new, old, grad):
       rows = present_rows(grad)
       if axis_name is not None:

@@ -411,8 +411,8 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                        extra_args: dict, dense_step: Callable, where: str) -> tuple[Any, Any]:
   """The lazy step on a gradient tree with row-sparse leaves (see the module doc).
 
-  ``dense_step(flat_updates, flat_new, flat_old, flat_grads)`` applies the dense
-  lazy rule (absent rows keep their values) to the dense leaves.
+  ``dense_step(new, old, grad)`` applies the dense lazy rule to a dense leaf:
+  ``new`` on the rows present in ``grad``, ``old`` elsewhere.
   """
   if params is None:
     raise ValueError(f"{where}: params are required with row-sparse gradients; call "
