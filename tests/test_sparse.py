@@ -583,3 +583,32 @@ def test_module_docstring_training_loop_runs():
   emb = namespace["params"]["Embed_0"]["embedding"]
   assert np.isfinite(np.asarray(emb)).all()
   assert int(optax.tree_utils.tree_get(namespace["state"], "count")) == 20
+
+
+def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  n_dev = len(jax.devices())
+  params, loss = _linen()
+  tx = OPTIMIZERS["adam"]()
+  state = tx.init(params)
+  rng = np.random.default_rng(3)
+  ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
+  summed = lambda p, i, t: loss(p, i, t) * i.shape[0]
+  grad_fn = sparse_value_and_grad(summed, "embedding", max_rows=ids.size)
+
+  def step(params, state, ids, y, axis_name=None):
+    _, grads = grad_fn(params, ids, y)
+    if axis_name:
+      grads = sparse_psum(grads, axis_name)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  single = jax.jit(step)(params, state, ids, y)
+  sharded = jax.jit(jax.shard_map(
+      lambda p, s, i, t: step(p, s, i, t, "batch"), mesh=mesh,
+      in_specs=(P(), P(), P("batch"), P("batch")), out_specs=P(), check_vma=False))
+  chex.assert_trees_all_close(sharded(params, state, ids, y), single, rtol=1e-5, atol=1e-6)
