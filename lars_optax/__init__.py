@@ -31,6 +31,13 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
+from lars_optax.sparse import (
+    RowSparseUpdate,
+    is_row_sparse,
+    row_sparse,
+    sparse_psum,
+    sparse_value_and_grad,
+)
 from lars_optax.svrg import (
     SVRGState,
     full_gradient,
@@ -66,6 +73,7 @@ __all__ = [
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
+    "RowSparseUpdate",
     "SVRGState",
     "ScaleByLarsTrustRatioState",
     "adam",
@@ -79,6 +87,7 @@ __all__ = [
     "check_inputs",
     "create",
     "full_gradient",
+    "is_row_sparse",
     "lars",
     "lars_trust_ratio",
     "lazy_update",
@@ -92,6 +101,7 @@ __all__ = [
     "present_rows",
     "register",
     "registered",
+    "row_sparse",
     "scale_by_lars_trust_ratio",
     "scale_by_mxnet_adam",
     "scale_per_leaf",
@@ -99,6 +109,8 @@ __all__ = [
     "signsgd",
     "signum",
     "skip_nonfinite",
+    "sparse_psum",
+    "sparse_value_and_grad",
     "svrg",
     "svrg_due",
     "svrg_refresh",

@@ -2,9 +2,10 @@
 
 MXNet sends embedding-style gradients as ``row_sparse`` arrays and, with
 ``lazy_update=True``, updates only the rows that appear in the gradient: the
-weights *and* every optimizer buffer of an absent row stay as they were. JAX
-gradients are dense, so :func:`lazy_update` calls a row present when any of its
-entries is non-zero.
+weights *and* every optimizer buffer of an absent row stay as they were. A
+dense JAX gradient has no list of rows, so :func:`lazy_update` calls a row
+present when any of its entries is non-zero. A row-sparse (BCOO) gradient leaf
+lists its rows: :mod:`lars_optax.sparse` then updates just those, in O(rows).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import sparse as _sparse
 from lars_optax.transforms import _psum
 
 __all__ = ["lazy_update", "present_rows"]
@@ -78,6 +80,13 @@ def lazy_update(inner: GradientTransformation, *,
   layout are not recognised and are updated densely; a state array that
   happens to have the params' structure and shape is treated as a buffer.
 
+  A gradient leaf may also be a row-sparse
+  :class:`jax.experimental.sparse.BCOO` (``indices`` of shape ``(K, 1)``):
+  then only its K rows of the param and of every params-shaped buffer are
+  gathered, updated by ``inner`` and scattered back, in O(K) (see
+  :mod:`lars_optax.sparse`); its update comes back row-sparse, and
+  ``inner`` must be row-wise (checked, with an error naming the leaf).
+
   Example: MXNet's ``Adam(lazy_update=True)`` is
   ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
   around :func:`lars_optax.sgd`, :func:`lars_optax.signum` or any optax
@@ -107,6 +116,9 @@ def lazy_update(inner: GradientTransformation, *,
     return inner_tx.init(params)
 
   def update_fn(updates, state, params=None, **extra_args):
+    if any(_sparse.is_row_sparse(g)
+           for g in jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)):
+      return _sparse_update(updates, state, params, extra_args)
     params = v.align_params(updates, params)
     if params is not None:
       v.check_same_structure(updates, params, "lazy_update")
@@ -147,5 +159,18 @@ def lazy_update(inner: GradientTransformation, *,
 
     new_state = jax.tree.map(keep, new_state, state, is_leaf=is_params_like)
     return new_updates, new_state
+
+  def _sparse_update(updates, state, params, extra_args):
+    # Row-sparse (BCOO) leaves: gather, update and scatter their rows
+    # (lars_optax.sparse); dense leaves in the tree follow the rule above.
+    _check_rows(updates, "lazy_update", "gradient")
+    def dense_step(new, old, grad):
+      rows = present_rows(grad)
+      if axis_name is not None:
+        rows = _psum(rows.astype(jnp.int32), axis_name) > 0
+      return _keep_rows(new, old, rows)
+
+    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+                                      dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)

@@ -17,6 +17,7 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
+from lars_optax.sparse import reject_row_sparse
 from lars_optax.transforms import _find_state
 
 __all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
@@ -94,6 +95,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
+    reject_row_sparse(updates, params, name)
     v.check_same_structure(updates, params, name)
     v.check_float_params(updates, name, "gradient")
     full = master_tree(params, state.master)

@@ -38,6 +38,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import sparse as _sparse
 
 __all__ = [
   "LowPrecisionWarning",
@@ -825,7 +826,11 @@ def check_inputs(
     (see :func:`lars_optax.masks.check_matches`), and every constant in
     ``hyperparams`` (``(argument, value)``) is finite in every parameter's
     dtype (``learning_rate=1e39`` overflows float32, ``1e5`` float16);
-  * ``update``: every gradient is real floating point; when params are
+  * ``update``: no gradient is a row-sparse BCOO (those are taken by
+    :func:`lars_optax.lazy_update`, which gathers their rows before this
+    check: a BCOO reaching it gets an error naming the leaf, after the
+    checks of its layout, index dtype and shape); every gradient is real
+    floating point; when params are
     given, the gradients have their tree structure and shapes (errors name
     the leaf), and a gradient of another float dtype is cast to its param's,
     so state and updates keep the parameter dtypes.
@@ -872,6 +877,7 @@ def check_inputs(
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
+    _sparse.reject_row_sparse(updates, params, name)
     v.check_float_params(updates, name, "gradient")
     if params is not None:
       params = v.align_params(updates, params)

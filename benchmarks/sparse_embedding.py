@@ -1,0 +1,261 @@
+"""Times one lazy Adam step on an embedding table with a row-sparse gradient.
+
+A ``rows x 64`` float32 table, a gradient present in ``touched`` rows, one
+Adam step (update + apply, jit-compiled, params and state donated):
+
+* MXNet 2.0 ``Adam(lazy_update=True)`` on a ``row_sparse`` gradient, run in a
+  subprocess with the Python given by ``--mxnet-python`` (a virtual
+  environment with ``mxnet==2.0.0b1`` and ``numpy<1.24``); skipped when that
+  Python cannot import mxnet;
+* ``optax.adam`` on the dense gradient;
+* ``lars_optax.adam(lazy_update=True)`` on the dense gradient (the dense lazy
+  path);
+* ``lars_optax.adam(lazy_update=True)`` on a row-sparse BCOO gradient;
+
+and a whole train step of an embedding-bag model (``batch x bag`` ids, mean of
+their rows, a linear layer, squared error): gradients from
+``lars_optax.sparse_value_and_grad`` plus the sparse lazy Adam step, against
+``jax.value_and_grad`` plus ``optax.adam``.
+
+    python benchmarks/sparse_embedding.py --mxnet-python .venv-mx2/bin/python
+    python benchmarks/sparse_embedding.py --rows 10000000 --sparse-only
+    python benchmarks/sparse_embedding.py --quick     # a small smoke run
+
+All variants run in one process: the dense (O(table)) ones interleaved round
+by round, then the sparse (O(rows)) ones, so that the dense steps' sweeps over
+memory do not evict the sparse steps' rows; the table gives medians. On a
+shared machine the absolute times are noisy: compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental.sparse import BCOO
+
+import lars_optax
+
+LR = 1e-3
+
+MXNET_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import mxnet as mx
+    import numpy as np
+    rows, dim, touched, rounds = (int(a) for a in sys.argv[1:5])
+    lr = float(sys.argv[5])
+    rng = np.random.default_rng(0)
+    weight = mx.nd.array(rng.standard_normal((rows, dim), dtype=np.float32))
+    idx = np.sort(rng.choice(rows, touched, replace=False))
+    values = rng.normal(size=(touched, dim)).astype(np.float32)
+    grad = mx.nd.sparse.row_sparse_array((values, idx), shape=(rows, dim))
+    updater = mx.optimizer.get_updater(mx.optimizer.Adam(learning_rate=lr, lazy_update=True))
+    times = []
+    for r in range(rounds + 3):
+        t = time.perf_counter()
+        updater(0, grad, weight)
+        mx.nd.waitall()
+        if r >= 3:
+            times.append(time.perf_counter() - t)
+    print(json.dumps(times))
+""")
+
+
+def mxnet_times(python: str, rows: int, dim: int, touched: int, rounds: int) -> list | str:
+  """MXNet's step times, or why they are missing."""
+  try:
+    out = subprocess.run([python, "-c", MXNET_SCRIPT, str(rows), str(dim), str(touched),
+                          str(rounds), repr(LR)], capture_output=True, text=True, timeout=1800)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return f"not run ({type(e).__name__})"
+  if out.returncode != 0:
+    last = (out.stderr.strip().splitlines() or ["?"])[-1]
+    return f"not run ({last[:80]})"
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _optimizer_step(tx: optax.GradientTransformation) -> Callable:
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+class Case:
+  """A jitted ``step(params, state, *args)`` with its own donated buffers."""
+
+  def __init__(self, name: str, step: Callable, params, state, args, dense: bool = False):
+    self.name, self.step, self.params, self.state, self.args = name, step, params, state, args
+    self.dense = dense  # O(table) per step
+    self.times: list[float] = []
+    out = step(params, state, *args)  # compile and warm up
+    jax.block_until_ready(out)
+    self.params, self.state = out[0], out[1]
+
+  def run(self) -> None:
+    t = time.perf_counter()
+    out = self.step(self.params, self.state, *self.args)
+    jax.block_until_ready(out)
+    self.times.append(time.perf_counter() - t)
+    self.params, self.state = out[0], out[1]
+
+
+def optimizer_cases(rows: int, dim: int, touched: int, sparse_only: bool) -> list[Case]:
+  rng = np.random.default_rng(0)
+  idx = np.sort(rng.choice(rows, touched, replace=False)).astype(np.int32)
+  values = rng.normal(size=(touched, dim)).astype(np.float32)
+  # An MXNet row_sparse array holds each row once; a BCOO says so with
+  # unique_indices=True. Without it the step first sums duplicates (a sort).
+  sparse_g = {"table": BCOO((jnp.asarray(values), jnp.asarray(idx)[:, None]),
+                            shape=(rows, dim), unique_indices=True)}
+  dup_g = {"table": BCOO((jnp.asarray(values), jnp.asarray(idx)[:, None]), shape=(rows, dim))}
+
+  def params():
+    return {"table": jnp.asarray(rng.standard_normal((rows, dim), dtype=np.float32))}
+
+  cases = []
+  lazy = lars_optax.adam(LR, lazy_update=True)
+  if not sparse_only:
+    dense_g = {"table": sparse_g["table"].todense()}
+    p = params()
+    cases.append(Case("optax.adam, dense gradient", _optimizer_step(optax.adam(LR)), p,
+                      optax.adam(LR).init(p), (dense_g,), dense=True))
+    p = params()
+    cases.append(Case("lars_optax.adam(lazy_update=True), dense gradient",
+                      _optimizer_step(lazy), p, lazy.init(p), (dense_g,), dense=True))
+  if not sparse_only:
+    p = params()
+    cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient, duplicates summed",
+                      _optimizer_step(lazy), p, lazy.init(p), (dup_g,)))
+  p = params()
+  cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True)",
+                    _optimizer_step(lazy), p, lazy.init(p), (sparse_g,)))
+  return cases
+
+
+def train_cases(rows: int, dim: int, batch: int, bag: int,
+                sparse_only: bool) -> list[Case]:
+  """An embedding bag: mean of the ids' rows, a linear layer, squared error."""
+  rng = np.random.default_rng(1)
+  ids = jnp.asarray(rng.integers(0, rows, (batch, bag)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=batch), jnp.float32)
+
+  def params():
+    return {"table": jnp.asarray(rng.standard_normal((rows, dim), dtype=np.float32) * 0.01),
+            "w": jnp.asarray(rng.normal(size=(dim,)), jnp.float32)}
+
+  def loss(p, ids, y):
+    return jnp.mean((p["table"][ids].mean(axis=1) @ p["w"] - y) ** 2)
+
+  def make_step(grad_fn, tx):
+    def step(params, state, ids, y):
+      _, grads = grad_fn(params, ids, y)
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+  cases = []
+  if not sparse_only:
+    p = params()
+    cases.append(Case("train step: jax.value_and_grad + optax.adam",
+                      make_step(jax.value_and_grad(loss), optax.adam(LR)), p,
+                      optax.adam(LR).init(p), (ids, y), dense=True))
+  lazy = lars_optax.adam(LR, lazy_update=True)
+  grad_fn = lars_optax.sparse_value_and_grad(loss, "table", max_rows=batch * bag)
+  p = params()
+  cases.append(Case("train step: sparse_value_and_grad + lars_optax.adam(lazy_update=True)",
+                    make_step(grad_fn, lazy), p, lazy.init(p), (ids, y)))
+  return cases
+
+
+def main(argv: list[str] | None = None) -> str:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--rows", type=int, default=1_000_000)
+  parser.add_argument("--dim", type=int, default=64)
+  parser.add_argument("--touched", type=int, default=1024)
+  parser.add_argument("--batch", type=int, default=128, help="train step: examples")
+  parser.add_argument("--bag", type=int, default=8, help="train step: ids per example")
+  parser.add_argument("--rounds", type=int, default=30)
+  parser.add_argument("--mxnet-python", default=None,
+                      help="a Python that can import mxnet 2.0 (default: skip MXNet)")
+  parser.add_argument("--sparse-only", action="store_true",
+                      help="only the sparse step (for tables too big to hold several copies)")
+  parser.add_argument("--quick", action="store_true",
+                      help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
+  if parser.parse_args(argv).quick:  # small defaults; explicit options still win
+    parser.set_defaults(rows=20_000, touched=64, batch=16, bag=4, rounds=3)
+  args = parser.parse_args(argv)
+
+  mx = "not run (no --mxnet-python)"
+  if args.mxnet_python:
+    mx = mxnet_times(args.mxnet_python, args.rows, args.dim, args.touched, args.rounds)
+  opt = optimizer_cases(args.rows, args.dim, args.touched, args.sparse_only)
+  train = ([] if args.sparse_only
+           else train_cases(args.rows, args.dim, args.batch, args.bag, args.sparse_only))
+  # The O(table) steps sweep the caches; the O(rows) steps are timed in rounds
+  # of their own (as MXNet's, in its own process), each group interleaved.
+  dense = [c for c in opt + train if c.dense]
+  light = [c for c in opt + train if not c.dense]
+  for group in (dense, light):
+    for _ in range(args.rounds):
+      for case in group:
+        case.run()
+
+  def ms(times):
+    return statistics.median(times) * 1e3
+
+  lines = [
+      (f"{args.rows:,} x {args.dim} float32 table, gradient in {args.touched:,} rows, one Adam "
+       f"step (update + apply), median of {args.rounds} rounds; JAX {jax.__version__} on "
+       f"{jax.default_backend()}."),
+      "",
+      "| | median step (ms) | vs sparse path |",
+      "|---|---|---|",
+  ]
+  sparse_ms = ms(opt[-1].times)
+  if isinstance(mx, list):
+    mx_ms: float | None = ms(mx)
+    lines.append(f"| MXNet 2.0 Adam(lazy_update=True), row_sparse gradient | {mx_ms:.3f} | "
+                 f"{mx_ms / sparse_ms:.2f}x |")
+  else:
+    mx_ms = None
+    lines.append(f"| MXNet 2.0 Adam(lazy_update=True), row_sparse gradient | {mx} | |")
+  for case in opt:
+    lines.append(f"| {case.name} | {ms(case.times):.3f} | {ms(case.times) / sparse_ms:.1f}x |")
+  if train:
+    lines += ["", f"Train step of an embedding bag ({args.batch} examples x {args.bag} ids):",
+              "", "| | median step (ms) | vs sparse |", "|---|---|---|"]
+    train_sparse = ms(train[-1].times)
+    for case in train:
+      lines.append(f"| {case.name} | {ms(case.times):.3f} | "
+                   f"{ms(case.times) / train_sparse:.1f}x |")
+  lines += ["", "Targets:", ""]
+
+  def target(text, ok):
+    lines.append(f"- {text}: {'met' if ok else 'MISSED'}")
+
+  if mx_ms is not None:
+    target(f"sparse step <= 2x MXNet's ({sparse_ms / mx_ms:.2f}x)", sparse_ms <= 2 * mx_ms)
+  if not args.sparse_only:
+    speed = ms(opt[0].times) / sparse_ms
+    target(f"sparse step >= 50x faster than dense optax.adam ({speed:.0f}x)", speed >= 50)
+    speed = ms(train[0].times) / train_sparse
+    target(f"sparse train step >= 20x faster than the dense one ({speed:.0f}x)", speed >= 20)
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
+if __name__ == "__main__":
+  main()

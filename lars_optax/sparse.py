@@ -1,0 +1,779 @@
+"""Row-sparse gradients: lazy steps that touch only the rows in the gradient.
+
+MXNet sends an embedding table's gradient as a ``row_sparse`` array: the ids of
+the rows a batch used and their gradient rows. With ``lazy_update=True`` an
+optimizer then reads and writes only those rows, so a step costs
+O(rows touched), not O(table). This module brings that to JAX with
+:class:`jax.experimental.sparse.BCOO`, the ecosystem's sparse array:
+
+* a gradient leaf may be a row-sparse BCOO, ``BCOO((values, indices),
+  shape=param.shape)`` with ``values`` of shape ``(K, *param.shape[1:])`` and
+  ``indices`` of shape ``(K, 1)`` (``n_batch == 0``, ``n_sparse == 1``, dense
+  trailing dimensions). Repeated indices are summed;
+* :func:`lars_optax.lazy_update`, ``adam(lazy_update=True)``,
+  ``sgd(lazy_update=True)`` and ``create(..., lazy_update=True)`` take such
+  leaves: they gather the K rows of the param and of every params-shaped
+  state buffer, run the inner transformation on them and scatter them back.
+  The update of a sparse leaf is row-sparse too (a :class:`RowSparseUpdate`),
+  and ``optax.apply_updates(params, updates)`` adds it with a scatter, in
+  O(K). Under ``jit`` with donated params and state, nothing the size of
+  the table is allocated;
+* :func:`sparse_value_and_grad` gives such gradients for unchanged models
+  (Flax, Haiku, Equinox): it differentiates with respect to the rows a batch
+  looks up, never the whole table;
+* :func:`sparse_psum` sums gradient trees with row-sparse leaves over a
+  ``pmap``/``shard_map`` axis (data parallelism).
+
+A whole training loop (Flax linen; the other frameworks work the same way)::
+
+  import jax, jax.numpy as jnp, numpy as np, optax
+  import flax.linen as nn
+  import lars_optax
+
+  class Bag(nn.Module):  # an embedding bag: mean of the ids' rows, then a linear layer
+    @nn.compact
+    def __call__(self, ids):
+      return nn.Dense(1)(nn.Embed(10_000, 16)(ids).mean(axis=1))[:, 0]
+
+  model = Bag()
+  params = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  tx = lars_optax.adam(1e-2, lazy_update=True)
+  state = tx.init(params)
+
+  def loss_fn(params, ids, y):
+    return jnp.mean((model.apply({"params": params}, ids) - y) ** 2)
+
+  # Gradients of the leaves named "embedding" come back as row-sparse BCOOs
+  # holding at most 256 rows (the distinct ids of a batch of 32 x 4 ids: 128).
+  grad_fn = lars_optax.sparse_value_and_grad(loss_fn, sparse="embedding", max_rows=256)
+
+  @jax.jit
+  def train_step(params, state, ids, y):
+    loss, grads = grad_fn(params, ids, y)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  rng = np.random.default_rng(0)
+  for step in range(20):
+    ids = jnp.asarray(rng.zipf(1.3, size=(32, 4)) % 10_000, jnp.int32)
+    y = jnp.asarray(rng.normal(size=32), jnp.float32)
+    params, state, loss = train_step(params, state, ids, y)
+
+With ``jax.jit(train_step, donate_argnums=(0, 1))`` the table, Adam's moments
+and the step are updated in place.
+
+Out-of-range indices (negative or >= the number of rows) in a row-sparse
+gradient are dropped under ``jit``, as JAX's scatter drops them. When the
+indices are concrete (outside ``jit``) they raise a ValueError naming the leaf,
+except the index equal to the number of rows: that one marks padding, as in
+BCOO's own padded arrays (:func:`sparse_value_and_grad` pads with it).
+
+Inner transformations must be *row-wise*: every row of their output may depend
+only on the same row of the gradient, params and state (Adam, SGD, momentum,
+clipping by value, weight decay). A LARS trust ratio or a global-norm clip
+needs the whole leaf; lazy_update checks the traced computation and raises a
+ValueError naming the leaf instead of returning a different answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental.sparse import BCOO
+from jax.extend import core as _jcore
+
+from lars_optax import masks
+
+__all__ = [
+    "RowSparseUpdate",
+    "is_row_sparse",
+    "row_sparse",
+    "sparse_psum",
+    "sparse_value_and_grad",
+]
+
+
+def is_row_sparse(x: Any) -> bool:
+  """True for a :class:`jax.experimental.sparse.BCOO`.
+
+  Pass it as ``is_leaf`` to tree functions so that a row-sparse gradient is
+  one leaf rather than its ``data`` and ``indices``:
+  ``jax.tree.leaves(grads, is_leaf=lars_optax.is_row_sparse)``.
+  """
+  return isinstance(x, BCOO)
+
+
+@jax.tree_util.register_pytree_node_class
+class RowSparseUpdate(BCOO):
+  """A row-sparse BCOO whose sum with a dense array is a scatter-add.
+
+  ``dense + update`` (as :func:`optax.apply_updates` computes it) returns
+  ``dense.at[indices[:, 0]].add(values, mode="drop")``: O(K) work, and in
+  place under ``jit`` when ``dense`` is donated. Everything else behaves as
+  a :class:`~jax.experimental.sparse.BCOO`.
+  """
+
+  def _scatter_add(self, other: Any) -> Any:
+    other = jnp.asarray(other)
+    if other.shape != tuple(self.shape):
+      return NotImplemented
+    values = self.data.astype(jnp.result_type(other.dtype, self.data.dtype))
+    return other.astype(values.dtype).at[self.indices[:, 0]].add(values, mode="drop")
+
+  def __radd__(self, other: Any) -> Any:
+    if isinstance(other, BCOO):
+      return super().__radd__(other)
+    return self._scatter_add(other)
+
+  def __add__(self, other: Any) -> Any:
+    if isinstance(other, BCOO):
+      return super().__add__(other)
+    return self._scatter_add(other)
+
+
+def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
+  """A row-sparse gradient: ``values[i]`` is the gradient of row ``rows[i]``.
+
+  Returns ``BCOO((values, rows[:, None]), shape=(num_rows, *values.shape[1:]))``,
+  the layout :func:`lars_optax.lazy_update` takes. Repeated rows are summed by
+  the optimizer; the index ``num_rows`` marks padding.
+  """
+  rows = jnp.asarray(rows)
+  return BCOO((jnp.asarray(values), rows.reshape(-1, 1)),
+              shape=(num_rows, *jnp.shape(values)[1:]))
+
+
+# --------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------
+
+
+def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
+  """The layout, index dtype, shape and (when concrete) index range of one leaf."""
+  shape = tuple(np.shape(param))
+  if grad.n_batch != 0 or grad.n_sparse != 1:
+    raise ValueError(
+        f"{where}: gradient {name!r} is a BCOO with n_batch={grad.n_batch}, "
+        f"n_sparse={grad.n_sparse}; a row-sparse gradient has n_batch=0 and "
+        "n_sparse=1 (indices of shape (K, 1), values of shape (K, *row_shape)). "
+        "Build it with BCOO((values, rows[:, None]), shape=param.shape) or "
+        "lars_optax.row_sparse(values, rows, num_rows).")
+  if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
+    raise TypeError(
+        f"{where}: gradient {name!r} has indices of dtype {grad.indices.dtype}; "
+        "row indices must be integers.")
+  if tuple(grad.shape) != shape:
+    raise ValueError(
+        f"{where}: gradient {name!r} has shape {tuple(grad.shape)} but the "
+        f"parameter has shape {shape}.")
+  if not jnp.issubdtype(grad.data.dtype, jnp.floating):
+    raise TypeError(
+        f"{where}: gradient {name!r} has values of dtype {grad.data.dtype}; only "
+        "real floating point values are supported.")
+  if not isinstance(grad.indices, jax.core.Tracer) and grad.indices.size:
+    idx = np.asarray(grad.indices)
+    # The index num_rows marks padding, as in BCOO's own padded arrays.
+    bad = (idx < 0) | (idx > shape[0])
+    if bad.any():
+      raise ValueError(
+          f"{where}: gradient {name!r} has row indices out of range [0, {shape[0]}) "
+          f"(and not the padding index {shape[0]}): {idx[bad][:5].tolist()}. "
+          "(Under jit such rows are dropped.)")
+
+
+def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
+  """For optimizers that cannot take row-sparse gradients: a clear error."""
+  flat, treedef = jax.tree.flatten(tree, is_leaf=is_row_sparse)
+  if not any(is_row_sparse(g) for g in flat):
+    return
+  names = _leaf_names(treedef)
+  flat_p = _params_up_to(treedef, params)
+  for name, g, p in zip(names, flat, flat_p):
+    if is_row_sparse(g):
+      if p is not None:
+        check_row_sparse(name, g, p, where)
+      raise ValueError(
+          f"{where}: gradient {name!r} is row-sparse (a BCOO), which this optimizer "
+          "cannot take: only row-wise lazy updates can (lars_optax.adam(..., "
+          "lazy_update=True), lars_optax.sgd(..., lazy_update=True), "
+          "lars_optax.lazy_update(tx)). Otherwise pass the dense gradient "
+          "(grad.todense()).")
+
+
+def _leaf_names(treedef: Any) -> list[str]:
+  return [n for n, _ in masks.named_leaves(jax.tree.unflatten(treedef, [0] * treedef.num_leaves))]
+
+
+def _params_up_to(treedef: Any, params: Any) -> list[Any]:
+  if params is None:
+    return [None] * treedef.num_leaves
+  try:
+    return treedef.flatten_up_to(params)
+  except (ValueError, TypeError):
+    return [None] * treedef.num_leaves
+
+
+# --------------------------------------------------------------------------
+# Row-wise check of the inner transformation (on its traced computation)
+# --------------------------------------------------------------------------
+
+_ROWWISE = frozenset("""
+abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
+copy copy_p cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite
+le log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision rem round
+rsqrt select_n sign sin sinh sqrt square sub tan tanh xor stop_gradient optimization_barrier
+""".split())  # noqa: SIM905  (element-wise primitives: row r of the output needs row r of the inputs)
+_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())  # noqa: SIM905
+
+
+class _NotRowWise(Exception):
+
+  def __init__(self, leaves: frozenset, what: str):
+    super().__init__(what)
+    self.leaves, self.what = leaves, what
+
+
+def _sub_jaxprs(params: dict) -> list[Any]:
+  out = []
+  for value in params.values():
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+      if isinstance(item, _jcore.ClosedJaxpr):
+        out.append(item.jaxpr)
+      elif isinstance(item, _jcore.Jaxpr):
+        out.append(item)
+  return out
+
+
+def _is_rowwise(eqn: Any) -> bool:
+  """Element-wise, a reduction over other axes, or a broadcast that keeps axis 0."""
+  name = eqn.primitive.name
+  if name in _ROWWISE:
+    return True
+  if name in _REDUCTIONS:
+    return 0 not in eqn.params.get("axes", (0,))
+  if name == "broadcast_in_dim":
+    return (not eqn.invars[0].aval.shape
+            or tuple(eqn.params["broadcast_dimensions"][:1]) == (0,))
+  return False
+
+
+def _walk(jaxpr: Any, taints: list[frozenset]) -> list[frozenset]:
+  """Propagates which sparse leaves each value depends on; raises if not row-wise."""
+  env: dict[Any, frozenset] = {}
+  empty: frozenset = frozenset()
+  for var, t in zip(jaxpr.invars, taints):
+    env[var] = t
+
+  def read(v):
+    return env.get(v, empty) if isinstance(v, _jcore.Var) else empty
+
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    union = frozenset().union(*ins)
+    name = eqn.primitive.name
+    if union:
+      subs = _sub_jaxprs(eqn.params)
+      if _is_rowwise(eqn):
+        pass
+      elif name == "cond" and subs:
+        for sub in subs:
+          _walk(sub, ins[1:])
+      elif len(subs) == 1 and len(subs[0].invars) == len(eqn.invars):
+        outs = _walk(subs[0], ins)
+        for var, t in zip(eqn.outvars, outs):
+          env[var] = t
+        continue
+      else:
+        raise _NotRowWise(union, name)
+    for var in eqn.outvars:
+      env[var] = union
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _check_rowwise(fn: Callable, args: list, taints: list[frozenset], where: str) -> None:
+  closed = jax.make_jaxpr(fn)(*args)
+  try:
+    _walk(closed.jaxpr, taints)
+  except _NotRowWise as e:
+    names = ", ".join(repr(n) for n in sorted(e.leaves))
+    raise ValueError(
+        f"{where}: gradient {names} is row-sparse, but the inner transformation "
+        f"is not row-wise (its '{e.what}' mixes rows, as a LARS trust ratio or a "
+        "global-norm clip does), so it cannot run on the gathered rows only. "
+        "Use a row-wise optimizer (e.g. lars_optax.adam or lars_optax.sgd with "
+        "lazy_update=True), or pass the dense gradient (grad.todense()).") from None
+
+
+# --------------------------------------------------------------------------
+# The lazy step on row-sparse leaves
+# --------------------------------------------------------------------------
+
+
+def _valid_rows(idx: jax.Array, num_rows: int) -> jax.Array:
+  """Indices with every out-of-range entry replaced by ``num_rows`` (dropped)."""
+  idx = idx.astype(jnp.int32) if jnp.iinfo(idx.dtype).bits < 32 else idx
+  return jnp.where((idx >= 0) & (idx < num_rows), idx, num_rows)
+
+
+def _combine(grad: BCOO, num_rows: int) -> tuple[jax.Array, jax.Array]:
+  """(unique rows, summed values); unused slots get the index ``num_rows``."""
+  idx = _valid_rows(grad.indices[:, 0], num_rows)
+  k = idx.shape[0]
+  if grad.unique_indices or k <= 1:
+    return idx, grad.data
+  uniq, inverse = jnp.unique(idx, size=k, fill_value=num_rows, return_inverse=True)
+  values = jax.ops.segment_sum(grad.data, inverse.reshape(-1), num_segments=k)
+  return uniq, values
+
+
+def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
+  # Padding rows (index num_rows) read the last row; their results are dropped
+  # by the scatter back, so the gather need not check bounds.
+  if x.shape[0] == 0:
+    return jnp.zeros((rows.shape[0], *x.shape[1:]), x.dtype)
+  return x.at[jnp.minimum(rows, x.shape[0] - 1)].get(mode="promise_in_bounds")
+
+
+def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
+  """The params-shaped fields of the states this library knows, by state type."""
+  from lars_optax.precision import MultiPrecisionState
+  from lars_optax.transforms import MXNetMomentumState
+
+  return {
+      optax.ScaleByAdamState: ("mu", "nu"),
+      optax.TraceState: ("trace",),
+      optax.EmaState: ("ema",),
+      optax.ScaleByRmsState: ("nu",),
+      optax.ScaleByRStdDevState: ("mu", "nu"),
+      optax.ScaleByBeliefState: ("mu", "nu"),
+      MXNetMomentumState: ("momentum",),
+      MultiPrecisionState: ("master",),
+  }
+
+
+def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest: Any) -> Any:
+  """Maps ``fn(buffer_leaves, *rest_leaves)`` over the params-shaped buffers of ``state``.
+
+  The buffers of the states listed in :func:`_row_buffer_fields` are their
+  named fields (e.g. Adam's ``mu`` and ``nu``; not ``count``). Elsewhere they
+  are found by structure: a subtree with the params' structure and, at each
+  leaf, an array of the expected shape or an empty :class:`optax.MaskedNode`
+  (as optax, :func:`optax.masked` and :func:`lars_optax.multi_precision` keep
+  them).
+  """
+  known = _row_buffer_fields()
+
+  def subtrees(node):
+    try:
+      subs = treedef.flatten_up_to(node)
+    except (ValueError, TypeError):
+      return None
+    fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
+               for x, sh in zip(subs, shapes))
+    return subs if fits and any(hasattr(x, "shape") for x in subs) else None
+
+  def buffer(node, *others):
+    subs = subtrees(node)
+    if subs is None:
+      return node
+    return jax.tree.unflatten(
+        treedef, fn(subs, *[treedef.flatten_up_to(o) for o in others]))
+
+  def visit(node, *others):  # a known state, a buffer or a leaf
+    fields = known.get(type(node))
+    if fields is None:
+      return buffer(node, *others)
+    return type(node)(*[
+        (buffer if name in fields else walk)(value, *[getattr(o, name) for o in others])
+        for name, value in zip(node._fields, node)])
+
+  def walk(node, *others):
+    return jax.tree.map(visit, node, *others, is_leaf=lambda n: (
+        type(n) in known or subtrees(n) is not None))
+
+  return walk(state, *rest)
+
+
+class _Tag:
+  """Stands for a state leaf in a tree of tags (a pytree leaf, unlike a frozenset of names)."""
+
+  def __init__(self, leaves: frozenset):
+    self.leaves = leaves
+
+
+def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
+                       extra_args: dict, dense_step: Callable, where: str) -> tuple[Any, Any]:
+  """The lazy step on a gradient tree with row-sparse leaves (see the module doc).
+
+  ``dense_step(new, old, grad)`` applies the dense lazy rule to a dense leaf:
+  ``new`` on the rows present in ``grad``, ``old`` elsewhere.
+  """
+  if params is None:
+    raise ValueError(f"{where}: params are required with row-sparse gradients; call "
+                     "update(updates, state, params).")
+  flat_g, treedef_ = jax.tree.flatten(updates, is_leaf=is_row_sparse)
+  treedef: Any = treedef_
+  try:
+    flat_p = treedef.flatten_up_to(params)
+  except (ValueError, TypeError):
+    raise ValueError(f"{where}: gradients and params have different tree structures: "
+                     f"{treedef} vs {jax.tree.structure(params)}.") from None
+  names = _leaf_names(treedef)
+  sparse = [is_row_sparse(g) for g in flat_g]
+  rows: list[Any] = []
+  g_in: list[Any] = []
+  p_in: list[Any] = []
+  for name, g, p, s in zip(names, flat_g, flat_p, sparse):
+    if s:
+      check_row_sparse(name, g, p, where)
+      r, values = _combine(g, p.shape[0])
+      rows.append(r)
+      g_in.append(values)
+      p_in.append(_gather(p, r))
+    else:
+      rows.append(None)
+      g_in.append(g)
+      p_in.append(p)
+  full_shapes = [tuple(np.shape(p)) for p in flat_p]
+  row_shapes = [tuple(np.shape(x)) for x in p_in]
+
+  def gather_bufs(bufs):
+    return [b if r is None or isinstance(b, optax.MaskedNode) else _gather(b, r)
+            for b, r in zip(bufs, rows)]
+
+  state_in = _buffers(state, treedef, full_shapes, gather_bufs)
+  g_tree, p_tree = jax.tree.unflatten(treedef, g_in), jax.tree.unflatten(treedef, p_in)
+
+  # The inner transformation must be row-wise on the sparse leaves.
+  tags = [frozenset([n]) if s else frozenset() for n, s in zip(names, sparse)]
+  # State leaves are tagged through the buffers they belong to.
+  state_tags = _buffers(state_in, treedef, row_shapes, lambda bufs: [
+      b if isinstance(b, optax.MaskedNode) else _Tag(t) for b, t in zip(bufs, tags)])
+  leaves_s, tdef_s = jax.tree.flatten(state_in)
+  taint_s = [t.leaves if isinstance(t, _Tag) else frozenset()
+             for t in jax.tree.leaves(state_tags, is_leaf=lambda x: isinstance(x, _Tag))]
+  if len(taint_s) != len(leaves_s):  # (a structure we cannot label: check without it)
+    taint_s = [frozenset()] * len(leaves_s)
+
+  def traced(g_leaves, s_leaves, p_leaves):
+    return inner_tx.update(jax.tree.unflatten(treedef, g_leaves),
+                           jax.tree.unflatten(tdef_s, s_leaves),
+                           jax.tree.unflatten(treedef, p_leaves), **extra_args)
+
+  _check_rowwise(traced, [g_in, leaves_s, p_in], [*tags, *taint_s, *tags], where)
+
+  new_updates, new_state = inner_tx.update(g_tree, state_in, p_tree, **extra_args)
+  flat_u = treedef.flatten_up_to(new_updates)
+
+  def scatter_bufs(new_bufs, old_bufs):
+    out = []
+    for n, o, r, g in zip(new_bufs, old_bufs, rows, flat_g):
+      if isinstance(n, optax.MaskedNode):
+        out.append(n)
+      elif r is None:
+        out.append(dense_step(n, o, g))
+      else:
+        out.append(o.at[r].set(n.astype(o.dtype), mode="drop"))
+    return out
+
+  new_state = _buffers(new_state, treedef, row_shapes, scatter_bufs, state)
+  out_updates = []
+  for u, r, g, p in zip(flat_u, rows, flat_g, flat_p):
+    if r is None:
+      out_updates.append(dense_step(u, jnp.zeros_like(u), g))
+    else:
+      out_updates.append(RowSparseUpdate((u, r[:, None]), shape=p.shape,
+                                         unique_indices=True))
+  return jax.tree.unflatten(treedef, out_updates), new_state
+
+
+# --------------------------------------------------------------------------
+# Data parallelism
+# --------------------------------------------------------------------------
+
+
+def sparse_psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
+  """``lax.psum`` (or ``pmean``) of a gradient tree with row-sparse leaves.
+
+  Dense leaves are summed with :func:`jax.lax.psum`. A row-sparse leaf is
+  all-gathered: the result holds every replica's indices and values
+  (``n_devices * K`` entries; duplicate rows are summed by the optimizer),
+  which is the sum of the replicas' gradients. With ``mean=True`` the values
+  are divided by the axis size (``lax.pmean``).
+
+  Use it inside ``jax.pmap`` or ``shard_map`` over ``axis_name`` with the
+  params (the table) replicated over that axis (data parallelism). Tables
+  split along axis 0 over the axis are not supported: every replica would
+  need the rows of the others.
+  """
+  from lars_optax.transforms import _collective
+
+  n = _collective(jax.lax.psum, 1, axis_name)
+
+  def one(x):
+    if not is_row_sparse(x):
+      out = _collective(jax.lax.psum, x, axis_name)
+      return out / n if mean else out
+    data = _collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.data, axis_name)
+    idx = _collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.indices, axis_name)
+    return BCOO((data / n if mean else data, idx), shape=x.shape)
+
+  return jax.tree.map(one, tree, is_leaf=is_row_sparse)
+
+
+# --------------------------------------------------------------------------
+# Row-sparse gradients from unchanged models
+# --------------------------------------------------------------------------
+
+
+class _Table:
+  """A sparse leaf inside the interpreted loss: only row lookups may read it."""
+
+  def __init__(self, index: int, value: jax.Array, name: str):
+    self.index, self.value, self.name = index, value, name
+
+
+def _bind(eqn: Any, invals: list) -> Any:
+  """``eqn``'s primitive applied to ``invals`` (as ``jax.core.eval_jaxpr`` does)."""
+  bind_params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns: Sequence[Any] = ()
+  if isinstance(bind_params, tuple):  # (older JAX: (subfuns, params))
+    subfuns, bind_params = bind_params
+  with eqn.ctx.manager:
+    return eqn.primitive.bind(*subfuns, *invals, **bind_params)
+
+
+def _row_component(dnums: Any, slice_sizes: Sequence[int], shape: tuple) -> int | None:
+  """Where a gather's index vectors hold the row, if the gather reads whole rows.
+
+  A row lookup slices one row (``slice_sizes[0] == 1``) and every other
+  dimension whole, so the only start index that matters is the row's.
+  """
+  if tuple(getattr(dnums, "operand_batching_dims", ())) or 0 not in dnums.start_index_map:
+    return None
+  if tuple(slice_sizes) != (1, *shape[1:]):
+    return None
+  return tuple(dnums.start_index_map).index(0)
+
+
+def _dynamic_slice_as_gather(ndim: int) -> Any:
+  """The dimension numbers of ``dynamic_slice`` (all start indices in one vector)."""
+  return jax.lax.GatherDimensionNumbers(
+      offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
+
+
+class _Interpreter:
+  """Evaluates a jaxpr where sparse leaves are read only through row lookups.
+
+  Each lookup ``table[ids]`` becomes ``stop_gradient(table)[ids] +
+  delta[slot(ids)]`` where ``delta`` is a zero array of ``max_rows`` rows: the
+  value is unchanged and the gradient with respect to ``delta`` is the
+  gradient of the looked-up rows, O(ids) to compute.
+  """
+
+  def __init__(self, max_rows: int, deltas: list | None):
+    self.max_rows, self.deltas = max_rows, deltas
+    self.lookups: list[tuple[int, jax.Array]] = []  # (table index, unique rows)
+
+  def lookup(self, table: _Table, out: jax.Array, indices: jax.Array, dnums: Any,
+             slice_sizes: Sequence[int], row: int, clip: bool) -> jax.Array:
+    """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
+    n = table.value.shape[0]
+    rows = indices[..., row]
+    if clip:
+      rows, valid = jnp.clip(rows, 0, n - 1), jnp.ones(rows.shape, bool)
+    else:
+      valid = (rows >= 0) & (rows < n)
+    rows = jnp.where(valid, rows, n)
+    uniq = jnp.unique(rows.reshape(-1), size=self.max_rows, fill_value=n)
+    if not isinstance(uniq, jax.core.Tracer):
+      distinct = int(np.unique(np.asarray(rows)[np.asarray(valid)]).size)
+      if distinct > self.max_rows:
+        raise ValueError(
+            f"max_rows: a lookup of {table.name!r} reads {distinct} distinct rows, "
+            f"more than max_rows={self.max_rows}; raise max_rows.")
+    slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, self.max_rows - 1)
+    found = valid & (uniq[slot] == rows)
+    k = len(self.lookups)
+    self.lookups.append((table.index, uniq))
+    shape = (self.max_rows, *table.value.shape[1:])
+    delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
+    # The same gather on delta, with the row replaced by its slot (out of range,
+    # so 0, where the id was not found) and the other (whole) dimensions at 0.
+    new_idx = jnp.zeros_like(indices).at[..., row].set(
+        jnp.where(found, slot, self.max_rows).astype(indices.dtype))
+    extra = jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
+                           mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
+    return out + extra.astype(out.dtype)
+
+  def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    env: dict[Any, Any] = {}
+
+    def read(v):
+      return v.val if isinstance(v, _jcore.Literal) else env[v]
+
+    for var, val in zip(jaxpr.constvars, consts):
+      env[var] = val
+    for var, val in zip(jaxpr.invars, args):
+      env[var] = val
+    for eqn in jaxpr.eqns:
+      invals = [read(v) for v in eqn.invars]
+      tables = [x for x in invals if isinstance(x, _Table)]
+      ans = self.sparse_eqn(eqn, invals, tables[0]) if tables else _bind(eqn, invals)
+      if eqn.primitive.multiple_results:
+        for var, val in zip(eqn.outvars, ans):
+          env[var] = val
+      else:
+        env[eqn.outvars[0]] = ans
+    return [read(v) for v in jaxpr.outvars]
+
+  def sparse_eqn(self, eqn: Any, invals: list, table: _Table) -> Any:
+    name = eqn.primitive.name
+    others_dense = all(not isinstance(x, _Table) for x in invals[1:])
+    shape = table.value.shape
+    if name == "gather" and invals[0] is table and others_dense:
+      dnums, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+      row = _row_component(dnums, sizes, shape)
+      if row is not None:
+        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]])
+        clip = "CLIP" in str(eqn.params.get("mode"))
+        return self.lookup(table, out, invals[1], dnums, sizes, row, clip)
+    if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
+        eqn.params["slice_sizes"]) == (1, *shape[1:]):
+      # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
+      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]])
+      starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
+      return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
+                         eqn.params["slice_sizes"], 0, True)
+    if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table and (
+        eqn.params.get("new_dtype") in (None, table.value.dtype)):
+      return table
+    subs = _sub_jaxprs(eqn.params)
+    if len(subs) == 1 and len(subs[0].invars) == len(invals) and name not in (
+        "cond", "scan", "while"):
+      sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+      outs = self.run(subs[0], getattr(sub, "consts", ()), invals)
+      return outs if eqn.primitive.multiple_results else outs[0]
+    raise ValueError(
+        f"sparse: the leaf {table.name!r} is used by '{name}', not only by row "
+        "lookups (table[ids], jnp.take(table, ids, axis=0)), so its gradient is "
+        "not row-sparse. Leave this leaf out of `sparse`.")
+
+
+def sparse_value_and_grad(
+    fun: Callable[..., Any],
+    sparse: masks.MaskLike,
+    *,
+    max_rows: int,
+    has_aux: bool = False,
+) -> Callable[..., Any]:
+  """Like :func:`jax.value_and_grad`, with chosen leaves' gradients row-sparse.
+
+  ``sparse_value_and_grad(fun, sparse, max_rows=K)(params, *args)`` returns
+  ``(value, grads)`` (``((value, aux), grads)`` with ``has_aux``) where
+  ``grads`` has the tree of ``params`` (the first argument) and every leaf
+  selected by ``sparse`` is a row-sparse
+  :class:`~jax.experimental.sparse.BCOO`: the gradient with respect to the
+  rows ``fun`` looks up, ``K`` rows per lookup. The other leaves get their
+  ordinary dense gradients.
+
+  The model code stays as it is: ``fun`` is traced, and each lookup of a
+  sparse leaf (``table[ids]``, ``jnp.take(table, ids, axis=0)``: the gathers
+  that ``nn.Embed``, ``nnx.Embed``, ``hk.Embed`` and ``eqx.nn.Embedding``
+  do) reads ``stop_gradient(table)[ids] + delta[slot(ids)]``, where ``delta``
+  is a zero array of ``max_rows`` rows and ``slot`` numbers the distinct ids
+  of the lookup. The value is unchanged and the gradient flows into
+  ``delta`` only: time and memory are O(ids + max_rows x row), never
+  O(table). A sparse leaf used in any other way (a tied output projection,
+  a weight penalty inside ``fun``) raises a ValueError naming it.
+
+  Args:
+    fun: the loss, ``fun(params, *args) -> scalar`` (or ``(scalar, aux)``).
+    sparse: which leaves of ``params`` are looked up: a leaf name
+      (``"embedding"``), a :class:`~lars_optax.masks.Mask` or a callable / bool
+      pytree, as elsewhere in lars_optax.
+    max_rows: the static bound on the distinct rows of one lookup (one call
+      of the embedding); the gradient holds this many rows per lookup, the
+      unused ones with the index ``num_rows`` (padding, ignored by the
+      optimizers and by ``BCOO.todense``). Outside ``jit`` more distinct rows
+      raise a ValueError; under ``jit`` the rows beyond ``max_rows`` (the
+      largest ids) get no gradient.
+    has_aux: as in :func:`jax.value_and_grad`.
+
+  Returns:
+    A function with the signature of ``fun`` returning ``(value, grads)``.
+  """
+  if not isinstance(max_rows, (int, np.integer)) or isinstance(max_rows, bool) or max_rows < 1:
+    raise ValueError(f"max_rows: expected an integer >= 1, got {max_rows!r}.")
+  if isinstance(sparse, str):
+    sparse = masks.by_leaf_name(sparse)
+  masks.check_mask_like(sparse, "sparse")
+  max_rows = int(max_rows)
+
+  def wrapped(params, *args):
+    flat_p, treedef = jax.tree.flatten(params)
+    chosen = masks.resolve_mask(sparse, params, "sparse")
+    names = [n for n, _ in masks.named_leaves(params)]
+    if not any(chosen):
+      raise ValueError("sparse: selects no leaf of params; names: "
+                       f"{names[:10]}.")
+    for name, p, c in zip(names, flat_p, chosen):
+      if c and np.ndim(p) == 0:
+        raise ValueError(f"sparse: leaf {name!r} is 0-d; a row-sparse leaf needs rows.")
+    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(params, *args)
+    flat_args = jax.tree.leaves(args)
+
+    def evaluate(dense_leaves, deltas, interp):
+      it = iter(dense_leaves)
+      leaves = [_Table(i, p, n) if c else next(it)
+                for i, (p, n, c) in enumerate(zip(flat_p, names, chosen))]
+      return interp.run(closed.jaxpr, closed.consts, [*leaves, *flat_args])
+
+    dense = [p for p, c in zip(flat_p, chosen) if not c]
+    # A first, abstract pass counts the lookups (one delta each).
+    probe = _Interpreter(max_rows, None)
+    jax.eval_shape(lambda d: evaluate(d, None, probe), dense)
+    shapes = [(max_rows, *flat_p[i].shape[1:]) for i, _ in probe.lookups]
+    deltas = [jnp.zeros(s, flat_p[i].dtype) for s, (i, _) in zip(shapes, probe.lookups)]
+    interp = _Interpreter(max_rows, None)
+
+    def loss(dense_leaves, deltas):
+      interp.deltas = deltas
+      interp.lookups = []
+      outs = evaluate(dense_leaves, deltas, interp)
+      rows = [u for _, u in interp.lookups]
+      return outs[0], (outs[1:], rows)
+
+    (value, aux), (g_dense, g_deltas) = jax.value_and_grad(
+        loss, argnums=(0, 1), has_aux=True)(dense, deltas)
+    aux_leaves, rows = aux
+    if has_aux:
+      value = jax.tree.unflatten(jax.tree.structure(out_shape), [value, *aux_leaves])
+    per_leaf: dict[int, list] = {}
+    for (i, _), r, g in zip(probe.lookups, rows, g_deltas):
+      per_leaf.setdefault(i, []).append((r, g))
+    it = iter(g_dense)
+    grads = []
+    for i, (p, c) in enumerate(zip(flat_p, chosen)):
+      if not c:
+        grads.append(next(it))
+        continue
+      parts = per_leaf.get(i, [])
+      if not parts:  # never looked up: an empty row-sparse gradient
+        grads.append(BCOO((jnp.zeros((0, *p.shape[1:]), p.dtype), jnp.zeros((0, 1), jnp.int32)),
+                          shape=p.shape, unique_indices=True, indices_sorted=True))
+        continue
+      idx = jnp.concatenate([r for r, _ in parts])[:, None]
+      data = jnp.concatenate([g for _, g in parts])
+      single = len(parts) == 1
+      grads.append(BCOO((data.astype(p.dtype), idx), shape=p.shape, unique_indices=single,
+                        indices_sorted=single))
+    return value, jax.tree.unflatten(treedef, grads)
+
+  return wrapped

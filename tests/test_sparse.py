@@ -1,0 +1,614 @@
+"""Tests for lars_optax.sparse: row-sparse (BCOO) gradients and lazy steps on them.
+
+Covered: the lazy optimizers on BCOO gradient leaves equal the dense lazy path
+(and MXNet's row_sparse fixtures); duplicates are summed; a listed all-zero row
+is present; dense leaves in the same tree; the update is row-sparse and
+``optax.apply_updates`` adds it by a scatter, with no table-sized temporary
+(``memory_analysis``); Flax ``TrainState`` and ``nnx.Optimizer``; the errors
+(layout, index dtype, shape, out-of-range, optimizers that are not row-wise);
+:func:`lars_optax.sparse_value_and_grad` with Flax linen, nnx, Haiku and
+Equinox models; :func:`lars_optax.sparse_psum` under ``pmap``.
+"""
+
+import json
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.experimental.sparse import BCOO
+
+import lars_optax
+from lars_optax import sparse_psum, sparse_value_and_grad
+
+
+def _bcoo(values, rows, shape):
+  return BCOO((jnp.asarray(values), jnp.asarray(rows)[:, None]), shape=shape)
+
+
+def _dense(values, rows, shape):
+  out = np.zeros(shape, np.float32)
+  np.add.at(out, np.asarray(rows), np.asarray(values))
+  return jnp.asarray(out)
+
+
+def _params(n=8, d=3):
+  rng = np.random.default_rng(0)
+  return {"emb": jnp.asarray(rng.normal(size=(n, d)), jnp.float32),
+          "w": jnp.asarray(rng.normal(size=(d, 2)), jnp.float32)}
+
+
+OPTIMIZERS = {
+    "adam": lambda: lars_optax.adam(0.01, wd=0.01, lazy_update=True),
+    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=0.001, lazy_update=True),
+    "create_adam": lambda: lars_optax.create("adam", learning_rate=0.01, lazy_update=True),
+    "create_sgd": lambda: lars_optax.create("sgd", momentum=0.9, lazy_update=True),
+    "wrapped_optax_adam": lambda: lars_optax.lazy_update(optax.adam(0.01)),
+}
+
+STEPS = [([1, 4, 1], 0), ([0, 4], 1), ([7], 2), ([2, 2, 2, 5], 3)]
+
+
+def _run(tx, params, sparse, jit=True):
+  update = jax.jit(tx.update) if jit else tx.update
+  state = tx.init(params)
+  rng = np.random.default_rng(1)
+  for rows, _ in STEPS:
+    values = rng.normal(size=(len(rows), params["emb"].shape[1])).astype(np.float32)
+    emb = (_bcoo(values, rows, params["emb"].shape) if sparse
+           else _dense(values, rows, params["emb"].shape))
+    grads = {"emb": emb, "w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
+    updates, state = update(grads, state, params)
+    if sparse:
+      assert isinstance(updates["emb"], BCOO)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_lazy_step_on_bcoo_equals_dense_lazy_path(name):
+  params = _params()
+  p_sparse, s_sparse = _run(OPTIMIZERS[name](), params, sparse=True)
+  p_dense, s_dense = _run(OPTIMIZERS[name](), params, sparse=False)
+  chex.assert_trees_all_close(p_sparse, p_dense, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(s_sparse, s_dense, rtol=1e-6, atol=1e-7)
+  # Rows 3 and 6 never appear: untouched.
+  np.testing.assert_array_equal(p_sparse["emb"][np.array([3, 6])], params["emb"][np.array([3, 6])])
+
+
+def test_lazy_step_on_bcoo_without_jit_equals_jit():
+  params = _params()
+  tx = OPTIMIZERS["adam"]()
+  chex.assert_trees_all_close(_run(tx, params, True, jit=False), _run(tx, params, True),
+                              rtol=1e-6, atol=1e-7)
+
+
+def test_duplicate_rows_are_summed():
+  params = {"emb": jnp.ones((4, 2))}
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  g = _bcoo([[1.0, 2.0], [3.0, 4.0], [0.5, 0.5]], [2, 2, 0], (4, 2))
+  updates, _ = tx.update({"emb": g}, tx.init(params), params)
+  np.testing.assert_allclose(updates["emb"].todense(),
+                             [[-0.5, -0.5], [0, 0], [-4.0, -6.0], [0, 0]])
+
+
+def test_row_listed_with_zero_values_is_present():
+  """As MXNet's row_sparse: a listed row is updated even if its values are 0."""
+  params = {"emb": jnp.ones((3, 2))}
+  tx = lars_optax.sgd(0.1, wd=0.5, lazy_update=True)  # wd moves a present row
+  g = _bcoo(np.zeros((1, 2), np.float32), [1], (3, 2))
+  updates, _ = tx.update({"emb": g}, tx.init(params), params)
+  new = optax.apply_updates(params, updates)["emb"]
+  np.testing.assert_allclose(new, [[1, 1], [0.95, 0.95], [1, 1]])
+
+
+def test_scalar_state_counts_every_step():
+  params = _params()
+  _, state = _run(OPTIMIZERS["adam"](), params, sparse=True)
+  assert int(optax.tree_utils.tree_get(state, "count")) == len(STEPS)
+
+
+def test_dense_leaf_in_the_tree_follows_the_dense_lazy_rule():
+  params = {"emb": jnp.ones((4, 2)), "b": jnp.ones((3,))}
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  grads = {"emb": _bcoo([[1.0, 1.0]], [0], (4, 2)), "b": jnp.array([0.0, 2.0, 0.0])}
+  updates, state = tx.update(grads, tx.init(params), params)
+  np.testing.assert_array_equal(np.asarray(updates["b"])[[0, 2]], 0.0)
+  assert float(updates["b"][1]) != 0
+  np.testing.assert_array_equal(np.asarray(optax.tree_utils.tree_get(state, "mu")["b"])[[0, 2]],
+                                0.0)
+
+
+def test_update_is_row_sparse_and_apply_updates_scatters():
+  params = {"emb": jnp.zeros((5, 2))}
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  updates, _ = tx.update({"emb": _bcoo([[1.0, 2.0]], [3], (5, 2))}, tx.init(params), params)
+  u = updates["emb"]
+  assert isinstance(u, lars_optax.RowSparseUpdate)
+  assert u.shape == (5, 2)
+  np.testing.assert_array_equal(u.indices[:, 0], [3])
+  new = optax.apply_updates(params, updates)["emb"]
+  np.testing.assert_array_equal(new, np.array([[0, 0], [0, 0], [0, 0], [-1, -2], [0, 0]]))
+  assert new.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_donated_step_has_no_table_sized_temporary(name):
+  n, d, k = 100_000, 32, 64
+  params = {"emb": jnp.zeros((n, d))}
+  tx = OPTIMIZERS[name]()
+  state = tx.init(params)
+  grads = {"emb": _bcoo(np.ones((k, d), np.float32), np.arange(k) * 7, (n, d))}
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+  mem = compiled.memory_analysis()
+  table = n * d * 4
+  assert mem.temp_size_in_bytes < table // 20, (mem.temp_size_in_bytes, table)
+  # Params and every buffer are updated in place.
+  assert mem.alias_size_in_bytes >= table * (3 if name == "adam" else 2)
+
+
+def test_bfloat16_params_take_bcoo_gradients():
+  params = {"emb": jnp.ones((4, 2), jnp.bfloat16)}
+  tx = lars_optax.sgd(0.5, lazy_update=True)
+  g = _bcoo(np.ones((1, 2), np.float32), [1], (4, 2))
+  updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
+  new = optax.apply_updates(params, updates)["emb"]
+  assert new.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(new, np.float32), [[1, 1], [0.5, 0.5], [1, 1], [1, 1]])
+
+
+# --------------------------------------------------------------------------
+# MXNet's row_sparse fixtures
+# --------------------------------------------------------------------------
+
+REF = json.loads(
+    (pathlib.Path(__file__).parent / "reference" / "mxnet_optimizers.json").read_text())
+CASES = {c["name"]: c for c in REF["cases"]}
+
+
+def _as_row_sparse(g):
+  """MXNet's ``tostype('row_sparse')``: the rows with a non-zero entry.
+
+  Padded to one slot per row (with the padding index, the number of rows),
+  so that every step has the same shapes and compiles once.
+  """
+  g = np.asarray(g, np.float32)
+  n = g.shape[0]
+  rows = np.nonzero(np.any(g.reshape(n, -1) != 0, axis=1))[0]
+  values = np.zeros_like(g)
+  values[:len(rows)] = g[rows]
+  padded = np.full(n, n, np.int32)
+  padded[:len(rows)] = rows
+  return _bcoo(values, padded, g.shape)
+
+
+@pytest.mark.parametrize("name", ["adam_lazy", "sgd_lazy"])
+def test_matches_mxnet_row_sparse_fixtures(name):
+  case = CASES[name]
+  tx = lars_optax.create(case["optimizer"], **case["kwargs"])
+  params = {k: jnp.asarray(v, jnp.float32) for k, v in case["params"].items()}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for t, grads in enumerate(case["grads"]):
+    params, state = step(params, state, {k: _as_row_sparse(g) for k, g in grads.items()})
+    for k, expected in case["weights"][t].items():
+      exp = np.asarray(expected)
+      err = np.abs(np.asarray(params[k]) - exp).max() / max(np.abs(exp).max(), 1e-30)
+      assert err < 1e-4, (t, k, err)
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+def test_lars_rejects_bcoo_naming_the_leaf():
+  params = _params()
+  tx = lars_optax.lars(0.1)
+  grads = {"emb": _bcoo([[1.0, 1.0, 1.0]], [0], (8, 3)), "w": jnp.ones((3, 2))}
+  with pytest.raises(ValueError, match=r"lars: gradient 'emb' is row-sparse"):
+    tx.update(grads, tx.init(params), params)
+
+
+@pytest.mark.parametrize("inner", [
+    lambda: lars_optax.lars(0.1),
+    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)),
+    lambda: lars_optax.tf_lars(0.1),
+], ids=["lars", "clip_by_global_norm", "tf_lars"])
+def test_not_row_wise_inner_raises_naming_the_leaf(inner):
+  params = _params()
+  tx = lars_optax.lazy_update(inner())
+  grads = {"emb": _bcoo([[1.0, 1.0, 1.0]], [0], (8, 3)), "w": jnp.ones((3, 2))}
+  with pytest.raises(ValueError, match=r"gradient 'emb' is row-sparse.*not row-wise"):
+    tx.update(grads, tx.init(params), params)
+
+
+def test_buffers_of_an_unknown_state_are_found_by_structure():
+  """A state type lars_optax does not list: its params-shaped field is still gathered."""
+  from typing import NamedTuple
+
+  class MyState(NamedTuple):
+    acc: dict
+    steps: jax.Array
+
+  def init(params):
+    return MyState(jax.tree.map(jnp.zeros_like, params), jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    acc = jax.tree.map(lambda a, g: a + g * g, state.acc, updates)
+    return jax.tree.map(lambda g, a: -g / jnp.sqrt(a + 1.0), updates, acc), MyState(
+        acc, state.steps + 1)
+
+  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  params = {"emb": jnp.ones((5, 2))}
+  sparse_g = {"emb": _bcoo(np.full((1, 2), 2.0, np.float32), [3], (5, 2))}
+  _, state = jax.jit(tx.update)(sparse_g, tx.init(params), params)
+  np.testing.assert_array_equal(state.acc["emb"], [[0, 0], [0, 0], [0, 0], [4, 4], [0, 0]])
+  assert int(state.steps) == 1
+
+
+def test_reduction_over_a_state_buffer_is_not_row_wise():
+  """A rule that mixes rows of its state only (not of the gradient) is caught too."""
+
+  def init(params):
+    return optax.TraceState(trace=jax.tree.map(jnp.ones_like, params))
+
+  def update(updates, state, params=None):
+    del params
+    out = jax.tree.map(lambda g, t: g / jnp.sum(t), updates, state.trace)
+    return out, optax.TraceState(trace=jax.tree.map(jnp.add, state.trace, updates))
+
+  params = {"emb": jnp.ones((5, 2))}
+  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  with pytest.raises(ValueError, match=r"gradient 'emb' is row-sparse.*not row-wise"):
+    tx.update({"emb": _bcoo(np.ones((1, 2), np.float32), [1], (5, 2))}, tx.init(params), params)
+
+
+def test_multi_precision_rejects_bcoo():
+  params = {"emb": jnp.ones((4, 2), jnp.float16)}
+  tx = lars_optax.adam(0.1, lazy_update=True, multi_precision=True)
+  with pytest.raises(ValueError, match=r"multi_precision: gradient 'emb' is row-sparse"):
+    tx.update({"emb": _bcoo(np.ones((1, 2), np.float16), [1], (4, 2))}, tx.init(params), params)
+
+
+def _lazy_update_error(grad, shape=(4, 2)):
+  params = {"emb": jnp.ones(shape)}
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx.update({"emb": grad}, tx.init(params), params)
+
+
+def test_wrong_layout_raises_naming_the_leaf():
+  g = BCOO.fromdense(jnp.eye(4, 2))  # n_sparse == 2
+  with pytest.raises(ValueError, match=r"gradient 'emb' is a BCOO with n_batch=0, n_sparse=2"):
+    _lazy_update_error(g)
+
+
+def test_float_indices_raise_naming_the_leaf():
+  # e.g. after jax.tree.map(lambda x: x.astype(jnp.float32), grads), which casts indices too
+  g = jax.tree.map(lambda x: x.astype(jnp.float32), _bcoo(np.ones((1, 2), np.float32), [1], (4, 2)))
+  with pytest.raises(TypeError, match=r"gradient 'emb' has indices of dtype float32"):
+    _lazy_update_error(g)
+
+
+def test_shape_differing_from_param_raises_naming_the_leaf():
+  with pytest.raises(ValueError, match=r"gradient 'emb' has shape \(5, 2\).*\(4, 2\)"):
+    _lazy_update_error(_bcoo(np.ones((1, 2), np.float32), [1], (5, 2)))
+
+
+@pytest.mark.parametrize("row", [-1, 5, 100])
+def test_out_of_range_rows_raise_when_concrete(row):
+  with pytest.raises(ValueError, match=r"gradient 'emb' has row indices out of range"):
+    _lazy_update_error(_bcoo(np.ones((1, 2), np.float32), [row], (4, 2)))
+
+
+def test_out_of_range_rows_are_dropped_under_jit():
+  params = {"emb": jnp.ones((4, 2))}
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  g = _bcoo(np.ones((3, 2), np.float32), [-1, 1, 9], (4, 2))
+  updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
+  new = optax.apply_updates(params, updates)["emb"]
+  np.testing.assert_array_equal(new, [[1, 1], [0, 0], [1, 1], [1, 1]])
+
+
+# --------------------------------------------------------------------------
+# Flax TrainState and nnx.Optimizer
+# --------------------------------------------------------------------------
+
+
+def test_flax_train_state_apply_gradients():
+  from flax.training import train_state
+
+  params = _params()
+  ts = train_state.TrainState.create(apply_fn=None, params=params,
+                                     tx=lars_optax.adam(0.1, lazy_update=True))
+  grads = {"emb": _bcoo([[1.0, 1.0, 1.0]], [2], (8, 3)), "w": jnp.zeros((3, 2))}
+  new = jax.jit(lambda ts, g: ts.apply_gradients(grads=g))(ts, grads)
+  changed = np.nonzero(np.any(np.asarray(new.params["emb"] != params["emb"]), axis=1))[0]
+  np.testing.assert_array_equal(changed, [2])
+  assert int(new.step) == 1
+
+
+# --------------------------------------------------------------------------
+# sparse_value_and_grad with unchanged models
+# --------------------------------------------------------------------------
+
+IDS = jnp.array([[1, 2, 2], [7, 1, 49]], jnp.int32)
+Y = jnp.array([0.5, -1.0])
+
+
+def _check_grads(sparse_g, dense_g, max_rows=8):
+  leaves, _ = jax.tree.flatten(sparse_g, is_leaf=lambda x: isinstance(x, BCOO))
+  dense_leaves = jax.tree.leaves(dense_g)
+  assert any(isinstance(x, BCOO) for x in leaves)
+  for s, d in zip(leaves, dense_leaves):
+    if isinstance(s, BCOO):
+      assert s.data.shape[0] == max_rows
+      np.testing.assert_array_equal(np.unique(np.asarray(s.indices)), [1, 2, 7, 49, 50])
+      s = s.todense()
+    np.testing.assert_allclose(s, d, rtol=1e-6, atol=1e-8)
+
+
+def _linen():
+  import flax.linen as nn
+
+  class Bag(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+      return nn.Dense(1)(nn.Embed(50, 4)(ids).mean(axis=1))[:, 0]
+
+  model = Bag()
+  params = model.init(jax.random.key(0), IDS)["params"]
+  return params, lambda p, ids, y: jnp.mean((model.apply({"params": p}, ids) - y) ** 2)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_value_and_grad_flax_linen_embed(jit):
+  params, loss = _linen()
+  fn = sparse_value_and_grad(loss, "embedding", max_rows=8)
+  fn = jax.jit(fn) if jit else fn
+  value, grads = fn(params, IDS, Y)
+  ref_value, ref_grads = jax.value_and_grad(loss)(params, IDS, Y)
+  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  _check_grads(grads, ref_grads)
+
+
+def test_value_and_grad_flax_nnx_embed_with_nnx_optimizer():
+  from flax import nnx
+
+  class Bag(nnx.Module):
+    def __init__(self, rngs):
+      self.embed = nnx.Embed(50, 4, rngs=rngs)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, ids):
+      return self.out(self.embed(ids).mean(axis=1))[:, 0]
+
+  model = Bag(nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  loss = lambda p, ids, y: jnp.mean((nnx.merge(graphdef, p)(ids) - y) ** 2)
+  _, grads = sparse_value_and_grad(loss, "embedding", max_rows=8)(params, IDS, Y)
+  ref = nnx.grad(lambda m: jnp.mean((m(IDS) - Y) ** 2))(model)
+  _check_grads(grads, ref)
+  optimizer = nnx.Optimizer(model, lars_optax.adam(0.1, lazy_update=True), wrt=nnx.Param)
+  before = np.asarray(model.embed.embedding[...])
+  optimizer.update(model, grads)
+  changed = np.nonzero(np.any(np.asarray(model.embed.embedding[...]) != before, axis=1))[0]
+  np.testing.assert_array_equal(changed, [1, 2, 7, 49])
+
+
+def test_value_and_grad_haiku_embed():
+  import haiku as hk
+
+  f = hk.without_apply_rng(hk.transform(
+      lambda ids: hk.Linear(1)(hk.Embed(50, 4)(ids).mean(axis=1))[:, 0]))
+  params = f.init(jax.random.key(0), IDS)
+  loss = lambda p, ids, y: jnp.mean((f.apply(p, ids) - y) ** 2)
+  _, grads = sparse_value_and_grad(loss, "embeddings", max_rows=8)(params, IDS, Y)
+  _check_grads(grads, jax.grad(loss)(params, IDS, Y))
+
+
+def test_value_and_grad_equinox_embedding():
+  import equinox as eqx
+
+  model = eqx.nn.Embedding(50, 4, key=jax.random.key(1))
+  loss = lambda m, ids, y: jnp.mean((jax.vmap(jax.vmap(m))(ids).mean(axis=(1, 2)) - y) ** 2)
+  _, grads = jax.jit(sparse_value_and_grad(loss, "weight", max_rows=8))(model, IDS, Y)
+  _check_grads(grads, jax.grad(loss)(model, IDS, Y))
+
+
+def test_value_and_grad_has_aux():
+  params, loss = _linen()
+  fn = sparse_value_and_grad(lambda p, i, y: (loss(p, i, y), {"n": i.size}), "embedding",
+                             max_rows=8, has_aux=True)
+  (value, aux), _ = fn(params, IDS, Y)
+  np.testing.assert_allclose(value, loss(params, IDS, Y), rtol=1e-6)
+  assert int(aux["n"]) == IDS.size
+
+
+def test_value_and_grad_whole_train_step_has_no_table_sized_temporary():
+  import flax.linen as nn
+
+  n = 100_000
+
+  class Bag(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+      return nn.Dense(1)(nn.Embed(n, 32)(ids).mean(axis=1))[:, 0]
+
+  model = Bag()
+  ids = jnp.asarray(np.random.default_rng(0).integers(0, n, (64, 4)), jnp.int32)
+  params = model.init(jax.random.key(0), ids)["params"]
+  tx = lars_optax.adam(0.01, lazy_update=True)
+  grad_fn = sparse_value_and_grad(
+      lambda p, ids: jnp.mean(model.apply({"params": p}, ids) ** 2), "embedding", max_rows=256)
+
+  def step(params, state, ids):
+    _, grads = grad_fn(params, ids)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  state = tx.init(params)
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, ids).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < n * 32 * 4 // 20
+
+
+def test_value_and_grad_too_many_rows_raises_when_concrete():
+  params, loss = _linen()
+  with pytest.raises(ValueError, match=r"max_rows: a lookup of 'Embed_0/embedding' reads 4"):
+    sparse_value_and_grad(loss, "embedding", max_rows=3)(params, IDS, Y)
+
+
+def test_value_and_grad_other_use_of_the_table_raises():
+  params = {"emb": jnp.ones((5, 2))}
+  loss = lambda p, ids: p["emb"][ids].sum() + jnp.sum(p["emb"] ** 2)
+  with pytest.raises(ValueError, match=r"sparse: the leaf 'emb' is used by"):
+    sparse_value_and_grad(loss, "emb", max_rows=4)(params, jnp.array([1, 2]))
+
+
+@pytest.mark.parametrize("max_rows", [0, 2.5, True])
+def test_value_and_grad_bad_max_rows(max_rows):
+  with pytest.raises(ValueError, match="max_rows"):
+    sparse_value_and_grad(lambda p: p, "emb", max_rows=max_rows)
+
+
+def test_value_and_grad_two_lookups_of_one_table():
+  params = {"emb": jnp.arange(10.0).reshape(5, 2)}
+  loss = lambda p, a, b: jnp.sum(p["emb"][a] * p["emb"][b])
+  a, b = jnp.array([0, 1]), jnp.array([1, 3])
+  _, g = sparse_value_and_grad(loss, "emb", max_rows=2)(params, a, b)
+  assert g["emb"].data.shape[0] == 4
+  np.testing.assert_allclose(g["emb"].todense(), jax.grad(loss)(params, a, b)["emb"])
+
+
+# --------------------------------------------------------------------------
+# Data parallelism
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_pmap_step_equals_single_device_step_on_the_whole_batch(name):
+  n_dev = jax.local_device_count()
+  params, loss = _linen()
+  tx = OPTIMIZERS[name]()
+  state = tx.init(params)
+  rng = np.random.default_rng(2)
+  ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
+  summed = lambda p, i, t: loss(p, i, t) * i.shape[0]  # a sum over the examples
+  grad_fn = sparse_value_and_grad(summed, "embedding", max_rows=ids.size)
+
+  def step(params, state, ids, y, axis_name=None):
+    _, grads = grad_fn(params, ids, y)
+    if axis_name:
+      grads = sparse_psum(grads, axis_name)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  single = jax.jit(step)(params, state, ids, y)
+  rep = lambda x: jnp.broadcast_to(x, (n_dev, *jnp.shape(x)))
+  multi = jax.pmap(lambda p, s, i, t: step(p, s, i, t, "batch"), axis_name="batch")(
+      jax.tree.map(rep, params), jax.tree.map(rep, state),
+      ids.reshape(n_dev, 2, 3), y.reshape(n_dev, 2))
+  for k in range(n_dev):
+    chex.assert_trees_all_close(jax.tree.map(lambda x, k=k: x[k], multi), single,
+                                rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_psum_mean_divides_by_axis_size():
+  n_dev = jax.local_device_count()
+  g = {"emb": _bcoo(np.ones((1, 2), np.float32), [1], (4, 2)), "b": jnp.ones(2)}
+  rep = lambda x: jnp.broadcast_to(x, (n_dev, *jnp.shape(x)))
+
+  def mean(g):
+    out = sparse_psum(g, "i", mean=True)
+    assert out["emb"].data.shape[0] == n_dev  # every replica's rows, gathered
+    return {"emb": out["emb"].todense(), "b": out["b"]}
+
+  out = jax.pmap(mean, axis_name="i")(jax.tree.map(rep, g))
+  np.testing.assert_allclose(out["b"][0], [1.0, 1.0])
+  np.testing.assert_allclose(out["emb"][0], [[0, 0], [1.0, 1.0], [0, 0], [0, 0]], rtol=1e-6)
+
+
+def test_sparse_psum_unbound_axis_names_the_option():
+  with pytest.raises(ValueError, match="axis_name: 'nope' is not bound"):
+    sparse_psum({"b": jnp.ones(2)}, "nope")
+
+
+# --------------------------------------------------------------------------
+# The benchmark script (a quick smoke run)
+# --------------------------------------------------------------------------
+
+
+def test_benchmark_quick_run_prints_a_markdown_table():
+  import importlib.util
+
+  path = pathlib.Path(__file__).parent.parent / "benchmarks" / "sparse_embedding.py"
+  spec = importlib.util.spec_from_file_location("sparse_embedding_benchmark", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  report = module.main(["--quick", "--rounds", "1", "--rows", "2000"])
+  assert "2,000 x 64 float32 table" in report
+  assert "| lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True) |" in report
+  assert "not run (no --mxnet-python)" in report
+
+
+def test_module_docstring_training_loop_runs():
+  import textwrap
+
+  doc = lars_optax.sparse.__doc__
+  block = doc.split("::\n\n", 1)[1].split("\n\n", 1)[0]
+  lines = doc.split("::\n\n", 1)[1].splitlines()
+  code = []
+  for line in lines:  # the indented block, blank lines included
+    if line and not line.startswith("  "):
+      break
+    code.append(line)
+  assert block.strip() and "train_step" in "\n".join(code)
+  namespace = {}
+  exec(textwrap.dedent("\n".join(code)), namespace)
+  emb = namespace["params"]["Embed_0"]["embedding"]
+  assert np.isfinite(np.asarray(emb)).all()
+  assert int(optax.tree_utils.tree_get(namespace["state"], "count")) == 20
+
+
+def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  n_dev = len(jax.devices())
+  params, loss = _linen()
+  tx = OPTIMIZERS["adam"]()
+  state = tx.init(params)
+  rng = np.random.default_rng(3)
+  ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
+  summed = lambda p, i, t: loss(p, i, t) * i.shape[0]
+  grad_fn = sparse_value_and_grad(summed, "embedding", max_rows=ids.size)
+
+  def step(params, state, ids, y, axis_name=None):
+    _, grads = grad_fn(params, ids, y)
+    if axis_name:
+      grads = sparse_psum(grads, axis_name)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  single = jax.jit(step)(params, state, ids, y)
+  sharded = jax.jit(jax.shard_map(
+      lambda p, s, i, t: step(p, s, i, t, "batch"), mesh=mesh,
+      in_specs=(P(), P(), P("batch"), P("batch")), out_specs=P(), check_vma=False))
+  chex.assert_trees_all_close(sharded(params, state, ids, y), single, rtol=1e-5, atol=1e-6)
