@@ -28,9 +28,10 @@ dtypes. These checks are the first link of every chain,
 
 Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
 (it falls back to 1), but it does reach the weights. To skip such steps, wrap
-the optimizer::
+the optimizer:
 
-  tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
+>>> import lars_optax
+>>> tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
 
 A skipped step leaves the params and every state buffer unchanged and is
 counted in ``state.total_notfinite`` (:func:`lars_optax.skip_nonfinite`).
