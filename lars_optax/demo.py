@@ -339,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   params0 = model.init(jax.random.key(args.seed), data[0][0][:1])
   n_params = sum(leaf.size for leaf in jax.tree.leaves(params0))
   print(f"digits: {n_train} train / {n_test} test 8x8 images; CNN with {n_params:,} parameters; "
-        f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} per run; jax {jax.__version__} on {jax.devices()[0].platform}")
+        f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} per run; "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}")
 
   small, large = args.small_batch, args.large_batch
   large_lr = args.lr * large / small  # linear scaling

@@ -152,9 +152,9 @@ def test_one_epoch_is_singular_and_small_batch_above_large_batch_warns(capsys):
   assert demo.main(argv) == 0
   captured = capsys.readouterr()
   assert "1 epoch per run" in captured.out
-  assert captured.err.splitlines() == [
+  assert captured.err.splitlines() == [(
       "warning: --small-batch (256) is larger than --large-batch (128): the 'large-batch' "
-      "runs use the smaller batch, with the learning rate scaled down"]
+      "runs use the smaller batch, with the learning rate scaled down")]
 
 
 def test_plot_clips_a_diverged_loss_and_marks_it(tmp_path):
