@@ -5,7 +5,8 @@ but what the block itself imports and sets up: a reader can paste any one
 block into a fresh interpreter. Blocks in another language (```bash,
 ```text for MXNet or TensorFlow code) are not run, and neither is a
 ```python block that the line before marks with ``<!-- skip: why -->``
-(a fragment of a longer program that a notebook runs in full).
+(a fragment of a longer program that a notebook runs in full). The Python
+block of the docs' front page (docs/index.rst) is run the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import io
 import pathlib
 import re
+import textwrap
 
 import pytest
 
@@ -50,6 +52,17 @@ RUN = [(line, code) for line, code, skipped in BLOCKS if not skipped]
 
 def test_readme_python_blocks_are_found():
   assert len(RUN) >= 4
+
+
+def rst_python_blocks(text: str) -> list[str]:
+  """The ``.. code-block:: python`` blocks of a reStructuredText page, dedented."""
+  blocks = re.findall(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", text, re.M)
+  return [textwrap.dedent(b) for b in blocks]
+
+
+def test_docs_index_python_block_runs():
+  (code,) = rst_python_blocks((README.parent / "docs" / "index.rst").read_text(encoding="utf-8"))
+  exec(compile(code, "docs/index.rst", "exec"), {"__name__": "__docs__"})
 
 
 @pytest.mark.quick
