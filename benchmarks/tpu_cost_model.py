@@ -61,12 +61,16 @@ def optimizers(flax_names: bool) -> dict[str, Callable[[], optax.GradientTransfo
     skip, keep = lars_optax.MXNET_SKIP, ~lars_optax.MXNET_SKIP
     ours = lambda: lars_optax.lars(LR, momentum=0.9, wd=WD)
   del skip
-  return {
+  result = {
       "optax.sgd(momentum=0.9)": lambda: optax.sgd(LR, momentum=0.9),
       "optax.lars": lambda: optax.lars(LR, weight_decay=WD, momentum=0.9,
                                        weight_decay_mask=keep, trust_ratio_mask=keep),
       "lars_optax.lars": ours,
   }
+  if not flax_names:  # benchmarks/step_time.py's settings: no weight decay, optax.lars unmasked
+    result["optax.lars (no wd, every leaf)"] = lambda: optax.lars(LR, momentum=0.9)
+    result["lars_optax.lars (no wd)"] = lambda: lars_optax.lars(LR, momentum=0.9)
+  return result
 
 
 def estimated_cycles(compiled: Any) -> int:
