@@ -308,7 +308,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
     order (works under ``jit``);
   * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
-    ``{"params/Dense_0/kernel": 0.012, ...}``, ready for a logger.
+    ``{"Dense_0/kernel": 0.012, ...}``, ready for a logger.
 
   Raises:
     ValueError: when ``state`` holds no LARS trust-ratio state, or ``params``
