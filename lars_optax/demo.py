@@ -301,7 +301,8 @@ def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> Any:
       ax_ratio.set(xlabel=f"step (batch {r.batch_size}, {r.steps_per_epoch} steps per epoch)")
   ax_ratio.set(title="LARS trust ratio per layer, every step (biases skipped)",
                ylabel="trust ratio", yscale="log")
-  ax_ratio.legend()
+  if ax_ratio.get_legend_handles_labels()[0]:
+    ax_ratio.legend()
   ax_ratio.grid(alpha=0.3)
   fig.savefig(path, dpi=110)
   return fig
