@@ -5,7 +5,11 @@ import importlib.metadata
 project = "lars_optax"
 author = "lars_optax developers"
 copyright = "lars_optax developers"
-release = importlib.metadata.version("lars_optax")
+try:
+  release = importlib.metadata.version("lars_optax")
+except importlib.metadata.PackageNotFoundError:  # not installed: run from a clone (PYTHONPATH)
+  import lars_optax
+  release = lars_optax.__version__
 version = release
 
 extensions = [
@@ -13,6 +17,9 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    # MathJax from the package (copied into _static/mathjax), not from a CDN:
+    # the docs' math renders offline.
+    "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
     "myst_parser",
 ]

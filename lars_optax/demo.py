@@ -22,7 +22,7 @@ on two CPU cores.
 
 Run it::
 
-  pip install "lars_optax[demo]"   # flax, scikit-learn, matplotlib, tqdm
+  pip install ".[demo]"   # in a clone: flax, scikit-learn, matplotlib, tqdm
   python -m lars_optax.demo                      # defaults, writes lars_optax_demo.png
   python -m lars_optax.demo --epochs 60 --large-batch 256 --out runs/demo.png
   python -m lars_optax.demo --help
@@ -54,7 +54,10 @@ import lars_optax
 # Module imported -> the pip distribution that provides it (the "demo" extra).
 EXTRAS = {"flax": "flax", "sklearn": "scikit-learn", "matplotlib": "matplotlib",
           "tqdm": "tqdm"}
-INSTALL = 'pip install "lars_optax[demo]"'
+# lars_optax is not on a package index: the extra comes from a clone or a built wheel.
+INSTALL = ('pip install ".[demo]" in a clone, or pip install '
+           f'"dist/lars_optax-{lars_optax.__version__}-py3-none-any.whl[demo]" '
+           "with a wheel built by python -m build")
 
 MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-4
@@ -66,6 +69,7 @@ WARMUP_FRACTION = 0.2  # of the large-batch steps
 DECAY_POWER = 2.0
 TEST_FRACTION = 0.25
 SPLIT_SEED = 0  # the train/test split is the same whatever --seed is
+LOSS_CLIP = 3.0  # the loss plot's top: this times the largest first-epoch loss
 
 
 @dataclasses.dataclass
@@ -257,32 +261,51 @@ def format_table(runs: Sequence[Run]) -> str:
   return "\n".join([header, *rows])
 
 
-def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> None:
-  """Writes loss curves, accuracy curves and LARS's trust ratios to ``path``."""
+def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> Any:
+  """Writes loss curves, accuracy curves and LARS's trust ratios to ``path``.
+
+  Returns the matplotlib ``Figure``.
+  """
   from matplotlib.figure import Figure  # no pyplot: no global backend state
 
   fig = Figure(figsize=(15, 4.5), layout="constrained")
   ax_loss, ax_acc, ax_ratio = fig.subplots(1, 3)
+  # A diverging run's loss reaches 1e30 or inf; clip the log axis to a few times
+  # the largest first-epoch loss and mark where each run leaves it.
+  first = [r.train_loss[0] for r in runs if r.train_loss and math.isfinite(r.train_loss[0])]
+  top = LOSS_CLIP * max(first, default=1.0)
   for r in runs:
     epochs = np.arange(1, len(r.train_loss) + 1)
     label = f"{r.label} (batch {r.batch_size})"
-    ax_loss.plot(epochs, r.train_loss, label=label)
+    loss = np.asarray(r.train_loss, dtype=float)
+    bad = ~np.isfinite(loss) | (loss > top)
+    (line,) = ax_loss.plot(epochs, np.where(bad, np.nan, loss), label=label)
+    if bad.any():
+      k = int(np.argmax(bad))
+      ax_loss.plot([epochs[k]], [top], marker="x", markersize=10, color=line.get_color())
+      ax_loss.annotate(f"diverged (epoch {epochs[k]})", (epochs[k], top), fontsize=9,
+                       textcoords="offset points", xytext=(6, -12), color=line.get_color())
     ax_acc.plot(epochs, r.test_accuracy, label=label)
-  ax_loss.set(title="training loss (mean over the epoch)", xlabel="epoch", yscale="log")
-  ax_acc.set(title="test accuracy", xlabel="epoch", ylim=(0.0, 1.0))
+  ax_loss.set(title="training loss", xlabel="epoch", ylabel="cross-entropy, mean over the epoch",
+              yscale="log")
+  ax_loss.set_ylim(top=top * 1.5)
+  ax_acc.set(title="test accuracy", xlabel="epoch", ylabel="accuracy", ylim=(0.0, 1.0))
   for ax in (ax_loss, ax_acc):
     ax.legend()
     ax.grid(alpha=0.3)
   for r in runs:
     for name, values in r.trust_ratios.items():
       if name not in skipped:
-        steps = np.arange(1, len(values) + 1) / r.steps_per_epoch
-        ax_ratio.plot(steps, values, label=name.removeprefix("params/"))
-  ax_ratio.set(title="LARS trust ratios per layer (biases skipped: 1)", xlabel="epoch",
-               yscale="log")
-  ax_ratio.legend()
+        ax_ratio.plot(np.arange(1, len(values) + 1), values, label=name.removeprefix("params/"))
+    if r.trust_ratios:
+      ax_ratio.set(xlabel=f"step (batch {r.batch_size}, {r.steps_per_epoch} steps per epoch)")
+  ax_ratio.set(title="LARS trust ratio per layer, every step (biases skipped)",
+               ylabel="trust ratio", yscale="log")
+  if ax_ratio.get_legend_handles_labels()[0]:
+    ax_ratio.legend()
   ax_ratio.grid(alpha=0.3)
   fig.savefig(path, dpi=110)
+  return fig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,11 +331,17 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"argument {flag}: must be at most the {n_train} training images, "
                    f"got {value}")
 
+  if args.small_batch > args.large_batch:
+    print(f"warning: --small-batch ({args.small_batch}) is larger than --large-batch "
+          f"({args.large_batch}): the 'large-batch' runs use the smaller batch, with the "
+          "learning rate scaled down", file=sys.stderr)
+
   model = make_cnn()
   params0 = model.init(jax.random.key(args.seed), data[0][0][:1])
   n_params = sum(leaf.size for leaf in jax.tree.leaves(params0))
   print(f"digits: {n_train} train / {n_test} test 8x8 images; CNN with {n_params:,} parameters; "
-        f"{args.epochs} epochs per run; jax {jax.__version__} on {jax.devices()[0].platform}")
+        f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} per run; "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}")
 
   small, large = args.small_batch, args.large_batch
   large_lr = args.lr * large / small  # linear scaling

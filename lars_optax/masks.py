@@ -2,8 +2,9 @@
 
 Every leaf of a pytree gets a *name*: its tree path rendered as a string, with
 dict keys, attribute names and sequence indices joined by ``/``. A Flax linen
-bias is ``params/Dense_0/bias``, a Haiku bias ``mlp/~/linear_0/b`` and a leaf of
-a flat MXNet-style dict ``fc1_weight``.
+bias is ``Dense_0/bias`` in a ``TrainState``'s params (``params/Dense_0/bias``
+in the whole ``model.init(...)`` dict), a Haiku bias ``mlp/~/linear_0/b`` and
+a leaf of a flat MXNet-style dict ``fc1_weight``.
 
 A :class:`Mask` is a rule on ``(name, leaf)``. Calling it on a pytree returns a
 pytree of Python ``bool`` with the same structure, so it can be passed wherever

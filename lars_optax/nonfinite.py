@@ -85,12 +85,17 @@ def skip_nonfinite(
   parameters under :func:`lars_optax.multi_precision`, whose masters are
   float32).
 
-  Example::
+  Example:
 
-    tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
-    state = tx.init(params)
-    updates, state = tx.update(grads, state, params)   # grads may hold NaN
-    state.total_notfinite                              # steps skipped so far
+  >>> import jax.numpy as jnp
+  >>> import lars_optax
+  >>> params = {"w": jnp.ones(3)}
+  >>> tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
+  >>> state = tx.init(params)
+  >>> grads = {"w": jnp.array([1.0, jnp.nan, 0.0])}
+  >>> updates, state = tx.update(grads, state, params)
+  >>> updates["w"], int(state.total_notfinite)   # skipped, and counted
+  (Array([0., 0., 0.], dtype=float32), 1)
 
   ``lars_optax.trust_ratios`` and ``lars_optax.master_params`` find their
   state inside the wrapper. Put the wrapper outermost (around the whole

@@ -33,9 +33,10 @@ Equinox's ``update(grads, state, model)`` works with the whole model.
 
 Non-finite gradients: a NaN or an infinity never makes a LARS trust ratio NaN
 (it falls back to 1), but it does reach the weights. To skip such steps, wrap
-the optimizer::
+the optimizer:
 
-  tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
+>>> import lars_optax
+>>> tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
 
 A skipped step leaves the params and every state buffer unchanged and is
 counted in ``state.total_notfinite`` (:func:`lars_optax.skip_nonfinite`).
@@ -190,9 +191,9 @@ def lars(
     \rho &= \frac{\eta\,\|w\|}{\|g_r\| + \lambda\|w\| + \epsilon}
       \quad (1 \text{ for skipped leaves, or when a norm is 0 or not finite}) \\
     u &= \mathrm{clip}(g_r, -c, c) + \lambda w \\
-    m_t &= \mu\,m_{t-1} - \eta_t\,\rho\,u, \qquad w_t = w_{t-1} + m_t
+    m_t &= \mu\,m_{t-1} - \alpha_t\,\rho\,u, \qquad w_t = w_{t-1} + m_t
 
-  (with :math:`\mu = 0`: :math:`w_t = w_{t-1} - \eta_t\rho u`, no state). The
+  (with :math:`\mu = 0`: :math:`w_t = w_{t-1} - \alpha_t\rho u`, no state). The
   ratio is taken from the rescaled, *unclipped* gradient; weight decay is
   added after clipping and also applies to skipped leaves. By default leaves
   whose name ends in ``gamma``, ``beta`` or ``bias`` are skipped, as in MXNet.
@@ -202,10 +203,10 @@ def lars(
   ratios of the last step are in the state: :func:`lars_optax.trust_ratios`.
 
   Args:
-    learning_rate: a scalar or an optax schedule (called with the number of
-      updates done so far, 0 at the first update).
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule (called with
+      the number of updates done so far, 0 at the first update).
     momentum: :math:`\mu` in [0, 1).
-    eta: LARS coefficient, >= 0.
+    eta: LARS coefficient :math:`\eta` >= 0.
     epsilon: added to the ratio's denominator, >= 0.
     wd: weight decay :math:`\lambda` >= 0 (in the ratio and in the update).
     rescale_grad: gradient multiplier :math:`s` > 0 (e.g. 1 / batch size).
@@ -285,9 +286,9 @@ def tf_lars(
     \rho &= \frac{\eta\,\|w\|}{\|g\| + \lambda\|w\| + \epsilon}
       \quad (1 \text{ for skipped leaves, or when a norm is 0}) \\
     a_t &= \mu\,a_{t-1} + g \\
-    w_t &= w_{t-1} - \eta_t\,\rho\,a_t
+    w_t &= w_{t-1} - \alpha_t\,\rho\,a_t
       \qquad \text{or, with Nesterov,} \qquad
-    w_t = w_{t-1} - \eta_t\,\rho\,(g + \mu\,a_t).
+    w_t = w_{t-1} - \alpha_t\,\rho\,(g + \mu\,a_t).
 
   Weight decay enters only the ratio: it is not added to the gradient (as in
   the original and its test). The learning rate multiplies the accumulated
@@ -296,7 +297,8 @@ def tf_lars(
   by :func:`optax.scale_by_learning_rate`.
 
   Args:
-    learning_rate: a scalar or an optax schedule (required, as in TF).
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule (required, as
+      in TF).
     momentum: :math:`\mu` in [0, 1).
     weight_decay: :math:`\lambda` >= 0, used in the trust ratio only.
     eeta: LARS coefficient :math:`\eta` >= 0.
@@ -396,7 +398,7 @@ def signum(
 
     u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
     e_t &= \mu\,e_{t-1} + (1 - \mu)\,u_t \\
-    w_t &= (1 - \eta_t\lambda_{lh})\,w_{t-1} - \eta_t\,\mathrm{sign}(e_t)
+    w_t &= (1 - \alpha_t\lambda_{lh})\,w_{t-1} - \alpha_t\,\mathrm{sign}(e_t)
 
   (MXNet keeps :math:`m = -e`; the result is the same.) ``wd`` is coupled
   (it enters the momentum), ``wd_lh`` is decoupled (Loshchilov and Hutter).
@@ -493,7 +495,7 @@ def signsgd(
 
   .. math::
 
-    w_t = (1 - \eta_t(\lambda + \lambda_{lh}))\,w_{t-1} - \eta_t\,\mathrm{sign}(g_t)
+    w_t = (1 - \alpha_t(\lambda + \lambda_{lh}))\,w_{t-1} - \alpha_t\,\mathrm{sign}(g_t)
 
   with :math:`\mathrm{sign}(0) = 0`. Both decays are decoupled here (MXNet's
   ``signsgd_update``). ``rescale_grad`` (> 0) and ``clip_gradient`` cannot
@@ -555,7 +557,7 @@ def adam(
     u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
     m_t &= \beta_1 m_{t-1} + (1 - \beta_1) u_t, \qquad
     v_t = \beta_2 v_{t-1} + (1 - \beta_2) u_t^2 \\
-    w_t &= w_{t-1} - \eta_t \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
+    w_t &= w_{t-1} - \alpha_t \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
       \cdot \frac{m_t}{\sqrt{v_t} + \epsilon}
 
   Epsilon is added to :math:`\sqrt{v_t}`, not to the bias-corrected
@@ -632,9 +634,9 @@ def sgd(
   .. math::
 
     u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
-    m_t &= \mu\,m_{t-1} - \eta_t u_t, \qquad w_t = w_{t-1} + m_t
+    m_t &= \mu\,m_{t-1} - \alpha_t u_t, \qquad w_t = w_{t-1} + m_t
 
-  (with :math:`\mu = 0`, :math:`w_t = w_{t-1} - \eta_t u_t` and no state).
+  (with :math:`\mu = 0`, :math:`w_t = w_{t-1} - \alpha_t u_t` and no state).
   The learning rate sits inside the buffer (:func:`lars_optax.mxnet_momentum`),
   unlike :func:`optax.sgd`, so a learning-rate change only affects new
   contributions. With ``lazy_update=True`` only the rows with a non-zero

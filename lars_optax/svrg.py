@@ -26,20 +26,30 @@ The pieces:
 * :func:`svrg_refresh` and :func:`svrg_due` -- store a new snapshot, and say
   whether an epoch starts with one.
 
-A whole training loop::
+A whole training loop, on least squares:
 
-  tx = lars_optax.svrg(optax.sgd(0.1))  # any optax optimizer (LARS: decay its lr)
-  grads_fn = lars_optax.svrg_value_and_grads(loss_fn)
-  state = tx.init(params)
-  for epoch in range(num_epochs):
-    if lars_optax.svrg_due(epoch, update_freq=2):
-      mu = lars_optax.full_gradient(loss_fn, params, batches)
-      state = lars_optax.svrg_refresh(state, params, mu)
-    for batch in batches:
-      snap = lars_optax.svrg_snapshot(state)
-      loss, g, g_snap = grads_fn(params, snap, batch)
-      updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
-      params = optax.apply_updates(params, updates)
+>>> import jax, jax.numpy as jnp, optax, lars_optax
+>>> x = jax.random.normal(jax.random.key(0), (64, 3))
+>>> batches = [(x[i:i + 16], x[i:i + 16] @ jnp.array([1.0, 2.0, 3.0]))
+...            for i in range(0, 64, 16)]
+>>> def loss_fn(params, batch):
+...   xb, yb = batch
+...   return 0.5 * jnp.mean((xb @ params - yb) ** 2)
+>>> params, num_epochs = jnp.zeros(3), 20
+>>> tx = lars_optax.svrg(optax.sgd(0.1))  # any optax optimizer (LARS: decay its lr)
+>>> grads_fn = lars_optax.svrg_value_and_grads(loss_fn)
+>>> state = tx.init(params)
+>>> for epoch in range(num_epochs):
+...   if lars_optax.svrg_due(epoch, update_freq=2):
+...     mu = lars_optax.full_gradient(loss_fn, params, batches)
+...     state = lars_optax.svrg_refresh(state, params, mu)
+...   for batch in batches:
+...     snap = lars_optax.svrg_snapshot(state)
+...     loss, g, g_snap = grads_fn(params, snap, batch)
+...     updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
+...     params = optax.apply_updates(params, updates)
+>>> bool(jnp.allclose(params, jnp.array([1.0, 2.0, 3.0]), atol=1e-2))
+True
 
 ``loss_fn(params, batch)`` returns the mean loss over the batch. For data
 parallelism, pass ``axis_name`` to :func:`svrg_value_and_grads` and

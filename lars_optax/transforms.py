@@ -428,7 +428,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
     order (works under ``jit``);
   * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
-    ``{"params/Dense_0/kernel": 0.012, ...}``, ready for a logger.
+    ``{"Dense_0/kernel": 0.012, ...}``, ready for a logger.
 
   Through ``optax.partition``, ``optax.multi_transform`` or ``optax.masked``,
   where LARS covers only some leaves, the ratios of the leaves it covers are
@@ -513,19 +513,19 @@ def mxnet_momentum(
 
   .. math::
 
-    m_t = \mu \, m_{t-1} - \eta_t \, u_t, \qquad \text{update} = m_t
+    m_t = \mu \, m_{t-1} - \alpha_t \, u_t, \qquad \text{update} = m_t
     \qquad (m_0 = 0),
 
-  and with :math:`\mu = 0` simply :math:`\text{update} = -\eta_t u_t` with no
-  buffer. Because :math:`\eta_t` multiplies the incoming update before it is
+  and with :math:`\mu = 0` simply :math:`\text{update} = -\alpha_t u_t` with no
+  buffer. Because :math:`\alpha_t` multiplies the incoming update before it is
   accumulated, a change of learning rate affects only new contributions
   (unlike :func:`optax.trace` followed by a learning rate, TensorFlow's
   convention). The update already carries the minus sign: apply it with
   :func:`optax.apply_updates`.
 
   Args:
-    learning_rate: a scalar or an optax schedule, called with the number of
-      updates done before this one (0 at the first update, optax's
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
+      the number of updates done before this one (0 at the first update, optax's
       convention).
     momentum: :math:`\mu` in [0, 1).
 

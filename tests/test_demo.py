@@ -140,5 +140,30 @@ def test_missing_extra_names_it(module, dist, monkeypatch, tmp_path, capsys):
   assert captured.out == ""
   assert captured.err.splitlines() == [
       ("lars_optax.demo needs flax, scikit-learn, matplotlib and tqdm "
-       f'(missing: {dist}): pip install "lars_optax[demo]"')]
+       f'(missing: {dist}): pip install ".[demo]" in a clone, or pip install '
+       f'"dist/lars_optax-{lars_optax.__version__}-py3-none-any.whl[demo]" '
+       "with a wheel built by python -m build")]
   assert list(tmp_path.iterdir()) == []
+
+
+def test_one_epoch_is_singular_and_small_batch_above_large_batch_warns(capsys):
+  argv = ["--epochs", "1", "--small-batch", "256", "--large-batch", "128", "--quiet",
+          "--no-plot"]
+  assert demo.main(argv) == 0
+  captured = capsys.readouterr()
+  assert "1 epoch per run" in captured.out
+  assert captured.err.splitlines() == [(
+      "warning: --small-batch (256) is larger than --large-batch (128): the 'large-batch' "
+      "runs use the smaller batch, with the learning rate scaled down")]
+
+
+def test_plot_clips_a_diverged_loss_and_marks_it(tmp_path):
+  runs = [demo.Run("SGD", "sgd", 32, 0.1, train_loss=[2.3, 1.0, 0.5], test_accuracy=[0.5] * 3),
+          demo.Run("SGD", "sgd", 512, 1.6, train_loss=[2.0, 1e30, float("nan")],
+                   test_accuracy=[0.1] * 3)]
+  fig = demo.plot(runs, str(tmp_path / "p.png"), skipped=[])
+  ax_loss = fig.axes[0]
+  assert [t.get_text() for t in ax_loss.texts] == ["diverged (epoch 2)"]
+  assert ax_loss.get_ylim()[1] < 100  # not 1e30
+  assert all(ax.get_ylabel() for ax in fig.axes[:3])
+  assert (tmp_path / "p.png").exists()

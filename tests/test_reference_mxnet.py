@@ -60,7 +60,8 @@ def _run_case(case, jit):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
+@pytest.mark.parametrize("jit", [pytest.param(True, marks=pytest.mark.quick), False],
+                         ids=["jit", "eager"])
 def test_matches_mxnet(name, jit):
   case = CASES[name]
   if case["dtype"] == "float64":

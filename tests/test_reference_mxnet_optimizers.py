@@ -120,6 +120,7 @@ def _run(case, jit=True):
   return worst
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_mxnet(name):
   case = CASES[name]

@@ -83,6 +83,7 @@ def _run(carry_over: bool):
   return history, mus
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("carry_over, expected", [
     (True, REF), (False, REF["svrg_reset"])], ids=["mxnet_as_is", "textbook_svrg"])
 def test_trajectory_matches_mxnet(carry_over, expected):

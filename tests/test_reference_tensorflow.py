@@ -40,6 +40,7 @@ def _step_fn(opt):
   return step
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("steps", [1, 10], ids=["one_step", "multi_step"])
 def test_tf_lars_test_file(dtype, steps):
