@@ -88,14 +88,17 @@ def skip_nonfinite(
   Example:
 
   >>> import jax.numpy as jnp
+  >>> import optax
   >>> import lars_optax
   >>> params = {"w": jnp.ones(3)}
   >>> tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9))
   >>> state = tx.init(params)
   >>> grads = {"w": jnp.array([1.0, jnp.nan, 0.0])}
   >>> updates, state = tx.update(grads, state, params)
-  >>> updates["w"], int(state.total_notfinite)   # skipped, and counted
-  (Array([0., 0., 0.], dtype=float32), 1)
+  >>> int(state.total_notfinite)   # skipped, and counted
+  1
+  >>> optax.apply_updates(params, updates)["w"]   # unchanged
+  Array([1., 1., 1.], dtype=float32)
 
   ``lars_optax.trust_ratios`` and ``lars_optax.master_params`` find their
   state inside the wrapper. Put the wrapper outermost (around the whole

@@ -231,7 +231,9 @@ def test_init_and_update_are_pure(name, params, grads):
     jit1 = update(g, s_jit, p)
     jit2 = update(g, s_jit, p)
     chex.assert_trees_all_equal(jit1, jit2)
-    _close(jit1, out1)
+    # Adam's sqrt and division fuse differently under jit: a few float32 roundings
+    # (1.7e-5 relative seen on a 1e-6 step), within Adam's tolerance against MXNet.
+    _close(jit1, out1, rtol=1e-4 if name == "adam" else 1e-5)
     s_eager, s_jit = out1[1], jit1[1]
   chex.assert_trees_all_equal(p, _jnp(params))  # inputs are not modified
 
