@@ -420,7 +420,6 @@ PRESETS: dict[str, Mask] = {"mxnet": MXNET_SKIP, "flax": FLAX_SKIP, "haiku": HAI
 """Presets by name, accepted wherever a mask is (``skip="flax"``)."""
 
 
-
 class _DefaultPreset(str):
   """A preset name given as an argument's default, not by the user.
 
@@ -464,8 +463,9 @@ def warn_foreign_names(tree: Any, arg_name: str = "skip") -> None:
   Haiku or Equinox model names its norm parameters ``scale``/``offset``/
   ``weight`` and Haiku its biases ``b``: under the default those would get a
   trust ratio. Only nested names (``layer_norm/scale``) are looked at, so
-  flat MXNet-style dicts never warn. :func:`lars_optax.lars` calls this in ``init`` when its
-  ``skip`` is the default (not when ``skip="mxnet"`` is passed explicitly).
+  flat MXNet-style dicts never warn. :func:`lars_optax.lars` calls this in
+  ``init`` when its ``skip`` is the default (not when ``skip="mxnet"`` is
+  passed explicitly).
   """
   found = _foreign_preset(tree)
   if found is None:
