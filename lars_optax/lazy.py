@@ -134,16 +134,7 @@ def lazy_update(inner: GradientTransformation, *,
     shapes = [np.shape(g) for g in flat_g]
 
     def subtrees(node):
-      """``node`` split along the params' structure, or None if it does not fit."""
-      try:
-        subs = treedef.flatten_up_to(node)
-      except (ValueError, TypeError):
-        return None
-      # A buffer holds an array of the param's shape per leaf; wrappers such as
-      # multi_precision or optax.masked put an empty MaskedNode where they keep none.
-      fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
-                 for x, sh in zip(subs, shapes))
-      return subs if fits and any(hasattr(x, "shape") for x in subs) else None
+      return _sparse._params_shaped_leaves(node, treedef, shapes)
 
     def is_params_like(node):
       return subtrees(node) is not None

@@ -357,6 +357,22 @@ def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
   }
 
 
+def _params_shaped_leaves(node: Any, treedef: Any, shapes: list[tuple]) -> list[Any] | None:
+  """``node`` split along the params' structure if it is a params-shaped buffer, else None.
+
+  A buffer holds an array of the param's shape per leaf; wrappers such as
+  :func:`lars_optax.multi_precision` or :func:`optax.masked` put an empty
+  :class:`optax.MaskedNode` where they keep none.
+  """
+  try:
+    subs = treedef.flatten_up_to(node)
+  except (ValueError, TypeError):
+    return None
+  fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
+             for x, sh in zip(subs, shapes))
+  return subs if fits and any(hasattr(x, "shape") for x in subs) else None
+
+
 def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest: Any) -> Any:
   """Maps ``fn(buffer_leaves, *rest_leaves)`` over the params-shaped buffers of ``state``.
 
@@ -370,13 +386,7 @@ def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest:
   known = _row_buffer_fields()
 
   def subtrees(node):
-    try:
-      subs = treedef.flatten_up_to(node)
-    except (ValueError, TypeError):
-      return None
-    fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
-               for x, sh in zip(subs, shapes))
-    return subs if fits and any(hasattr(x, "shape") for x in subs) else None
+    return _params_shaped_leaves(node, treedef, shapes)
 
   def buffer(node, *others):
     subs = subtrees(node)

@@ -499,13 +499,15 @@ def test_value_and_grad_two_lookups_of_one_table():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["adam", "sgd"])
-def test_pmap_step_equals_single_device_step_on_the_whole_batch(name):
-  n_dev = jax.local_device_count()
+def _data_parallel_step(name, n_dev, seed):
+  """A linen embedding model, its state, a batch of 2 examples per device and a step.
+
+  The step sums the replicas' row-sparse gradients over ``axis_name`` when given.
+  """
   params, loss = _linen()
   tx = OPTIMIZERS[name]()
   state = tx.init(params)
-  rng = np.random.default_rng(2)
+  rng = np.random.default_rng(seed)
   ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
   y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
   summed = lambda p, i, t: loss(p, i, t) * i.shape[0]  # a sum over the examples
@@ -518,6 +520,13 @@ def test_pmap_step_equals_single_device_step_on_the_whole_batch(name):
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
+  return params, state, ids, y, step
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_pmap_step_equals_single_device_step_on_the_whole_batch(name):
+  n_dev = jax.local_device_count()
+  params, state, ids, y, step = _data_parallel_step(name, n_dev, seed=2)
   single = jax.jit(step)(params, state, ids, y)
   rep = lambda x: jnp.broadcast_to(x, (n_dev, *jnp.shape(x)))
   multi = jax.pmap(lambda p, s, i, t: step(p, s, i, t, "batch"), axis_name="batch")(
@@ -591,22 +600,7 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
 
   mesh = Mesh(np.array(jax.devices()), ("batch",))
   n_dev = len(jax.devices())
-  params, loss = _linen()
-  tx = OPTIMIZERS["adam"]()
-  state = tx.init(params)
-  rng = np.random.default_rng(3)
-  ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
-  y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
-  summed = lambda p, i, t: loss(p, i, t) * i.shape[0]
-  grad_fn = sparse_value_and_grad(summed, "embedding", max_rows=ids.size)
-
-  def step(params, state, ids, y, axis_name=None):
-    _, grads = grad_fn(params, ids, y)
-    if axis_name:
-      grads = sparse_psum(grads, axis_name)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
+  params, state, ids, y, step = _data_parallel_step("adam", n_dev, seed=3)
   single = jax.jit(step)(params, state, ids, y)
   sharded = jax.jit(jax.shard_map(
       lambda p, s, i, t: step(p, s, i, t, "batch"), mesh=mesh,
