@@ -115,6 +115,13 @@ def lazy_update(inner: GradientTransformation, *,
     _check_rows(params, "lazy_update")
     return inner_tx.init(params)
 
+  def rows_present(flat_g):
+    """Each dense gradient leaf's present rows, ORed over ``axis_name`` when given."""
+    rows = [present_rows(g) for g in flat_g]
+    if axis_name is not None:
+      rows = [r > 0 for r in _psum([r.astype(jnp.int32) for r in rows], axis_name)]
+    return rows
+
   def update_fn(updates, state, params=None, **extra_args):
     if any(_sparse.is_row_sparse(g)
            for g in jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)):
@@ -124,9 +131,7 @@ def lazy_update(inner: GradientTransformation, *,
       v.check_same_structure(updates, params, "lazy_update")
     _check_rows(updates, "lazy_update", "gradient")
     flat_g, treedef = jax.tree.flatten(updates)
-    rows = [present_rows(g) for g in flat_g]
-    if axis_name is not None:
-      rows = [r > 0 for r in _psum([r.astype(jnp.int32) for r in rows], axis_name)]
+    rows = rows_present(flat_g)
     new_updates, new_state = inner_tx.update(updates, state, params, **extra_args)
     flat_u = treedef.flatten_up_to(new_updates)
     new_updates = jax.tree.unflatten(
@@ -156,10 +161,7 @@ def lazy_update(inner: GradientTransformation, *,
     # (lars_optax.sparse); dense leaves in the tree follow the rule above.
     _check_rows(updates, "lazy_update", "gradient")
     def dense_step(new, old, grad):
-      rows = present_rows(grad)
-      if axis_name is not None:
-        rows = _psum(rows.astype(jnp.int32), axis_name) > 0
-      return _keep_rows(new, old, rows)
+      return _keep_rows(new, old, rows_present([grad])[0])
 
     return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
                                       dense_step, "lazy_update")

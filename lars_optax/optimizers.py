@@ -49,7 +49,7 @@ differs from MXNet's and TF's: weight decay is added to the gradient first
 :math:`\\rho = \\eta\\|w\\| / \\|g + \\lambda w\\|`, the momentum accumulates
 :math:`\\rho(g + \\lambda w)`, and the learning rate multiplies the
 momentum from outside (:math:`m_t = \\mu m_{t-1} + \\rho u_t`,
-:math:`w_t = w_{t-1} - \\eta_t m_t`). Biases and norm parameters get neither
+:math:`w_t = w_{t-1} - \\alpha_t m_t`). Biases and norm parameters get neither
 decay nor a ratio. It is a chain of public transformations::
 
   import optax

@@ -479,15 +479,8 @@ def _find_states(node: Any, cls: type = ScaleByLarsTrustRatioState) -> list[Any]
 
 def _find_state(node: Any, cls: type = ScaleByLarsTrustRatioState) -> Any:
   """The first instance of ``cls`` in a (nested) optimizer state, or None."""
-  if isinstance(node, cls):
-    return node
-  children = node.values() if isinstance(node, dict) else (
-      node if isinstance(node, (tuple, list)) else ())
-  for child in children:
-    found = _find_state(child, cls)
-    if found is not None:
-      return found
-  return None
+  found = _find_states(node, cls)
+  return found[0] if found else None
 
 
 class MXNetMomentumState(NamedTuple):
