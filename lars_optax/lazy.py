@@ -18,10 +18,10 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
-from lars_optax.transforms import _psum
 
 __all__ = ["lazy_update", "present_rows"]
 
@@ -119,7 +119,7 @@ def lazy_update(inner: GradientTransformation, *,
     """Each dense gradient leaf's present rows, ORed over ``axis_name`` when given."""
     rows = [present_rows(g) for g in flat_g]
     if axis_name is not None:
-      rows = [r > 0 for r in _psum([r.astype(jnp.int32) for r in rows], axis_name)]
+      rows = [r > 0 for r in utils.psum([r.astype(jnp.int32) for r in rows], axis_name)]
     return rows
 
   def update_fn(updates, state, params=None, **extra_args):

@@ -26,7 +26,7 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
-from lars_optax.transforms import _find_state
+from lars_optax import _utils as utils
 
 __all__ = ["skip_nonfinite"]
 
@@ -49,7 +49,7 @@ def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
   """
   if params is None:
     return updates
-  masters = _find_state(inner_state, MultiPrecisionState) is not None
+  masters = utils.find_state(inner_state, MultiPrecisionState) is not None
 
   def cast(g, p):
     dtype = getattr(p, "dtype", None)

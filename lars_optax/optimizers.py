@@ -82,86 +82,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lars_optax import _mxnet_base as base
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.lazy import lazy_update as _lazy_update
-from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.transforms import (
     MAX_INITIAL_COUNT,
     _COUNT_WHY,
-    _is_const,
-    _keep_dtypes,
-    check_inputs,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
     scale_by_lars_trust_ratio,
     scale_by_mxnet_adam,
-    scale_per_leaf,
 )
 
 __all__ = ["adam", "lars", "sgd", "signsgd", "signum", "tf_lars"]
-
-
-def _check_flag(name: str, value: object) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{name}: expected a bool, got {value!r}.")
-  return bool(value)
-
-
-def _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult):
-  """The checks of MXNet's optimizer-base arguments."""
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("wd", wd, low=0.0)
-  v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
-  if clip_gradient is not None:
-    v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  masks.check_leaf_values(wd_mult, "wd_mult")
-
-
-def _preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
-  """MXNet's gradient preprocessing: rescale, clip, then add ``wd * w``."""
-  parts = []
-  if not _is_const(rescale_grad, 1):
-    parts.append(_keep_dtypes(optax.scale(rescale_grad), rescale_grad))
-  if clip_gradient is not None:
-    parts.append(_keep_dtypes(optax.clip(clip_gradient), clip_gradient))
-  if not _is_const(wd, 0):  # wd=0: the params are not read
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
-  return parts
-
-
-def _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
-  """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
-  parts = [] if _is_const(wd_lh, 0) else [add_decayed_weights_per_leaf(wd_lh)]
-  return [*parts, _learning_rate(learning_rate), *_lr_mult(lr_mult)]
-
-
-def _learning_rate(learning_rate) -> optax.GradientTransformation:
-  return _keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
-
-
-def _hyperparams(**values: Any) -> list[tuple[Any, ...]]:
-  """The scalars to check against the params' dtypes at ``init`` (see check_inputs)."""
-  return [(k, x) for k, x in values.items() if x is not None]
-
-
-def _lr_mult(lr_mult) -> list:
-  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
-
-
-def _finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
-            names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
-            leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[Any, ...]] = ()):
-  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
-  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
-                                hyperparams=hyperparams), *parts)
-  if lazy:
-    tx = _lazy_update(tx)
-  if multi_precision:
-    tx = _multi_precision(tx)
-  return tx
 
 
 def lars(
@@ -242,25 +176,25 @@ def lars(
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
     ``mxnet.optimizer.LARS``.
   """
-  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = _check_flag("multi_precision", multi_precision)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
 
   # The ratio is taken from the rescaled gradient before clipping, so the
   # rescale is the ratio transformation's own and the rest runs inside it.
-  inner = _preprocess(1.0, clip_gradient, wd, wd_mult)
-  return _finish([
+  inner = base.preprocess(1.0, clip_gradient, wd, wd_mult)
+  return base.finish([
       scale_by_lars_trust_ratio(
           optax.chain(*inner) if inner else None,
           eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
           rescale=rescale_grad, wd_mult=wd_mult, axis_name=axis_name),
-      *_lr_mult(lr_mult),
+      *base.lr_mult_part(lr_mult),
       mxnet_momentum(learning_rate, momentum),
   ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-      hyperparams=[*_hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
+      hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
                    ("eta", eta, True), ("epsilon", epsilon, True)])
 
 
@@ -365,12 +299,12 @@ def tf_lars(
             "(e.g. 'bias' in a model without biases), pass "
             f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
     names = [("skip_list", skip, hint)]
-  return _finish([
+  return base.finish([
       scale_by_lars_trust_ratio(
-          _keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
+          utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name),
-      _learning_rate(learning_rate),
+      base.learning_rate_part(learning_rate),
   ], "tf_lars", names=names,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
@@ -432,26 +366,26 @@ def signum(
     Optimisation for Non-Convex Problems <https://arxiv.org/abs/1802.04434>`_,
     ICML 2018; Apache MXNet 2.0 ``mxnet.optimizer.Signum``.
   """
-  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = _check_flag("multi_precision", multi_precision)
-  if _is_const(momentum, 0):
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  if utils.is_const(momentum, 0):
     return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
                    clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
                    multi_precision=multi_precision)
   if isinstance(momentum, jax.Array):
     # Possibly traced (optax.inject_hyperparams): 0 selects signSGD in the computation.
-    parts = _preprocess(rescale_grad, clip_gradient, 0.0, None)
+    parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
     parts += [_sign_of_momentum_or_gradient(momentum, wd, wd_mult)]
   else:
-    parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-    parts += [_keep_dtypes(optax.ema(momentum, debias=False), momentum),
+    parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+    parts += [utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
               optax.scale_by_sign()]
-  parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return _finish(parts, "signum", multi_precision=multi_precision,
+  parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
+  return base.finish(parts, "signum", multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
                                           rescale_grad=rescale_grad))
 
 
@@ -464,8 +398,8 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   ``optax.inject_hyperparams`` and ``jit``) selects by value as a Python 0 does; the
   state (the momentum buffer) is the same either way.
   """
-  ema = _keep_dtypes(optax.ema(momentum, debias=False), momentum)
-  decay = (None if _is_const(wd, 0)
+  ema = utils.keep_dtypes(optax.ema(momentum, debias=False), momentum)
+  decay = (None if utils.is_const(wd, 0)
            else add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
 
   def add_decay(updates, params):
@@ -523,16 +457,16 @@ def signsgd(
   References:
     Bernstein et al., `signSGD <https://arxiv.org/abs/1802.04434>`_, 2018.
   """
-  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = _check_flag("multi_precision", multi_precision)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
   parts = [optax.scale_by_sign()]
-  if not _is_const(wd, 0):
+  if not utils.is_const(wd, 0):
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
-  parts += _decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return _finish(parts, "signsgd", multi_precision=multi_precision,
+  parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
+  return base.finish(parts, "signsgd", multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
 
 
 def adam(
@@ -600,20 +534,20 @@ def adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.Adam``.
   """
-  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  lazy_update = _check_flag("lazy_update", lazy_update)
-  multi_precision = _check_flag("multi_precision", multi_precision)
+  lazy_update = base.check_flag("lazy_update", lazy_update)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
   v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
                 why=_COUNT_WHY)
-  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
-            _learning_rate(learning_rate), *_lr_mult(lr_mult)]
-  return _finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+  return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd,
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
 
 
@@ -656,13 +590,13 @@ def sgd(
   Returns:
     An :class:`optax.GradientTransformation`.
   """
-  _check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  lazy_update = _check_flag("lazy_update", lazy_update)
-  multi_precision = _check_flag("multi_precision", multi_precision)
-  parts = _preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*_lr_mult(lr_mult), mxnet_momentum(learning_rate, momentum)]
-  return _finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+  lazy_update = base.check_flag("lazy_update", lazy_update)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
+  return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=_hyperparams(learning_rate=learning_rate, wd=wd,
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))

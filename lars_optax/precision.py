@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.sparse import reject_row_sparse
-from lars_optax.transforms import _find_state
 
 __all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
 
@@ -130,7 +130,7 @@ def master_params(state: optax.OptState, params: Any) -> Any:
   Raises:
     ValueError: when ``state`` holds no :class:`MultiPrecisionState`.
   """
-  found = _find_state(state, MultiPrecisionState)
+  found = utils.find_state(state, MultiPrecisionState)
   if found is None:
     raise ValueError("state: no MultiPrecisionState found; pass the state of an "
                      "optimizer built with multi_precision=True or wrapped in "

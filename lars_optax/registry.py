@@ -25,9 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lars_optax import _mxnet_base as base
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import optimizers, precision
-from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT, _saturating_add
+from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
@@ -138,7 +140,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
   def traced(count):
-    return jnp.asarray(lr_scheduler(_saturating_add(count, offset)), lr_dtype())
+    return jnp.asarray(lr_scheduler(utils.saturating_add(count, offset)), lr_dtype())
 
   try:
     out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
@@ -279,7 +281,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   wrap = False
   if "multi_precision" not in own and "multi_precision" in kwargs:
     # MXNet's base class gives every optimizer master weights; so does the wrapper.
-    wrap = optimizers._check_flag("multi_precision", kwargs.pop("multi_precision"))
+    wrap = base.check_flag("multi_precision", kwargs.pop("multi_precision"))
   for k in sorted(set(kwargs) - own):
     if k in neutral and kwargs[k] == neutral[k]:
       del kwargs[k]

@@ -87,6 +87,7 @@ import optax
 from jax.experimental.sparse import BCOO
 from jax.extend import core as _jcore
 
+from lars_optax import _utils as utils
 from lars_optax import masks
 
 __all__ = [
@@ -522,16 +523,15 @@ def sparse_psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
   split along axis 0 over the axis are not supported: every replica would
   need the rows of the others.
   """
-  from lars_optax.transforms import _collective
 
-  n = _collective(jax.lax.psum, 1, axis_name)
+  n = utils.collective(jax.lax.psum, 1, axis_name)
 
   def one(x):
     if not is_row_sparse(x):
-      out = _collective(jax.lax.psum, x, axis_name)
+      out = utils.collective(jax.lax.psum, x, axis_name)
       return out / n if mean else out
-    data = _collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.data, axis_name)
-    idx = _collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.indices, axis_name)
+    data = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.data, axis_name)
+    idx = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.indices, axis_name)
     return BCOO((data / n if mean else data, idx), shape=x.shape)
 
   return jax.tree.map(one, tree, is_leaf=is_row_sparse)

@@ -69,8 +69,8 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax.transforms import _collective, _find_state
 
 __all__ = [
   "SVRGState",
@@ -166,7 +166,7 @@ def svrg_refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.Op
   v.check_same_structure(full_grad, params, "full_grad")
   snap = jax.tree.map(jnp.asarray, params)
   mu = jax.tree.map(lambda m, p: jnp.asarray(m, jnp.result_type(p)), full_grad, params)
-  if _find_state(state, SVRGState) is None:
+  if utils.find_state(state, SVRGState) is None:
     raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...) "
                      "or of a chain containing it.")
   return optax.tree_utils.tree_set(state, snapshot=snap, full_grad=mu)
@@ -178,7 +178,7 @@ def svrg_snapshot(state: optax.OptState) -> Any:
   Raises:
     ValueError: no :class:`SVRGState` in ``state``, or no snapshot yet.
   """
-  found = _find_state(state, SVRGState)
+  found = utils.find_state(state, SVRGState)
   if found is None:
     raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...).")
   if found.snapshot is None:
@@ -201,7 +201,7 @@ def svrg_due(epoch: int, update_freq: int) -> bool:
 
 
 def _pmean(tree: Any, axis_name: str | None) -> Any:
-  return _collective(jax.lax.pmean, tree, axis_name)
+  return utils.collective(jax.lax.pmean, tree, axis_name)
 
 
 def _varies(x: Any, axis_name: str) -> bool:
@@ -220,7 +220,7 @@ def _mean_grads(loss: jax.Array, grads: Any, axis_name: str | None) -> Any:
   """
   if axis_name is None:
     return grads
-  n = _collective(lambda _, a: jax.lax.axis_size(a), None, axis_name)  # unbound: clear error
+  n = utils.collective(lambda _, a: jax.lax.axis_size(a), None, axis_name)  # unbound: clear error
   if not _varies(loss, axis_name):
     return _pmean(grads, axis_name)
   return jax.tree.map(lambda g: _pmean(g, axis_name) if _varies(g, axis_name) else g / n,

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
@@ -54,11 +55,6 @@ __all__ = [
 ]
 
 
-def _norm_dtype(dtype: Any) -> jnp.dtype:
-  """Norms accumulate in float32 or wider (float64 for float64 params)."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 class LowPrecisionWarning(UserWarning):
   """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
 
@@ -71,75 +67,8 @@ class LowPrecisionWarning(UserWarning):
   """
 
 
-def _is_const(x: Any, value: float) -> bool:
-  """True when ``x`` is a Python or numpy number equal to ``value``.
-
-  Used to leave out work that a hyperparameter makes a no-op (a scale of 1, a
-  momentum of 0). The value decides, not the type (``0``, ``0.0`` and
-  ``np.float32(0)`` alike). JAX arrays and tracers (e.g. from
-  ``optax.inject_hyperparams``, whose ``init`` sees concrete arrays and whose
-  jitted ``update`` sees tracers) are never treated as constants, so the
-  structure of the state does not depend on whether they are traced.
-  """
-  if isinstance(x, (bool, np.bool_)):
-    return False
-  if isinstance(x, (int, float, np.integer, np.floating)):
-    return x == value
-  return isinstance(x, np.ndarray) and x.ndim == 0 and bool(x == value)
-
-
-def _is_python_number(x: Any) -> bool:
-  """A Python int or float (weakly typed in JAX); not np.float64, a float subclass."""
-  return type(x) in (int, float)
-
-
-def _in(x: Any, dtype: Any) -> jax.Array:
-  """A hyperparameter in ``dtype``, as JAX treats a Python float (weak typing).
-
-  A numpy or JAX scalar is not weakly typed: multiplied with a bfloat16 array
-  it would make the result (and the state) float32. Every hyperparameter that
-  meets a buffer goes through here.
-  """
-  return jnp.asarray(x, dtype)
-
-
-def _keep_dtypes(tx: GradientTransformation, *hyperparams: Any) -> GradientTransformation:
-  """``tx`` with its updates and state cast back to the dtypes they came in.
-
-  For optax's own transformations (``scale``, ``clip``, ``ema``, ``trace``,
-  ``scale_by_learning_rate``), which multiply by a hyperparameter as given: a
-  typed (numpy or JAX) scalar would otherwise turn bfloat16/float16 updates and
-  state into float32 and make the next jitted step trace again. ``tx`` is
-  returned as it is when every hyperparameter is a Python number or a schedule.
-  """
-  if all(_is_python_number(h) or callable(h) or h is None for h in hyperparams):
-    return tx
-
-  def cast(new, old):
-    dtype = getattr(old, "dtype", None)
-    if dtype is None or getattr(new, "dtype", dtype) == dtype:
-      return new
-    return new.astype(dtype)
-
-  def update_fn(updates, state, params=None):
-    new_updates, new_state = tx.update(updates, state, params)
-    return jax.tree.map(cast, new_updates, updates), jax.tree.map(cast, new_state, state)
-
-  return GradientTransformation(tx.init, update_fn)
-
-
-def _saturating_add(count: jax.Array, offset: Any) -> jax.Array:
-  """``count + offset`` in int32 for ``0 <= offset <= INT32_MAX``, saturating there.
-
-  (optax's step counts saturate at the int32 maximum, too; a plain sum would
-  wrap around to a negative count.)
-  """
-  offset = jnp.asarray(offset, jnp.int32)
-  return jnp.minimum(count, v.INT32_MAX - offset) + offset
-
-
 def _sq_norm(x: jax.Array) -> jax.Array:
-  return jnp.sum(jnp.square(x.astype(_norm_dtype(x.dtype))))
+  return jnp.sum(jnp.square(x.astype(utils.norm_dtype(x.dtype))))
 
 
 def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
@@ -153,7 +82,8 @@ def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
   w_norm = jnp.where(ok, w_norm, jnp.ones_like(w_norm))
   g_norm = jnp.where(ok, g_norm, jnp.ones_like(g_norm))
   dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
-  ratio = _in(eta, dt) * w_norm / (g_norm + _in(weight_decay, dt) * w_norm + _in(epsilon, dt))
+  ratio = utils.cast(eta, dt) * w_norm / (
+      g_norm + utils.cast(weight_decay, dt) * w_norm + utils.cast(epsilon, dt))
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
@@ -211,33 +141,15 @@ def lars_trust_ratio(
       raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
   for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
     v.check_representable(arg, value, param, compute=True)
-  w2, g2 = _psum((_sq_norm(param), _sq_norm(grad)), axis_name)
+  w2, g2 = utils.psum((_sq_norm(param), _sq_norm(grad)), axis_name)
   return _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale)
 
 
 def _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
   w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
-  if not _is_const(grad_scale, 1):
-    g_norm = g_norm * jnp.abs(_in(grad_scale, g_norm.dtype))
+  if not utils.is_const(grad_scale, 1):
+    g_norm = g_norm * jnp.abs(utils.cast(grad_scale, g_norm.dtype))
   return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
-
-
-def _psum(tree: Any, axis_name: str | None) -> Any:
-  """``lax.psum`` over ``axis_name`` (None: no-op), naming the option if unbound."""
-  return _collective(jax.lax.psum, tree, axis_name)
-
-
-def _collective(op: Any, tree: Any, axis_name: str | None) -> Any:
-  """``op(tree, axis_name)`` (e.g. ``lax.pmean``); a ValueError naming the option if unbound."""
-  if axis_name is None:
-    return tree
-  try:
-    return op(tree, axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"axis_name: {axis_name!r} is not bound here; the update must run inside "
-        "jax.pmap or shard_map over that axis (or pass axis_name=None). "
-        f"JAX said: {e}") from e
 
 
 def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale,
@@ -249,7 +161,7 @@ def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scal
   """
   squares = [None if s else (_sq_norm(p), _sq_norm(g))
              for p, g, s in zip(flat_p, flat_g, skipped)]
-  squares = _psum(squares, axis_name)
+  squares = utils.psum(squares, axis_name)
   return [None if sq is None else _ratio_from_squares(*sq, eta, wd, epsilon, grad_scale)
           for sq, wd in zip(squares, weight_decays)]
 
@@ -361,7 +273,7 @@ def scale_by_lars_trust_ratio(
 
   def ratio_dtype(params):
     return functools.reduce(jnp.promote_types,
-                            (_norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
+                            (utils.norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
                             jnp.dtype(jnp.float32))
 
   def slots(params):
@@ -402,8 +314,8 @@ def scale_by_lars_trust_ratio(
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
                           [_times(weight_decay, m) for m in mults], epsilon, rescale,
                           axis_name)
-    if not _is_const(rescale, 1):
-      updates = jax.tree.map(lambda g: g * _in(rescale, g.dtype), updates)
+    if not utils.is_const(rescale, 1):
+      updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
     flat_u = treedef.flatten_up_to(inner_updates)
@@ -442,7 +354,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
     ValueError: when ``state`` holds no LARS trust-ratio state, or ``params``
       has a different number of leaves.
   """
-  found = _find_states(state)
+  found = utils.find_states(state, ScaleByLarsTrustRatioState)
   if not found:
     raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
                      "state of an optimizer that uses scale_by_lars_trust_ratio.")
@@ -466,21 +378,6 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
     return {n: vec[i] for i, (n, _) in enumerate(named)}
   covered = [bool(c) for c in jax.device_get(vec >= 0)]
   return {n: vec[i] for i, (n, _) in enumerate(named) if covered[i]}
-
-
-def _find_states(node: Any, cls: type = ScaleByLarsTrustRatioState) -> list[Any]:
-  """Every instance of ``cls`` in a (nested) optimizer state, outermost first."""
-  if isinstance(node, cls):
-    return [node]
-  children = node.values() if isinstance(node, dict) else (
-      node if isinstance(node, (tuple, list)) else ())
-  return [found for child in children for found in _find_states(child, cls)]
-
-
-def _find_state(node: Any, cls: type = ScaleByLarsTrustRatioState) -> Any:
-  """The first instance of ``cls`` in a (nested) optimizer state, or None."""
-  found = _find_states(node, cls)
-  return found[0] if found else None
 
 
 class MXNetMomentumState(NamedTuple):
@@ -527,7 +424,7 @@ def mxnet_momentum(
   """
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  use_buffer = not _is_const(momentum, 0)
+  use_buffer = not utils.is_const(momentum, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
     v.check_float_params(params, "mxnet_momentum")
@@ -543,7 +440,7 @@ def mxnet_momentum(
       return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
 
     if use_buffer:
-      new_m = jax.tree.map(lambda m, u: _in(momentum, m.dtype) * m - step(u),
+      new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
                            state.momentum, updates)
       updates = new_m
     else:
@@ -645,7 +542,7 @@ def add_decayed_weights_per_leaf(
     out = []
     for u, p, c in zip(flat_u, flat_p, mults):
       rate = _times(weight_decay, c)
-      if _is_const(rate, 0):
+      if utils.is_const(rate, 0):
         out.append(u)
       else:
         out.append(u + jnp.asarray(rate, u.dtype) * p.astype(u.dtype))
@@ -682,7 +579,7 @@ def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   precision (the direct form is off by 1e-5 relative, because 0.999 is not a
   float32 number).
   """
-  if _is_python_number(beta) or isinstance(beta, (np.floating, np.integer)):
+  if utils.is_python_number(beta) or isinstance(beta, (np.floating, np.integer)):
     beta = float(beta)
     if beta == 0:
       return jnp.ones_like(t)
@@ -763,22 +660,23 @@ def scale_by_mxnet_adam(
 
   def update_fn(updates, state, params=None):
     del params
-    mu = jax.tree.map(lambda m, u: _in(b1, m.dtype) * m + _in(1 - b1, m.dtype) * u,
+    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
                       state.mu, updates)
-    nu = jax.tree.map(lambda n, u: _in(b2, n.dtype) * n + _in(1 - b2, n.dtype) * jnp.square(u),
-                      state.nu, updates)
+    nu = jax.tree.map(
+        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
+        state.nu, updates)
     count = optax.safe_int32_increment(state.count)
     scales = {}  # dtype -> bias-correction factor
 
     def bias_correction(dt):  # float32, or float64 for float64 leaves
       if dt not in scales:
-        t = _saturating_add(count, initial_count).astype(dt)
+        t = utils.saturating_add(count, initial_count).astype(dt)
         scales[dt] = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
       return scales[dt]
 
     def step(m, n):
-      dt = _norm_dtype(m.dtype)
-      denom = jnp.sqrt(n.astype(dt)) + _in(eps, dt)
+      dt = utils.norm_dtype(m.dtype)
+      denom = jnp.sqrt(n.astype(dt)) + utils.cast(eps, dt)
       # A zero denominator gives a zero step, and no 0/0 is formed (jax_debug_nans).
       nonzero = denom > 0
       out = bias_correction(dt) * jnp.where(

@@ -1,0 +1,79 @@
+"""Private: MXNet's optimizer-base arguments (checks and gradient preprocessing) and
+the chain every MXNet-flavoured optimizer ends with (``finish``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optax
+
+from lars_optax import _utils as utils
+from lars_optax import _validation as v
+from lars_optax import masks
+from lars_optax.lazy import lazy_update as _lazy_update
+from lars_optax.precision import multi_precision as _multi_precision
+from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
+
+
+def check_flag(name: str, value: object) -> bool:
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name}: expected a bool, got {value!r}.")
+  return bool(value)
+
+
+def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult):
+  """The checks of MXNet's optimizer-base arguments."""
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("wd", wd, low=0.0)
+  v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
+  if clip_gradient is not None:
+    v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  masks.check_leaf_values(wd_mult, "wd_mult")
+
+
+def preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
+  """MXNet's gradient preprocessing: rescale, clip, then add ``wd * w``."""
+  parts = []
+  if not utils.is_const(rescale_grad, 1):
+    parts.append(utils.keep_dtypes(optax.scale(rescale_grad), rescale_grad))
+  if clip_gradient is not None:
+    parts.append(utils.keep_dtypes(optax.clip(clip_gradient), clip_gradient))
+  if not utils.is_const(wd, 0):  # wd=0: the params are not read
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+  return parts
+
+
+def decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
+  """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
+  parts = [] if utils.is_const(wd_lh, 0) else [add_decayed_weights_per_leaf(wd_lh)]
+  return [*parts, learning_rate_part(learning_rate), *lr_mult_part(lr_mult)]
+
+
+def learning_rate_part(learning_rate) -> optax.GradientTransformation:
+  return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
+
+
+def hyperparams(**values: Any) -> list[tuple[Any, ...]]:
+  """The scalars to check against the params' dtypes at ``init`` (see check_inputs)."""
+  return [(k, x) for k, x in values.items() if x is not None]
+
+
+def lr_mult_part(lr_mult) -> list:
+  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
+
+
+def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
+            names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
+            leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
+            hyperparams: Sequence[tuple[Any, ...]] = ()):
+  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
+  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
+                                hyperparams=hyperparams), *parts)
+  if lazy:
+    tx = _lazy_update(tx)
+  if multi_precision:
+    tx = _multi_precision(tx)
+  return tx

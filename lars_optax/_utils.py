@@ -1,0 +1,117 @@
+"""Private helpers shared by the modules: scalars and dtypes, collectives, state lookup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from optax import GradientTransformation
+
+from lars_optax import _validation as v
+
+
+def norm_dtype(dtype: Any) -> jnp.dtype:
+  """Norms accumulate in float32 or wider (float64 for float64 params)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def is_const(x: Any, value: float) -> bool:
+  """True when ``x`` is a Python or numpy number equal to ``value``.
+
+  Used to leave out work that a hyperparameter makes a no-op (a scale of 1, a
+  momentum of 0). The value decides, not the type (``0``, ``0.0`` and
+  ``np.float32(0)`` alike). JAX arrays and tracers (e.g. from
+  ``optax.inject_hyperparams``, whose ``init`` sees concrete arrays and whose
+  jitted ``update`` sees tracers) are never treated as constants, so the
+  structure of the state does not depend on whether they are traced.
+  """
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  if isinstance(x, (int, float, np.integer, np.floating)):
+    return x == value
+  return isinstance(x, np.ndarray) and x.ndim == 0 and bool(x == value)
+
+
+def is_python_number(x: Any) -> bool:
+  """A Python int or float (weakly typed in JAX); not np.float64, a float subclass."""
+  return type(x) in (int, float)
+
+
+def cast(x: Any, dtype: Any) -> jax.Array:
+  """A hyperparameter in ``dtype``, as JAX treats a Python float (weak typing).
+
+  A numpy or JAX scalar is not weakly typed: multiplied with a bfloat16 array
+  it would make the result (and the state) float32. Every hyperparameter that
+  meets a buffer goes through here.
+  """
+  return jnp.asarray(x, dtype)
+
+
+def keep_dtypes(tx: GradientTransformation, *hyperparams: Any) -> GradientTransformation:
+  """``tx`` with its updates and state cast back to the dtypes they came in.
+
+  For optax's own transformations (``scale``, ``clip``, ``ema``, ``trace``,
+  ``scale_by_learning_rate``), which multiply by a hyperparameter as given: a
+  typed (numpy or JAX) scalar would otherwise turn bfloat16/float16 updates and
+  state into float32 and make the next jitted step trace again. ``tx`` is
+  returned as it is when every hyperparameter is a Python number or a schedule.
+  """
+  if all(is_python_number(h) or callable(h) or h is None for h in hyperparams):
+    return tx
+
+  def cast(new, old):
+    dtype = getattr(old, "dtype", None)
+    if dtype is None or getattr(new, "dtype", dtype) == dtype:
+      return new
+    return new.astype(dtype)
+
+  def update_fn(updates, state, params=None):
+    new_updates, new_state = tx.update(updates, state, params)
+    return jax.tree.map(cast, new_updates, updates), jax.tree.map(cast, new_state, state)
+
+  return GradientTransformation(tx.init, update_fn)
+
+
+def saturating_add(count: jax.Array, offset: Any) -> jax.Array:
+  """``count + offset`` in int32 for ``0 <= offset <= INT32_MAX``, saturating there.
+
+  (optax's step counts saturate at the int32 maximum, too; a plain sum would
+  wrap around to a negative count.)
+  """
+  offset = jnp.asarray(offset, jnp.int32)
+  return jnp.minimum(count, v.INT32_MAX - offset) + offset
+
+
+def psum(tree: Any, axis_name: str | None) -> Any:
+  """``lax.psum`` over ``axis_name`` (None: no-op), naming the option if unbound."""
+  return collective(jax.lax.psum, tree, axis_name)
+
+
+def collective(op: Any, tree: Any, axis_name: str | None) -> Any:
+  """``op(tree, axis_name)`` (e.g. ``lax.pmean``); a ValueError naming the option if unbound."""
+  if axis_name is None:
+    return tree
+  try:
+    return op(tree, axis_name)
+  except NameError as e:
+    raise ValueError(
+        f"axis_name: {axis_name!r} is not bound here; the update must run inside "
+        "jax.pmap or shard_map over that axis (or pass axis_name=None). "
+        f"JAX said: {e}") from e
+
+
+def find_states(node: Any, cls: type) -> list[Any]:
+  """Every instance of ``cls`` in a (nested) optimizer state, outermost first."""
+  if isinstance(node, cls):
+    return [node]
+  children = node.values() if isinstance(node, dict) else (
+      node if isinstance(node, (tuple, list)) else ())
+  return [found for child in children for found in find_states(child, cls)]
+
+
+def find_state(node: Any, cls: type) -> Any:
+  """The first instance of ``cls`` in a (nested) optimizer state, or None."""
+  found = find_states(node, cls)
+  return found[0] if found else None
