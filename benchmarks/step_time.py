@@ -4,8 +4,8 @@ One jit-compiled step = ``opt.update`` + ``optax.apply_updates`` with params and
 optimizer state donated. All optimizers run in the same process, interleaved
 round by round (so a noisy neighbour hits them all alike); the table gives the
 median step time, its ratio to ``optax.sgd(momentum=0.9)`` measured in the same
-run, its ratio to the optax peer (``optax.lars`` for LARS rows, ``optax.adam``
-for Adam rows), and the median compile time and its ratio.
+run, its ratio to the optax peer (``PEERS``: ``optax.lars`` for LARS rows,
+``optax.adam`` for Adam rows, ...), and the median compile time and its ratio.
 
     python benchmarks/step_time.py            # markdown table on stdout
     python benchmarks/step_time.py --rounds 50 --json out.json
@@ -34,6 +34,10 @@ from resnet50_tree import resnet50_params
 import lars_optax
 
 LR = 0.1
+
+
+# lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
+PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam"}
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -82,8 +86,6 @@ def compile_time(factory, params, grads, repeats: int) -> float:
 def format_table(result: dict) -> str:
   """The results as a markdown table (ratios against the same run's peers)."""
   by_name = {r["optimizer"]: r for r in result["rows"]}
-  lars_ms = by_name.get("optax.lars", {}).get("step_ms")
-  adam_ms = by_name.get("optax.adam", {}).get("step_ms")
   lines = [
       (f"ResNet-50 tree: {result['leaves']} leaves, {result['parameters']:,} float32 "
        f"parameters; {result['device']}; jax {result['jax']}, optax {result['optax']}; "
@@ -92,9 +94,8 @@ def format_table(result: dict) -> str:
        "| compile (s) | compile / sgd-momentum |"),
       "|---|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
-    # The peer: optax.lars for the LARS rows, optax.adam for the Adam rows.
     short = r["optimizer"].split("(")[0].rsplit(".", 1)[-1]
-    peer = adam_ms if short == "adam" else lars_ms if short in ("lars", "tf_lars") else None
+    peer = by_name.get(PEERS.get(short, ""), {}).get("step_ms")
     vs_peer = f"{r['step_ms'] / peer:.2f}" if peer else "-"
     lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.2f} | {r['step_ratio']:.2f} | "
                  f"{vs_peer} | {r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
