@@ -7,8 +7,18 @@ median step time, its ratio to ``optax.sgd(momentum=0.9)`` measured in the same
 run, its ratio to the optax peer (``PEERS``: ``optax.lars`` for LARS rows,
 ``optax.adam`` for Adam rows, ...), and the median compile time and its ratio.
 
-    python benchmarks/step_time.py            # markdown table on stdout
+Bandwidth: a step must read the params, the gradients and every state buffer
+and write the params and the state once, so its fewest bytes are
+``2 * params + grads + 2 * state`` (scalar state such as counts is left out).
+The table gives those bytes over the step time and, as a fraction, over the
+copy rate measured in the same run (one elementwise pass over a large donated
+buffer, bytes read plus bytes written). On a GPU that fraction says how close a step
+comes to the memory-bound floor.
+
+    python benchmarks/step_time.py                    # markdown table on stdout
+    python benchmarks/step_time.py --dtype bfloat16   # bfloat16 params, grads and state
     python benchmarks/step_time.py --rounds 50 --json out.json
+    python benchmarks/step_time.py --quick            # a few seconds: a smoke test
 
 Only ratios are meaningful on a shared CPU; absolute times only on a GPU.
 """
@@ -44,6 +54,7 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
   """name -> factory, the baseline first."""
   return {
       "optax.sgd(momentum=0.9)": lambda: optax.sgd(LR, momentum=0.9),
+      "optax.sgd": lambda: optax.sgd(LR),
       "optax.lars": lambda: optax.lars(LR),
       "lars_optax.lars(momentum=0.9)": lambda: lars_optax.lars(LR, momentum=0.9),
       "lars_optax.lars(momentum=0.9, wd, rescale_grad, clip_gradient)":
@@ -64,11 +75,46 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
   }
 
 
-def make_step(opt: optax.GradientTransformation):
+def tree_bytes(tree) -> int:
+  """Bytes of the array leaves of ``tree`` with at least one dimension."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)
+             if hasattr(x, "dtype") and getattr(x, "ndim", 0) > 0)
+
+
+def copy_rate(nbytes: int, rounds: int, steps: int = 1) -> float:
+  """Copy rate in bytes/s (read + written), median of ``rounds``.
+
+  Elementwise passes over a donated buffer (``-x`` in place, ``steps`` of them
+  per call, like the optimizer steps): no allocation is timed.
+  """
+  negate = jax.jit(lambda x: jax.lax.fori_loop(0, steps, lambda _, a: -a, x),
+                   donate_argnums=0)
+  x = negate(jnp.ones((nbytes // 4,), jnp.float32))
+  jax.block_until_ready(x)
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    x = negate(x)
+    jax.block_until_ready(x)
+    times.append((time.perf_counter() - t0) / steps)
+  return 2 * x.size * 4 / statistics.median(times)
+
+
+def make_step(opt: optax.GradientTransformation, steps: int = 1):
+  """The jitted step, donating params and state; ``steps > 1`` runs that many in one call.
+
+  Several steps in one call (a ``fori_loop``) time the device's work without the
+  host's per-call dispatch, which grows with the number of leaves; a real train
+  step pays that once for the whole model, not for the optimizer.
+  """
   def step(params, state, grads):
     updates, state = opt.update(grads, state, params)
     return optax.apply_updates(params, updates), state
-  return jax.jit(step, donate_argnums=(0, 1))
+
+  def loop(params, state, grads):
+    return jax.lax.fori_loop(0, steps, lambda _, ps: step(*ps, grads), (params, state))
+
+  return jax.jit(step if steps == 1 else loop, donate_argnums=(0, 1))
 
 
 def compile_time(factory, params, grads, repeats: int) -> float:
@@ -86,19 +132,24 @@ def compile_time(factory, params, grads, repeats: int) -> float:
 def format_table(result: dict) -> str:
   """The results as a markdown table (ratios against the same run's peers)."""
   by_name = {r["optimizer"]: r for r in result["rows"]}
+  tree = result.get("tree", "ResNet-50 tree")
   lines = [
-      (f"ResNet-50 tree: {result['leaves']} leaves, {result['parameters']:,} float32 "
-       f"parameters; {result['device']}; jax {result['jax']}, optax {result['optax']}; "
-       f"median of {result['rounds']} steps."), "",
-      ("| optimizer | step (ms) | step / sgd-momentum | step / peer "
-       "| compile (s) | compile / sgd-momentum |"),
-      "|---|---:|---:|---:|---:|---:|"]
+      (f"{tree}: {result['leaves']} leaves, {result['parameters']:,} "
+       f"{result['dtype']} parameters; {result['device']}; jax {result['jax']}, optax "
+       f"{result['optax']}; median of {result['rounds']} calls of "
+       f"{result['steps_per_call']} steps each, per step; copy rate "
+       f"{result['copy_GBps']:.0f} GB/s (read + written)."), "",
+      ("| optimizer | step (ms) | step / sgd-momentum | step / peer | GB/s "
+       "| of copy rate | compile (s) | compile / sgd-momentum |"),
+      "|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     short = r["optimizer"].split("(")[0].rsplit(".", 1)[-1]
     peer = by_name.get(PEERS.get(short, ""), {}).get("step_ms")
     vs_peer = f"{r['step_ms'] / peer:.2f}" if peer else "-"
-    lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.2f} | {r['step_ratio']:.2f} | "
-                 f"{vs_peer} | {r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
+    gbps = r["bytes"] / r["step_ms"] / 1e6
+    lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.3f} | {r['step_ratio']:.2f} | "
+                 f"{vs_peer} | {gbps:.0f} | {gbps / result['copy_GBps']:.0%} | "
+                 f"{r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
   return "\n".join(lines)
 
 
@@ -107,10 +158,26 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--rounds", type=int, default=30, help="timed steps per optimizer")
   ap.add_argument("--compiles", type=int, default=3, help="compiles per optimizer")
   ap.add_argument("--only", nargs="*", help="substrings selecting optimizers")
+  ap.add_argument("--steps-per-call", type=int, default=10,
+                  help="optimizer steps per jitted call (a fori_loop); the table gives the "
+                       "time per step (default: %(default)s)")
+  ap.add_argument("--copy-mib", type=int, default=1024,
+                  help="buffer size of the copy-rate measurement (default: %(default)s)")
+  ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                  help="dtype of params, gradients and state (default: %(default)s)")
   ap.add_argument("--json", help="also write the results here")
+  ap.add_argument("--quick", action="store_true",
+                  help="the tree's first 20 leaves, 3 rounds, 1 compile, 4 optimizers: "
+                       "a smoke test")
+  if ap.parse_args(argv).quick:  # small defaults; explicit options still win
+    ap.set_defaults(rounds=3, compiles=1, steps_per_call=2, copy_mib=64,
+                    only=["lars_optax.lars(momentum=0.9)", "optax.lars", "optax.adam",
+                          "lars_optax.adam"])
   args = ap.parse_args(argv)
 
-  params = resnet50_params()
+  params = resnet50_params(dtype=jnp.dtype(args.dtype))
+  if args.quick:
+    params = dict(list(params.items())[:20])
   grads = jax.tree.map(lambda p: 0.3 * p + 0.01, params)
   n_leaves = len(jax.tree.leaves(params))
   n_params = sum(p.size for p in jax.tree.leaves(params))
@@ -125,20 +192,22 @@ def main(argv: list[str] | None = None) -> dict:
     opt = fac()
     p = jax.tree.map(jnp.copy, params)
     s = opt.init(p)
-    compiled = make_step(opt).lower(p, s, grads).compile()
+    compiled = make_step(opt, args.steps_per_call).lower(p, s, grads).compile()
     p, s = compiled(p, s, grads)  # warm-up
     jax.block_until_ready((p, s))
-    runs[name] = {"fn": compiled, "p": p, "s": s, "times": []}
+    runs[name] = {"fn": compiled, "p": p, "s": s, "times": [],
+                  "bytes": 2 * tree_bytes(p) + tree_bytes(grads) + 2 * tree_bytes(s)}
   for _ in range(args.rounds):
     for run in runs.values():
       t0 = time.perf_counter()
       p, s = run["fn"](run["p"], run["s"], grads)
       jax.block_until_ready((p, s))
-      run["times"].append(time.perf_counter() - t0)
+      run["times"].append((time.perf_counter() - t0) / args.steps_per_call)
       run["p"], run["s"] = p, s
   for run in runs.values():
     del run["p"], run["s"], run["fn"]
   gc.collect()
+  rate = copy_rate(args.copy_mib << 20, max(args.rounds, 5), args.steps_per_call)
   ctimes = {name: compile_time(fac, params, grads, args.compiles)
             for name, fac in facs.items()}
 
@@ -152,12 +221,15 @@ def main(argv: list[str] | None = None) -> dict:
       "jax": jax.__version__, "optax": optax.__version__,
       "python": platform.python_version(),
       "leaves": n_leaves, "parameters": n_params, "rounds": args.rounds,
+      "tree": "ResNet-50 tree" + (" (its first 20 leaves)" if args.quick else ""),
+      "dtype": args.dtype, "copy_GBps": rate / 1e9, "steps_per_call": args.steps_per_call,
       "rows": [],
   }
   for name, run in runs.items():
     step = statistics.median(run["times"])
     result["rows"].append({
         "optimizer": name, "step_ms": step * 1e3, "step_ratio": step / b_step,
+        "bytes": run["bytes"],
         "compile_s": ctimes[name], "compile_ratio": ctimes[name] / b_comp})
 
   print(format_table(result))

@@ -132,8 +132,11 @@ def optimizer_step_cycles(devices: Sequence[Any]) -> dict[str, int]:
   return result
 
 
-def resnet50(num_classes: int = 1000) -> Any:
-  """ResNet-50 v1.5 in Flax linen: bfloat16 compute, float32 params."""
+def resnet50(num_classes: int = 1000, stages: Sequence[int] = (3, 4, 6, 3)) -> Any:
+  """ResNet-50 v1.5 in Flax linen: bfloat16 compute, float32 params.
+
+  ``stages``: bottleneck blocks per stage (fewer for a quick smoke test).
+  """
   import flax.linen as nn
 
   conv = functools.partial(nn.Conv, use_bias=False, dtype=jnp.bfloat16)
@@ -161,7 +164,7 @@ def resnet50(num_classes: int = 1000) -> Any:
       x = conv(64, (7, 7), (2, 2), padding=[(3, 3), (3, 3)])(x)
       x = nn.relu(norm(use_running_average=not train)(x))
       x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
-      for i, blocks in enumerate((3, 4, 6, 3)):
+      for i, blocks in enumerate(stages):
         for j in range(blocks):
           x = Bottleneck(64 * 2 ** i, 2 if i > 0 and j == 0 else 1)(x, train)
       x = jnp.mean(x, axis=(1, 2))

@@ -1,0 +1,49 @@
+"""The GPU benchmark scripts run on a CPU too: a quick smoke run of each."""
+
+import pathlib
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_on_path(monkeypatch):
+  monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def test_step_time_quick_run_gives_a_table_with_the_copy_rate():
+  import step_time
+
+  result = step_time.main(["--quick"])
+  table = step_time.format_table(result)
+  assert "| `lars_optax.lars(momentum=0.9)` |" in table and "of copy rate" in table
+  rows = {r["optimizer"]: r for r in result["rows"]}
+  # params, grads and the momentum: 2 * P + G + 2 * M bytes, P = G = M.
+  assert rows["optax.sgd(momentum=0.9)"]["bytes"] == 5 * 4 * result["parameters"]
+  assert result["copy_GBps"] > 0 and result["steps_per_call"] == 2
+
+
+def test_step_time_bfloat16_counts_half_the_bytes():
+  import step_time
+
+  result = step_time.main(["--quick", "--dtype", "bfloat16", "--only", "optax.sgd",
+                           "--rounds", "1"])
+  rows = {r["optimizer"]: r for r in result["rows"]}
+  assert rows["optax.sgd(momentum=0.9)"]["bytes"] == 5 * 2 * result["parameters"]
+
+
+def test_grouped_leaves_quick_run_checks_and_times_the_grouped_step():
+  import grouped_leaves
+
+  report = grouped_leaves.main(["--quick"])
+  assert "| grouped: LARS, leaf index by binary search |" in report
+
+
+def test_train_step_time_quick_run_times_the_three_optimizers():
+  import train_step_time
+
+  result = train_step_time.main(["--quick"])
+  assert [r["optimizer"] for r in result["rows"]] == [
+      "optax.sgd(momentum=0.9)", "optax.lars", "lars_optax.lars"]
+  assert all(r["train_ms"] > 0 and r["alone_ms"] > 0 for r in result["rows"])
