@@ -43,6 +43,13 @@ BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_schedul
 # the same numbers, so they have no effect here.
 _NO_OP_ARGS = ("use_fused_step", "aggregate_num")
 
+# MXNet flags that a built-in optimizer takes only at MXNet's default (which
+# changes nothing): name -> flag -> (that default, why no other value).
+_DEFAULT_ONLY: dict[str, dict[str, tuple[bool, str]]] = {
+    "lars": {"lazy_update": (False, ("LARS's trust ratio is taken from the norm of the "
+                                     "whole layer, so rows cannot be updated on their own"))},
+}
+
 _REGISTRY: dict[str, Factory] = {}
 
 
@@ -249,6 +256,12 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
                      + f"; valid names are {registered()}.")
   factory = _REGISTRY[key]
   own = _own_args(factory)
+  for arg, (default, why) in _DEFAULT_ONLY.get(key, {}).items():
+    if arg in kwargs and arg not in own:
+      value = kwargs.pop(arg)
+      if not (isinstance(value, (bool, np.bool_)) and bool(value) == default):
+        raise ValueError(f"{arg}: {key!r} takes only {arg}={default!r} (MXNet's default), "
+                         f"got {value!r}: {why}.")
   if "param_idx2name" in kwargs or "sym" in kwargs or "param_dict" in kwargs:
     bad = next(k for k in ("param_idx2name", "sym", "param_dict") if k in kwargs)
     raise ValueError(f"{bad}: not needed; parameter names come from the paths of the "

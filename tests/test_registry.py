@@ -65,6 +65,19 @@ def test_name_must_be_a_string():
     lars_optax.create(3)
 
 
+@pytest.mark.parametrize("value", [False, np.False_])
+def test_lars_takes_mxnets_lazy_update_default(value):
+  chex.assert_trees_all_equal(_run(lars_optax.create("lars", lazy_update=value, momentum=0.9)),
+                              _run(lars_optax.lars(momentum=0.9)))
+
+
+@pytest.mark.parametrize("value", [True, 1, "no"])
+def test_lars_rejects_lazy_update_naming_the_reason(value):
+  with pytest.raises(ValueError, match=r"lazy_update: 'lars' takes only lazy_update=False "
+                                       r".*norm of the whole layer"):
+    lars_optax.create("lars", lazy_update=value)
+
+
 def test_unknown_argument_lists_the_valid_ones():
   with pytest.raises(ValueError, match=r"momentum: not an argument of 'adam'; valid arguments "
                      r"are \[.*'beta1'.*'lr_scheduler'"):
