@@ -31,6 +31,7 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
+from lars_optax.sgd_family import nag
 from lars_optax.sparse import (
     RowSparseUpdate,
     is_row_sparse,
@@ -97,6 +98,7 @@ __all__ = [
     "multi_precision",
     "mxnet_momentum",
     "mxnet_schedule",
+    "nag",
     "named_leaves",
     "present_rows",
     "register",

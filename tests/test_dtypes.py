@@ -34,6 +34,8 @@ OPTIMIZERS = {
     "adam_lazy": lambda **kw: lars_optax.adam(0.01, lazy_update=True, **kw),
     "sgd": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
     "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
+    "nag": lambda **kw: lars_optax.nag(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
+                                       clip_gradient=1.0, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -186,6 +188,8 @@ HYPER = {
                                "epsilon": 1e-8, "wd": 1e-3, "rescale_grad": 0.5,
                                "clip_gradient": 1.0}),
     "sgd": (lars_optax.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
+                             "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "nag": (lars_optax.nag, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
 }
 

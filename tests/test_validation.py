@@ -93,6 +93,7 @@ ARGS = {
     "adam": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
              "lazy_update": "flag", "begin_num_update": "step"},
     "sgd": {**BASE, "momentum": "unit", "lazy_update": "flag"},
+    "nag": {**BASE, "momentum": "unit"},
 }
 
 FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
@@ -104,7 +105,7 @@ TRANSFORMS = {
                                   {"eta": "nonneg", "weight_decay": "nonneg",
                                    "epsilon": "nonneg", "rescale": "pos"}),
     "mxnet_momentum": (lars_optax.mxnet_momentum, {"learning_rate": 0.1},
-                       {"learning_rate": "lr", "momentum": "unit"}),
+                       {"learning_rate": "lr", "momentum": "unit", "nesterov": "flag"}),
     "scale_by_mxnet_adam": (lars_optax.scale_by_mxnet_adam, {},
                             {"b1": "unit", "b2": "unit", "eps": "nonneg",
                              "initial_count": "step"}),
