@@ -31,7 +31,12 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
-from lars_optax.sgd_family import nag
+from lars_optax.sgd_family import (
+    DelayCompensationState,
+    add_delay_compensation,
+    dcasgd,
+    nag,
+)
 from lars_optax.sparse import (
     RowSparseUpdate,
     is_row_sparse,
@@ -70,6 +75,7 @@ __all__ = [
     "HAIKU_SKIP",
     "LOW_PRECISION",
     "MXNET_SKIP",
+    "DelayCompensationState",
     "LowPrecisionWarning",
     "MXNetMomentumState",
     "Mask",
@@ -79,6 +85,7 @@ __all__ = [
     "ScaleByLarsTrustRatioState",
     "adam",
     "add_decayed_weights_per_leaf",
+    "add_delay_compensation",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",
@@ -87,6 +94,7 @@ __all__ = [
     "by_suffix",
     "check_inputs",
     "create",
+    "dcasgd",
     "full_gradient",
     "is_row_sparse",
     "lars",

@@ -36,6 +36,8 @@ OPTIMIZERS = {
     "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
     "nag": lambda **kw: lars_optax.nag(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
                                        clip_gradient=1.0, **kw),
+    "dcasgd": lambda **kw: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5, wd=1e-3,
+                                             rescale_grad=0.5, clip_gradient=1.0, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -191,6 +193,8 @@ HYPER = {
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "nag": (lars_optax.nag, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "dcasgd": (lars_optax.dcasgd, {"learning_rate": 0.1, "momentum": 0.9, "lamda": 0.5,
+                                   "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

@@ -107,3 +107,75 @@ def test_nag_by_name(name):
                                    lr_mult={"w": 0.5}))
   theirs, _ = _run(lars_optax.nag(0.1, momentum=0.8, wd=1e-3, lr_mult={"w": 0.5}))
   chex.assert_trees_all_equal(ours, theirs)
+
+
+# --------------------------------------------------------------------------
+# dcasgd
+# --------------------------------------------------------------------------
+
+
+def test_add_delay_compensation_adds_lamda_g_squared_times_the_weight_change():
+  tx = lars_optax.add_delay_compensation(0.5)
+  w0 = {"w": jnp.array([1.0, 2.0, -1.0])}
+  state = tx.init(w0)
+  g = {"w": jnp.array([2.0, -1.0, 0.5])}
+  out, state = tx.update(g, state, w0)  # the first step: no weight change yet
+  chex.assert_trees_all_equal(out, g)
+  w1 = {"w": jnp.array([0.5, 2.5, -1.0])}
+  out, state = tx.update(g, state, w1)
+  expected = g["w"] + 0.5 * g["w"] ** 2 * (w1["w"] - w0["w"])
+  np.testing.assert_allclose(out["w"], expected, rtol=1e-6)
+  chex.assert_trees_all_equal(state.previous_params, w1)
+
+
+def test_add_delay_compensation_state_is_a_copy_of_the_params():
+  params = {"w": jnp.ones(3)}
+  state = lars_optax.add_delay_compensation().init(params)
+  assert state.previous_params["w"] is not params["w"]
+  chex.assert_trees_all_equal(state.previous_params, params)
+
+
+def test_add_delay_compensation_needs_params():
+  tx = lars_optax.add_delay_compensation()
+  params = {"w": jnp.ones(3)}
+  with pytest.raises(ValueError, match=r"^add_delay_compensation: params are required"):
+    tx.update(params, tx.init(params))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_dcasgd_with_lamda_zero_is_mxnet_sgd(momentum):
+  ours, _ = _run(lars_optax.dcasgd(0.1, momentum=momentum, lamda=0.0, wd=1e-2))
+  theirs, _ = _run(lars_optax.sgd(0.1, momentum=momentum, wd=1e-2))
+  chex.assert_trees_all_close(ours, theirs, rtol=1e-6)
+
+
+def _dcasgd_numpy(lrs, momentum, lamda):
+  """MXNet's DCASGD step (mxnet.optimizer.DCASGD.step), in float64."""
+  params = {k: np.asarray(x, np.float64) for k, x in _params().items()}
+  prev = dict(params)
+  mom = {k: np.zeros_like(x) for k, x in params.items()}
+  out = []
+  for k, lr in enumerate(lrs):
+    for name, g in _grads(k).items():
+      g = np.asarray(g, np.float64)
+      d = g + lamda * g * g * (params[name] - prev[name])
+      mom[name] = momentum * mom[name] - lr * d
+      prev[name] = params[name]
+      params[name] = params[name] + mom[name]
+    out.append(dict(params))
+  return out
+
+
+def test_dcasgd_scheduled_rate_sits_inside_the_momentum():
+  lrs = [0.3, 0.1, 0.05, 0.2, 0.01]
+  schedule = lambda count: jnp.asarray(lrs)[count]
+  out, _ = _run(lars_optax.dcasgd(schedule, momentum=0.9, lamda=0.3))
+  for ours, ref in zip(out, _dcasgd_numpy(lrs, 0.9, 0.3)):
+    chex.assert_trees_all_close(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_dcasgd_by_name_with_mxnet_defaults():
+  ours, state = _run(lars_optax.create("dcasgd"))
+  theirs, _ = _run(lars_optax.dcasgd(0.1, momentum=0.0, lamda=0.04))
+  chex.assert_trees_all_equal(ours, theirs)
+  assert optax.tree_utils.tree_get(state, "momentum") is None  # momentum=0: no buffer

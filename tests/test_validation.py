@@ -94,6 +94,7 @@ ARGS = {
              "lazy_update": "flag", "begin_num_update": "step"},
     "sgd": {**BASE, "momentum": "unit", "lazy_update": "flag"},
     "nag": {**BASE, "momentum": "unit"},
+    "dcasgd": {**BASE, "momentum": "unit", "lamda": "nonneg"},
 }
 
 FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
@@ -109,6 +110,8 @@ TRANSFORMS = {
     "scale_by_mxnet_adam": (lars_optax.scale_by_mxnet_adam, {},
                             {"b1": "unit", "b2": "unit", "eps": "nonneg",
                              "initial_count": "step"}),
+    "add_delay_compensation": (lars_optax.add_delay_compensation, {},
+                               {"variance_control": "nonneg"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
     "lars_trust_ratio": (lars_optax.lars_trust_ratio,
