@@ -32,10 +32,13 @@ from lars_optax.precision import (
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
 from lars_optax.sgd_family import (
+    AddLangevinNoiseState,
     DelayCompensationState,
     add_delay_compensation,
+    add_langevin_noise,
     dcasgd,
     nag,
+    sgld,
 )
 from lars_optax.sparse import (
     RowSparseUpdate,
@@ -75,6 +78,7 @@ __all__ = [
     "HAIKU_SKIP",
     "LOW_PRECISION",
     "MXNET_SKIP",
+    "AddLangevinNoiseState",
     "DelayCompensationState",
     "LowPrecisionWarning",
     "MXNetMomentumState",
@@ -86,6 +90,7 @@ __all__ = [
     "adam",
     "add_decayed_weights_per_leaf",
     "add_delay_compensation",
+    "add_langevin_noise",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",
@@ -116,6 +121,7 @@ __all__ = [
     "scale_by_mxnet_adam",
     "scale_per_leaf",
     "sgd",
+    "sgld",
     "signsgd",
     "signum",
     "skip_nonfinite",

@@ -38,6 +38,8 @@ OPTIMIZERS = {
                                        clip_gradient=1.0, **kw),
     "dcasgd": lambda **kw: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5, wd=1e-3,
                                              rescale_grad=0.5, clip_gradient=1.0, **kw),
+    "sgld": lambda **kw: lars_optax.sgld(0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=1.0,
+                                         key=3, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -84,7 +86,7 @@ def _buffers(state, params):
           if is_buffer(n)]
 
 
-STATELESS = {"signsgd"}  # no params-shaped buffer (without multi_precision)
+STATELESS = {"signsgd", "sgld"}  # no params-shaped buffer (without multi_precision)
 
 
 def _check(name, mp, dtypes):
@@ -195,6 +197,8 @@ HYPER = {
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "dcasgd": (lars_optax.dcasgd, {"learning_rate": 0.1, "momentum": 0.9, "lamda": 0.5,
                                    "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "sgld": (lars_optax.sgld, {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 0.5,
+                               "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

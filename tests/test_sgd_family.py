@@ -179,3 +179,165 @@ def test_dcasgd_by_name_with_mxnet_defaults():
   theirs, _ = _run(lars_optax.dcasgd(0.1, momentum=0.0, lamda=0.04))
   chex.assert_trees_all_equal(ours, theirs)
   assert optax.tree_utils.tree_get(state, "momentum") is None  # momentum=0: no buffer
+
+
+# --------------------------------------------------------------------------
+# sgld: checked by distribution (MXNet draws from its global random state)
+# --------------------------------------------------------------------------
+#
+# The same statistics of MXNet 2.0.0b1's own SGLD (mx.optimizer.create("sgld"),
+# zero gradients, wd=0, a leaf of 10**6 zeros, 4 steps: 4 * 10**6 draws) were
+# measured once: lr=0.01: mean 5.4e-5 (1.1 standard errors), variance / lr
+# 1.00015; lr=0.25: mean -1.4e-5 (0.06 standard errors), variance / lr 1.00085
+# (5 standard errors: 0.0035); kurtosis 2.997 (normal: 3); with a gradient of 3
+# and lr=0.01 the mean step was -0.01512 against -lr/2 * g = -0.015 (1.2
+# standard errors). So MXNet's normal(0, sqrt(lr)) has variance lr, and its
+# deterministic step is -lr/2 * g, as below.
+
+N = 200_000  # draws per step; a few steps give 5-sigma bounds of about 1% on the variance
+SIGMAS = 5.0
+
+
+def _noise_steps(tx, steps, n=N, params=None, jit=True):
+  """The per-step updates of ``tx`` on zero gradients, one leaf of ``n`` zeros."""
+  params = {"w": jnp.zeros((n,), jnp.float32)} if params is None else params
+  state = tx.init(params)
+  step = jax.jit(tx.update) if jit else tx.update
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  out = []
+  for _ in range(steps):
+    updates, state = step(zeros, state, params)
+    out.append(updates)
+  return out
+
+
+def _assert_normal(x, variance):
+  """``x`` has mean 0 and variance ``variance``, within SIGMAS standard errors."""
+  x = np.asarray(x, np.float64).ravel()
+  n = x.size
+  assert abs(x.mean()) <= SIGMAS * np.sqrt(variance / n), (x.mean(), variance)
+  # The sample variance of n normal draws has a standard error of variance * sqrt(2 / n).
+  assert abs(x.var() / variance - 1) <= SIGMAS * np.sqrt(2 / n), x.var() / variance
+
+
+@pytest.mark.parametrize("lr", [0.01, 0.25])
+def test_sgld_noise_has_mean_zero_and_variance_the_learning_rate(lr):
+  steps = _noise_steps(lars_optax.sgld(lr, key=0), 4)
+  _assert_normal(np.concatenate([np.asarray(u["w"]) for u in steps]), lr)
+
+
+def test_sgld_noise_is_independent_between_steps_and_leaves():
+  params = {"a": jnp.zeros((N,)), "b": jnp.zeros((N,))}
+  steps = _noise_steps(lars_optax.sgld(0.04, key=1), 2, params=params)
+  pairs = [(steps[0]["a"], steps[1]["a"]), (steps[0]["a"], steps[0]["b"])]
+  for x, y in pairs:
+    corr = np.corrcoef(np.asarray(x), np.asarray(y))[0, 1]
+    assert abs(corr) <= SIGMAS / np.sqrt(N), corr
+
+
+def test_sgld_deterministic_part_is_minus_half_the_rate_times_the_gradient():
+  # Same key, so the same noise: the difference of two runs is the gradient step alone.
+  tx = lars_optax.sgld(learning_rate=0.1, wd=0.05, rescale_grad=0.5, clip_gradient=0.4,
+                       lr_mult={"w": 3.0}, wd_mult={"b": 0.0}, key=7)
+  params = _params()
+  state = tx.init(params)
+  g = jax.tree.map(lambda x: 2.0 * x, _grads(0))
+  with_grad, _ = tx.update(g, state, params)
+  zero_grad, _ = tx.update(jax.tree.map(jnp.zeros_like, g), state, params)
+  lrs = {"w": 0.1 * 3.0, "b": 0.1}
+  wds = {"w": 0.05, "b": 0.0}
+  for name in params:
+    u = np.clip(0.5 * np.asarray(g[name]), -0.4, 0.4) + wds[name] * np.asarray(params[name])
+    u0 = wds[name] * np.asarray(params[name])
+    np.testing.assert_allclose(with_grad[name] - zero_grad[name],
+                               -lrs[name] / 2 * (u - u0), rtol=1e-5, atol=1e-6)
+
+
+def test_sgld_lr_mult_scales_the_noise_variance():
+  params = {"fast": jnp.zeros((N,)), "slow": jnp.zeros((N,))}
+  tx = lars_optax.sgld(0.01, lr_mult={"fast": 4.0, "slow": 0.25}, key=2)
+  (u,) = _noise_steps(tx, 1, params=params)
+  _assert_normal(u["fast"], 0.04)
+  _assert_normal(u["slow"], 0.0025)
+
+
+def test_sgld_scheduled_rate_sets_each_steps_variance():
+  lrs = [0.01, 0.25, 0.04]
+  schedule = lambda count: jnp.asarray(lrs)[count]
+  for u, lr in zip(_noise_steps(lars_optax.sgld(schedule, key=3), 3), lrs):
+    _assert_normal(u["w"], lr)
+
+
+def test_sgld_under_inject_hyperparams_variance_follows_the_rate():
+  tx = optax.inject_hyperparams(lars_optax.sgld)(learning_rate=0.01)
+  params = {"w": jnp.zeros((N,))}
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for lr in (0.01, 0.25):
+    state.hyperparams["learning_rate"] = jnp.asarray(lr)
+    updates, state = step({"w": jnp.zeros((N,))}, state, params)
+    _assert_normal(updates["w"], lr)
+
+
+def test_sgld_same_key_same_steps_different_key_different_steps():
+  a = _noise_steps(lars_optax.sgld(0.1, key=5), 2, n=100, jit=False)
+  b = _noise_steps(lars_optax.sgld(0.1, key=5), 2, n=100, jit=False)
+  c = _noise_steps(lars_optax.sgld(0.1, key=6), 2, n=100, jit=False)
+  chex.assert_trees_all_equal(a, b)
+  assert not np.allclose(a[0]["w"], c[0]["w"])
+  assert not np.allclose(a[0]["w"], a[1]["w"])  # the key moves on every step
+
+
+def test_sgld_int_seed_raw_key_and_typed_key_give_the_same_steps():
+  by_seed = _noise_steps(lars_optax.sgld(0.1, key=9), 2, n=50, jit=False)
+  raw = _noise_steps(lars_optax.sgld(0.1, key=jax.random.PRNGKey(9)), 2, n=50, jit=False)
+  typed = _noise_steps(lars_optax.sgld(0.1, key=jax.random.key(9)), 2, n=50, jit=False)
+  chex.assert_trees_all_equal(by_seed, raw)
+  chex.assert_trees_all_equal(by_seed, typed)
+
+
+def test_sgld_jit_and_eager_give_the_same_steps():
+  tx = lars_optax.sgld(0.1, wd=1e-2, key=4)
+  params = _params()
+  state_j = state_e = tx.init(params)
+  p_j = p_e = params
+  for k in range(3):
+    u, state_j = jax.jit(tx.update)(_grads(k), state_j, p_j)
+    p_j = optax.apply_updates(p_j, u)
+    u, state_e = tx.update(_grads(k), state_e, p_e)
+    p_e = optax.apply_updates(p_e, u)
+  chex.assert_trees_all_close(p_j, p_e, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_equal(state_j, state_e)
+
+
+def test_sgld_replicated_under_pmap_draws_the_same_noise_on_every_device():
+  n_dev = min(jax.local_device_count(), 4)
+  tx = lars_optax.sgld(0.1, key=8)
+  params = {"w": jnp.zeros((16,))}
+
+  def replicate(tree):
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n_dev, *x.shape)), tree)
+
+  rep = replicate(params)
+  updates, _ = jax.pmap(tx.update)(jax.tree.map(jnp.zeros_like, rep),
+                                   replicate(tx.init(params)), rep)
+  eager, _ = tx.update({"w": jnp.zeros((16,))}, tx.init(params), params)
+  for d in range(n_dev):
+    np.testing.assert_allclose(updates["w"][d], eager["w"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_sgld_low_precision_noise_is_drawn_in_float32_with_full_tails(dtype):
+  # Drawn in bfloat16, the normal's tail would end near 2.9 sigma.
+  (u,) = _noise_steps(lars_optax.sgld(1.0, key=11), 1,
+                      params={"w": jnp.zeros((N,), dtype)})
+  assert u["w"].dtype == dtype
+  x = np.asarray(u["w"], np.float64)
+  assert np.abs(x).max() > 3.5
+  _assert_normal(x, 1.0)
+
+
+def test_sgld_by_name_takes_key():
+  a = _noise_steps(lars_optax.create("sgld", learning_rate=0.1, key=12), 1, n=50, jit=False)
+  b = _noise_steps(lars_optax.sgld(0.1, key=12), 1, n=50, jit=False)
+  chex.assert_trees_all_equal(a, b)

@@ -74,6 +74,15 @@ BAD = {
              (True, ValueError, r"expected an int in \[0, 2147483646\]"),
              (2**31 - 1, ValueError, r"expected an int in \[0, 2147483646\] .*got 2147483647"),
              (2**31, ValueError, r"expected an int in \[0, 2147483646\] .*got 2147483648")],
+    # A PRNG key: an int seed JAX keeps whole without x64, or a key array.
+    "key": [(-1, ValueError, r"expected an int seed in \[0, 4294967295\] or a JAX PRNG key"),
+            (2**32, ValueError, r"expected an int seed in \[0, 4294967295\] .*got 4294967296"),
+            (1.5, TypeError, r"expected an int seed in \[0, 4294967295\] or a JAX PRNG key"),
+            (True, TypeError, "expected an int seed"),
+            ("0", TypeError, "expected an int seed"),
+            (None, TypeError, "expected an int seed"),
+            (np.zeros(3, np.uint32), TypeError,
+             r"expected an int seed .*got an array of dtype uint32 and shape \(3,\)")],
     "finite": [(NAN, ValueError, "must be finite, got nan"),
                (INF, ValueError, "must be finite, got inf"),
                ("1", TypeError, "expected a real number, got '1'"),
@@ -95,6 +104,7 @@ ARGS = {
     "sgd": {**BASE, "momentum": "unit", "lazy_update": "flag"},
     "nag": {**BASE, "momentum": "unit"},
     "dcasgd": {**BASE, "momentum": "unit", "lamda": "nonneg"},
+    "sgld": {**BASE, "key": "key"},
 }
 
 FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
@@ -112,6 +122,8 @@ TRANSFORMS = {
                              "initial_count": "step"}),
     "add_delay_compensation": (lars_optax.add_delay_compensation, {},
                                {"variance_control": "nonneg"}),
+    "add_langevin_noise": (lars_optax.add_langevin_noise, {"learning_rate": 0.1},
+                           {"learning_rate": "lr", "key": "key"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
     "lars_trust_ratio": (lars_optax.lars_trust_ratio,
