@@ -93,8 +93,8 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
 def registered() -> list[str]:
   """The names :func:`create` accepts, sorted.
 
-  The built-in ``adam``, ``lars``, ``sgd``, ``signsgd`` and ``signum``, and
-  any added with :func:`register` (in lower case).
+  The built-in names (MXNet's, for the optimizers this library implements)
+  and any added with :func:`register`, all in lower case.
   """
   return sorted(_REGISTRY)
 
@@ -213,8 +213,9 @@ _UNSET = object()
 def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   """Builds an optimizer by name with MXNet's arguments (``mx.optimizer.create``).
 
-  Names (case-insensitive): ``lars``, ``signum``, ``signsgd``, ``adam``,
-  ``sgd``, and any added with :func:`register`. Every name takes the MXNet
+  Names (case-insensitive): MXNet's names of the optimizers this library
+  implements, and any added with :func:`register`; :func:`registered` lists
+  them all, as the error for an unknown name does. Every name takes the MXNet
   optimizer-base arguments (:data:`BASE_ARGS`):
 
   * ``learning_rate``, ``wd``, ``rescale_grad``, ``clip_gradient``
