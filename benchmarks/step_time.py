@@ -47,7 +47,9 @@ LR = 0.1
 
 
 # lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
-PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam"}
+PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
+         "nag": "optax.sgd(momentum=0.9, nesterov=True)",
+         "dcasgd": "optax.sgd(momentum=0.9)", "sgld": "optax.noisy_sgd"}
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -72,6 +74,15 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.adam(wd, rescale_grad, clip_gradient)":
           lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
       "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
+      "optax.sgd(momentum=0.9, nesterov=True)":
+          lambda: optax.sgd(LR, momentum=0.9, nesterov=True),
+      "lars_optax.nag(momentum=0.9)": lambda: lars_optax.nag(LR, momentum=0.9),
+      "lars_optax.nag(momentum=0.9, wd, rescale_grad, clip_gradient)":
+          lambda: lars_optax.nag(LR, momentum=0.9, wd=1e-4, rescale_grad=1 / 256,
+                                 clip_gradient=1.0),
+      "lars_optax.dcasgd(momentum=0.9)": lambda: lars_optax.dcasgd(LR, momentum=0.9),
+      "optax.noisy_sgd": lambda: optax.noisy_sgd(1e-4, key=0),
+      "lars_optax.sgld": lambda: lars_optax.sgld(1e-4),
   }
 
 

@@ -31,6 +31,15 @@ from lars_optax.precision import (
     multi_precision,
 )
 from lars_optax.registry import create, mxnet_schedule, register, registered
+from lars_optax.sgd_family import (
+    AddLangevinNoiseState,
+    DelayCompensationState,
+    add_delay_compensation,
+    add_langevin_noise,
+    dcasgd,
+    nag,
+    sgld,
+)
 from lars_optax.sparse import (
     RowSparseUpdate,
     is_row_sparse,
@@ -69,6 +78,8 @@ __all__ = [
     "HAIKU_SKIP",
     "LOW_PRECISION",
     "MXNET_SKIP",
+    "AddLangevinNoiseState",
+    "DelayCompensationState",
     "LowPrecisionWarning",
     "MXNetMomentumState",
     "Mask",
@@ -78,6 +89,8 @@ __all__ = [
     "ScaleByLarsTrustRatioState",
     "adam",
     "add_decayed_weights_per_leaf",
+    "add_delay_compensation",
+    "add_langevin_noise",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",
@@ -86,6 +99,7 @@ __all__ = [
     "by_suffix",
     "check_inputs",
     "create",
+    "dcasgd",
     "full_gradient",
     "is_row_sparse",
     "lars",
@@ -97,6 +111,7 @@ __all__ = [
     "multi_precision",
     "mxnet_momentum",
     "mxnet_schedule",
+    "nag",
     "named_leaves",
     "present_rows",
     "register",
@@ -106,6 +121,7 @@ __all__ = [
     "scale_by_mxnet_adam",
     "scale_per_leaf",
     "sgd",
+    "sgld",
     "signsgd",
     "signum",
     "skip_nonfinite",

@@ -28,7 +28,7 @@ import optax
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import optimizers, precision
+from lars_optax import optimizers, precision, sgd_family
 from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
@@ -100,8 +100,8 @@ def register(name: str, factory: Factory | None = None, *, overwrite: bool = Fal
 def registered() -> list[str]:
   """The names :func:`create` accepts, sorted.
 
-  The built-in ``adam``, ``lars``, ``sgd``, ``signsgd`` and ``signum``, and
-  any added with :func:`register` (in lower case).
+  The built-in names (MXNet's, for the optimizers this library implements)
+  and any added with :func:`register`, all in lower case.
   """
   return sorted(_REGISTRY)
 
@@ -220,8 +220,9 @@ _UNSET = object()
 def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   """Builds an optimizer by name with MXNet's arguments (``mx.optimizer.create``).
 
-  Names (case-insensitive): ``lars``, ``signum``, ``signsgd``, ``adam``,
-  ``sgd``, and any added with :func:`register`. Every name takes the MXNet
+  Names (case-insensitive): MXNet's names of the optimizers this library
+  implements, and any added with :func:`register`; :func:`registered` lists
+  them all, as the error for an unknown name does. Every name takes the MXNet
   optimizer-base arguments (:data:`BASE_ARGS`):
 
   * ``learning_rate``, ``wd``, ``rescale_grad``, ``clip_gradient``
@@ -353,3 +354,6 @@ register("signum", optimizers.signum)
 register("signsgd", optimizers.signsgd)
 register("adam", optimizers.adam)
 register("sgd", optimizers.sgd)
+register("nag", sgd_family.nag)
+register("dcasgd", sgd_family.dcasgd)
+register("sgld", sgd_family.sgld)

@@ -398,6 +398,7 @@ class MXNetMomentumState(NamedTuple):
 def mxnet_momentum(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.0,
+    nesterov: bool = False,
 ) -> GradientTransformation:
   r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
 
@@ -413,17 +414,24 @@ def mxnet_momentum(
   convention). The update already carries the minus sign: apply it with
   :func:`optax.apply_updates`.
 
+  With ``nesterov=True`` the same buffer is kept and the update looks one
+  momentum step ahead, :math:`\text{update} = \mu\,m_t - \alpha_t u_t`
+  (MXNet's ``nag_mom_update``; :func:`lars_optax.nag`).
+
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
       the number of updates done before this one (0 at the first update, optax's
       convention).
     momentum: :math:`\mu` in [0, 1).
+    nesterov: Nesterov's look-ahead update (no effect when ``momentum == 0``).
 
   Returns:
     A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
   """
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  if not isinstance(nesterov, (bool, np.bool_)):
+    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
   use_buffer = not utils.is_const(momentum, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
@@ -442,7 +450,11 @@ def mxnet_momentum(
     if use_buffer:
       new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
                            state.momentum, updates)
-      updates = new_m
+      if nesterov:
+        updates = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
+                               new_m, updates)
+      else:
+        updates = new_m
     else:
       new_m = None
       updates = jax.tree.map(lambda u: -step(u), updates)

@@ -86,6 +86,10 @@ CASES = {
     "sgd_multi_precision": Case(
         lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-4, multi_precision=True),
         params=lambda: _params(jnp.bfloat16, jnp.float32)),
+    # The PRNG key is state: a restored run draws the same noise. (A large rescale_grad
+    # makes the drift, lr/2 * s * g, outweigh the noise, sqrt(lr), so the loss falls.)
+    "sgld": Case(lambda: lars_optax.sgld(1e-4, rescale_grad=1000.0, wd=1e-4, key=3)),
+    "dcasgd": Case(lambda: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5)),
     "svrg": Case(lambda: lars_optax.svrg(lars_optax.lars(0.1, momentum=0.9, eta=1.0,
                                                          skip="flax")), svrg=True),
     "skip_nonfinite": Case(lambda: lars_optax.skip_nonfinite(

@@ -34,6 +34,12 @@ OPTIMIZERS = {
     "adam_lazy": lambda **kw: lars_optax.adam(0.01, lazy_update=True, **kw),
     "sgd": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
     "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
+    "nag": lambda **kw: lars_optax.nag(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
+                                       clip_gradient=1.0, **kw),
+    "dcasgd": lambda **kw: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5, wd=1e-3,
+                                             rescale_grad=0.5, clip_gradient=1.0, **kw),
+    "sgld": lambda **kw: lars_optax.sgld(0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=1.0,
+                                         key=3, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -80,7 +86,7 @@ def _buffers(state, params):
           if is_buffer(n)]
 
 
-STATELESS = {"signsgd"}  # no params-shaped buffer (without multi_precision)
+STATELESS = {"signsgd", "sgld"}  # no params-shaped buffer (without multi_precision)
 
 
 def _check(name, mp, dtypes):
@@ -187,6 +193,12 @@ HYPER = {
                                "clip_gradient": 1.0}),
     "sgd": (lars_optax.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "nag": (lars_optax.nag, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
+                             "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "dcasgd": (lars_optax.dcasgd, {"learning_rate": 0.1, "momentum": 0.9, "lamda": 0.5,
+                                   "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "sgld": (lars_optax.sgld, {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 0.5,
+                               "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

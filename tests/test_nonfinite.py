@@ -31,6 +31,9 @@ VARIANTS = {
     "adam_lazy_mp": lambda: lars_optax.adam(0.01, lazy_update=True, multi_precision=True),
     "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
     "sgd_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, multi_precision=True),
+    "nag": lambda: lars_optax.nag(0.1, momentum=0.9, wd=1e-3),
+    "dcasgd": lambda: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5),
+    "sgld": lambda: lars_optax.sgld(0.01, wd=1e-3, key=1),
     # A Python scheduler (branches on the count) runs on the host under jit.
     "create_sgd_host_scheduler": lambda: lars_optax.create(
         "sgd", momentum=0.9, lr_scheduler=lambda n: 0.1 if n < 3 else 0.05),

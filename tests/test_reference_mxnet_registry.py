@@ -34,12 +34,16 @@ get = optax.tree_utils.tree_get
 # optimizer -> relative tolerance in float32, with the reason where it is above 1e-5.
 RTOL: dict[str, float] = {
     "nag": 1e-5,
+    "dcasgd": 1e-5,
 }
 
 # optimizer -> (state, params) -> our buffers in MXNet's order (STATE_LAYOUT in the
-# JSON), each a tree of the params' structure.
+# JSON), each a tree of the params' structure. A None (a buffer that the case's
+# options leave out, as momentum=0 does) is dropped: the case's own
+# "state_layout" leaves it out too.
 STATE_BUFFERS: dict[str, Callable[[optax.OptState, optax.Params], list]] = {
     "nag": lambda state, params: [get(state, "momentum")],
+    "dcasgd": lambda state, params: [get(state, "momentum"), get(state, "previous_params")],
 }
 
 
@@ -67,7 +71,7 @@ def _create(case) -> optax.GradientTransformation:
 
 
 def _buffers(case, state, params) -> list:
-  ours = STATE_BUFFERS[case["optimizer"]](state, params)
+  ours = [b for b in STATE_BUFFERS[case["optimizer"]](state, params) if b is not None]
   if case["kwargs"].get("multi_precision") and case["dtype"] == "float16":
     ours = [lars_optax.master_params(state, params), *ours]
   return ours
@@ -85,7 +89,7 @@ def _run(case, jit: bool = True) -> dict[str, float]:
     return optax.apply_updates(params, updates), state
 
   step = jax.jit(step) if jit else step
-  layout = REF["state_layout"][case["optimizer"]]
+  layout = case.get("state_layout", REF["state_layout"][case["optimizer"]])
   if case["kwargs"].get("multi_precision") and case["dtype"] == "float16":
     layout = ["master", *layout]
   worst = {"weights": 0.0}

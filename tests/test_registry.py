@@ -54,6 +54,13 @@ def test_registered_names():
   assert {"lars", "signum", "signsgd", "adam", "sgd"} <= set(lars_optax.registered())
 
 
+def test_unknown_name_error_lists_every_registered_name():
+  with pytest.raises(ValueError, match=r"^name: unknown optimizer 'no_such_optimizer'") as e:
+    lars_optax.create("no_such_optimizer")
+  assert f"valid names are {lars_optax.registered()}." in str(e.value)
+  assert {"nag", "dcasgd", "sgld"} <= set(lars_optax.registered())
+
+
 def test_unknown_name_lists_the_valid_ones():
   with pytest.raises(ValueError, match=r"name: unknown optimizer 'adamw' \(did you mean "
                      r"'adam'\?\); valid names are \[.*'lars'.*'sgd'"):

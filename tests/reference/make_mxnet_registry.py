@@ -43,6 +43,8 @@ Output format::
                 "kwargs": the keyword arguments given to mx.optimizer.create
                           other than param_idx2name,
                 "lr_mult", "wd_mult": name -> multiplier (only when used),
+                "state_layout": the case's buffers, where they differ from
+                                state_layout[optimizer] (e.g. no momentum buffer),
                 "params": initial weights, name -> nested list,
                 "grads": per step, name -> gradient fed in,
                 "weights": per step, name -> weight after the update,
@@ -75,10 +77,12 @@ MULT = {"lr_mult": {"fc1_weight": 0.5, "embed_weight": 3.0},
 
 
 def _case(name, optimizer, seed, dtype="float32", lr_mult=None, wd_mult=None,
-          check_unfused=False, **kwargs):
+          check_unfused=False, layout=None, **kwargs):
+  """``layout``: the case's state buffers where they differ from ``STATE_LAYOUT``
+  (MXNet keeps no momentum buffer when ``momentum=0``, for example)."""
   return {"name": name, "optimizer": optimizer, "seed": seed, "dtype": dtype,
           "kwargs": kwargs, "lr_mult": lr_mult, "wd_mult": wd_mult,
-          "check_unfused": check_unfused}
+          "check_unfused": check_unfused, "layout": layout}
 
 
 # One block per family of optimizers. Random hyperparameters come from a
@@ -92,8 +96,47 @@ ADAPTIVE_CASES = []
 
 # --- nag, rmsprop, adadelta, ftrl, dcasgd ----------------------------------
 STATE_LAYOUT["nag"] = ["mom"]
+STATE_LAYOUT["dcasgd"] = ["mom", "previous_weight"]
+_SGD_RNG = np.random.default_rng(4000)
+
+
+def _sgd_base(rng):
+  """Random values of every base option (learning rate, wd, rescale, clip)."""
+  return {"learning_rate": round(float(rng.uniform(0.01, 0.3)), 4),
+          "wd": round(float(rng.uniform(1e-3, 3e-2)), 5),
+          "rescale_grad": round(float(rng.uniform(0.3, 1.5)), 3),
+          "clip_gradient": round(float(rng.uniform(0.5, 2.0)), 3)}
+
+
+def _unit(rng, low=0.5, high=0.99):
+  return round(float(rng.uniform(low, high)), 4)
+
+
 OTHER_CASES = [
     _case("nag_defaults", "nag", 400, momentum=0.9, check_unfused=True),
+    _case("nag_random", "nag", 401, check_unfused=True, momentum=_unit(_SGD_RNG),
+          **_sgd_base(_SGD_RNG)),
+    _case("nag_no_momentum", "nag", 402, check_unfused=True, layout=[], momentum=0.0,
+          **_sgd_base(_SGD_RNG)),
+    _case("nag_mult", "nag", 403, check_unfused=True, momentum=_unit(_SGD_RNG),
+          learning_rate=0.1, wd=1e-2, **MULT),
+    _case("nag_mp_f16", "nag", 404, dtype="float16", check_unfused=True, multi_precision=True,
+          momentum=_unit(_SGD_RNG), **_sgd_base(_SGD_RNG)),
+    _case("nag_mp_f16_no_momentum", "nag", 405, dtype="float16", check_unfused=True, layout=[],
+          multi_precision=True, momentum=0.0, **_sgd_base(_SGD_RNG)),
+    # DCASGD has only MXNet's plain-Python step (use_fused_step=False is its default).
+    _case("dcasgd_defaults", "dcasgd", 410, layout=["previous_weight"]),
+    _case("dcasgd_momentum_random", "dcasgd", 411, momentum=_unit(_SGD_RNG),
+          lamda=_unit(_SGD_RNG, 0.05, 1.0), **_sgd_base(_SGD_RNG)),
+    _case("dcasgd_no_momentum_random", "dcasgd", 412, layout=["previous_weight"], momentum=0.0,
+          lamda=_unit(_SGD_RNG, 0.05, 1.0), **_sgd_base(_SGD_RNG)),
+    _case("dcasgd_mult", "dcasgd", 413, momentum=_unit(_SGD_RNG), lamda=0.5, learning_rate=0.1,
+          wd=1e-2, **MULT),
+    _case("dcasgd_mp_f16", "dcasgd", 414, dtype="float16", multi_precision=True,
+          momentum=_unit(_SGD_RNG), lamda=_unit(_SGD_RNG, 0.05, 1.0), **_sgd_base(_SGD_RNG)),
+    _case("dcasgd_mp_f16_no_momentum", "dcasgd", 415, dtype="float16", multi_precision=True,
+          layout=["previous_weight"], momentum=0.0, lamda=_unit(_SGD_RNG, 0.05, 1.0),
+          **_sgd_base(_SGD_RNG)),
 ]
 
 CASES = [*TRUST_RATIO_CASES, *ADAPTIVE_CASES, *OTHER_CASES]
@@ -158,7 +201,7 @@ def main():
     for step in weights:
       for name, w in step.items():
         assert np.all(np.isfinite(w)), (case["name"], name)
-    layout = STATE_LAYOUT[case["optimizer"]]
+    layout = STATE_LAYOUT[case["optimizer"]] if case["layout"] is None else case["layout"]
     n_bufs = len(layout) + (1 if case["kwargs"].get("multi_precision") and
                             case["dtype"] == "float16" else 0)
     for step in states:
@@ -173,6 +216,8 @@ def main():
       assert max(worst, worst_s) <= UNFUSED_TOL, case["name"]
     entry = {"name": case["name"], "optimizer": case["optimizer"], "dtype": case["dtype"],
              "kwargs": dict(case["kwargs"])}
+    if case["layout"] is not None:
+      entry["state_layout"] = list(case["layout"])
     for key in ("lr_mult", "wd_mult"):
       if case[key] is not None:
         entry[key] = dict(case[key])
