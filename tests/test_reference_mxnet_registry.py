@@ -34,12 +34,22 @@ get = optax.tree_utils.tree_get
 # optimizer -> relative tolerance in float32, with the reason where it is above 1e-5.
 RTOL: dict[str, float] = {
     "nag": 1e-5,
+    "adagrad": 1e-5,
+    "rmsprop": 1e-5,
+    "adadelta": 1e-5,
+    "ftrl": 1e-5,
 }
 
 # optimizer -> (state, params) -> our buffers in MXNet's order (STATE_LAYOUT in the
 # JSON), each a tree of the params' structure.
 STATE_BUFFERS: dict[str, Callable[[optax.OptState, optax.Params], list]] = {
     "nag": lambda state, params: [get(state, "momentum")],
+    "adagrad": lambda state, params: [get(state, "sum_of_squares")],
+    "rmsprop": lambda state, params: [get(state, "nu")],
+    "rmsprop_centered": lambda state, params: [get(state, "mu"), get(state, "nu"),
+                                               get(state, "momentum")],
+    "adadelta": lambda state, params: [get(state, "e_g"), get(state, "e_x")],
+    "ftrl": lambda state, params: [get(state, "z"), get(state, "n")],
 }
 
 
@@ -66,8 +76,14 @@ def _create(case) -> optax.GradientTransformation:
   return lars_optax.create(case["optimizer"], **kwargs)
 
 
+def _layout(case) -> str:
+  """The STATE_LAYOUT key: the optimizer's name, or the case's own where an option
+  changes MXNet's buffers (e.g. centered RMSProp)."""
+  return case.get("layout", case["optimizer"])
+
+
 def _buffers(case, state, params) -> list:
-  ours = STATE_BUFFERS[case["optimizer"]](state, params)
+  ours = STATE_BUFFERS[_layout(case)](state, params)
   if case["kwargs"].get("multi_precision") and case["dtype"] == "float16":
     ours = [lars_optax.master_params(state, params), *ours]
   return ours
@@ -85,7 +101,7 @@ def _run(case, jit: bool = True) -> dict[str, float]:
     return optax.apply_updates(params, updates), state
 
   step = jax.jit(step) if jit else step
-  layout = REF["state_layout"][case["optimizer"]]
+  layout = REF["state_layout"][_layout(case)]
   if case["kwargs"].get("multi_precision") and case["dtype"] == "float16":
     layout = ["master", *layout]
   worst = {"weights": 0.0}
@@ -113,5 +129,5 @@ def test_matches_mxnet(name):
 
 def test_every_optimizer_in_the_reference_has_a_tolerance_and_state_mapping():
   names = {c["optimizer"] for c in REF["cases"]}
-  assert names <= set(RTOL) and names <= set(STATE_BUFFERS)
+  assert names <= set(RTOL) and {_layout(c) for c in REF["cases"]} <= set(STATE_BUFFERS)
   assert names <= set(lars_optax.registered())

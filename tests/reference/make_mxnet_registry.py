@@ -42,6 +42,8 @@ Output format::
      "cases": [{"name", "optimizer", "dtype" ("float32" | "float16"),
                 "kwargs": the keyword arguments given to mx.optimizer.create
                           other than param_idx2name,
+                "layout": the state_layout key, only where it is not the optimizer
+                          (an option that changes MXNet's buffers, e.g. centered RMSProp),
                 "lr_mult", "wd_mult": name -> multiplier (only when used),
                 "params": initial weights, name -> nested list,
                 "grads": per step, name -> gradient fed in,
@@ -75,10 +77,11 @@ MULT = {"lr_mult": {"fc1_weight": 0.5, "embed_weight": 3.0},
 
 
 def _case(name, optimizer, seed, dtype="float32", lr_mult=None, wd_mult=None,
-          check_unfused=False, **kwargs):
+          check_unfused=False, layout=None, **kwargs):
+  """``layout``: the STATE_LAYOUT key when an option changes MXNet's buffers."""
   return {"name": name, "optimizer": optimizer, "seed": seed, "dtype": dtype,
           "kwargs": kwargs, "lr_mult": lr_mult, "wd_mult": wd_mult,
-          "check_unfused": check_unfused}
+          "check_unfused": check_unfused, "layout": layout or optimizer}
 
 
 # One block per family of optimizers. Random hyperparameters come from a
@@ -90,13 +93,74 @@ TRUST_RATIO_CASES = []
 # --- Adam-like: adamw, adamax, nadam, adabelief, ftml, adagrad, groupadagrad
 ADAPTIVE_CASES = []
 
+# --- adagrad, groupadagrad, rmsprop, adadelta, ftrl (sums and averages of squares) -------
+STATE_LAYOUT["adagrad"] = ["history"]
+STATE_LAYOUT["rmsprop"] = ["var"]
+STATE_LAYOUT["rmsprop_centered"] = ["mean", "var", "mom"]
+STATE_LAYOUT["adadelta"] = ["acc_g", "acc_delta"]
+STATE_LAYOUT["ftrl"] = ["z", "n"]
+_ADAGRAD_RNG = np.random.default_rng(1500)
+
+
+def _log_uniform(low, high):
+  return float(np.exp(_ADAGRAD_RNG.uniform(np.log(low), np.log(high))))
+
+
+def _base_kwargs():
+  """Random MXNet base arguments: wd, rescale_grad, clip_gradient (every option on)."""
+  return {"wd": _log_uniform(1e-4, 1e-1), "rescale_grad": float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          "clip_gradient": float(_ADAGRAD_RNG.uniform(0.5, 2.0))}
+
+
+ADAGRAD_CASES = [
+    _case("adagrad_defaults", "adagrad", 1501),
+    _case("adagrad_random", "adagrad", 1502, learning_rate=_log_uniform(1e-3, 0.3),
+          epsilon=_log_uniform(1e-8, 1e-2), **_base_kwargs()),
+    _case("adagrad_mult", "adagrad", 1503, learning_rate=0.05, wd=0.01, **MULT),
+    _case("adagrad_float16", "adagrad", 1504, dtype="float16", learning_rate=0.05, wd=0.01,
+          multi_precision=True),
+    _case("rmsprop_defaults", "rmsprop", 1511, check_unfused=True),
+    _case("rmsprop_random", "rmsprop", 1512, check_unfused=True,
+          learning_rate=_log_uniform(1e-4, 0.03), rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)),
+          epsilon=_log_uniform(1e-8, 1e-3), clip_weights=float(_ADAGRAD_RNG.uniform(0.6, 1.0)),
+          **_base_kwargs()),
+    _case("rmsprop_centered_random", "rmsprop", 1515, check_unfused=True,
+          layout="rmsprop_centered", centered=True, learning_rate=_log_uniform(1e-4, 0.03),
+          rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)),
+          momentum=float(_ADAGRAD_RNG.uniform(0.0, 0.95)), epsilon=_log_uniform(1e-8, 1e-3),
+          clip_weights=float(_ADAGRAD_RNG.uniform(0.6, 1.0)), **_base_kwargs()),
+    _case("rmsprop_centered_defaults", "rmsprop", 1516, check_unfused=True,
+          layout="rmsprop_centered", centered=True),
+    _case("rmsprop_mult", "rmsprop", 1513, check_unfused=True, learning_rate=0.01, wd=0.01,
+          **MULT),
+    _case("rmsprop_centered_mult", "rmsprop", 1517, check_unfused=True,
+          layout="rmsprop_centered", centered=True, learning_rate=0.01, wd=0.01, **MULT),
+    _case("rmsprop_float16", "rmsprop", 1514, dtype="float16", learning_rate=0.01, wd=0.01,
+          multi_precision=True),
+    _case("rmsprop_centered_float16", "rmsprop", 1518, dtype="float16",
+          layout="rmsprop_centered", centered=True, learning_rate=0.01, wd=0.01,
+          multi_precision=True),
+    _case("adadelta_defaults", "adadelta", 1521),
+    _case("adadelta_random", "adadelta", 1522, learning_rate=float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)), epsilon=_log_uniform(1e-8, 1e-3),
+          **_base_kwargs()),
+    _case("adadelta_mult", "adadelta", 1523, wd=0.01, **MULT),
+    _case("adadelta_float16", "adadelta", 1524, dtype="float16", wd=0.01, multi_precision=True),
+    _case("ftrl_defaults", "ftrl", 1531, check_unfused=True),
+    _case("ftrl_random", "ftrl", 1532, check_unfused=True,
+          learning_rate=_log_uniform(1e-2, 1.0), lamda1=_log_uniform(1e-3, 0.3),
+          beta=float(_ADAGRAD_RNG.uniform(0.1, 3.0)), **_base_kwargs()),
+    _case("ftrl_mult", "ftrl", 1533, check_unfused=True, wd=0.01, **MULT),
+    _case("ftrl_float16", "ftrl", 1534, dtype="float16", wd=0.01, multi_precision=True),
+]
+
 # --- nag, rmsprop, adadelta, ftrl, dcasgd ----------------------------------
 STATE_LAYOUT["nag"] = ["mom"]
 OTHER_CASES = [
     _case("nag_defaults", "nag", 400, momentum=0.9, check_unfused=True),
 ]
 
-CASES = [*TRUST_RATIO_CASES, *ADAPTIVE_CASES, *OTHER_CASES]
+CASES = [*TRUST_RATIO_CASES, *ADAPTIVE_CASES, *ADAGRAD_CASES, *OTHER_CASES]
 
 
 # --------------------------------------------------------------------------
@@ -158,7 +222,7 @@ def main():
     for step in weights:
       for name, w in step.items():
         assert np.all(np.isfinite(w)), (case["name"], name)
-    layout = STATE_LAYOUT[case["optimizer"]]
+    layout = STATE_LAYOUT[case["layout"]]
     n_bufs = len(layout) + (1 if case["kwargs"].get("multi_precision") and
                             case["dtype"] == "float16" else 0)
     for step in states:
@@ -173,6 +237,8 @@ def main():
       assert max(worst, worst_s) <= UNFUSED_TOL, case["name"]
     entry = {"name": case["name"], "optimizer": case["optimizer"], "dtype": case["dtype"],
              "kwargs": dict(case["kwargs"])}
+    if case["layout"] != case["optimizer"]:
+      entry["layout"] = case["layout"]
     for key in ("lr_mult", "wd_mult"):
       if case[key] is not None:
         entry[key] = dict(case[key])
