@@ -6,7 +6,7 @@ and ``ftrl``, with MXNet's argument names and defaults, each a plain
 
 * :func:`adagrad` -- the sum of squared gradients, :math:`\epsilon` outside
   the square root (:func:`scale_by_mxnet_adagrad`);
-* :func:`group_adagrad` -- one accumulator per row (axis 0) of a leaf
+* :func:`groupadagrad` -- one accumulator per row (axis 0) of a leaf
   (:func:`scale_by_group_adagrad`);
 * :func:`rmsprop` -- Tieleman and Hinton's (:func:`optax.scale_by_rms`) or,
   with ``centered=True``, Graves's (:func:`optax.scale_by_stddev` and
@@ -56,7 +56,7 @@ __all__ = [
     "clip_params",
     "ftrl",
     "ftrl_proximal",
-    "group_adagrad",
+    "groupadagrad",
     "rmsprop",
     "scale_by_group_adagrad",
     "scale_by_mxnet_adagrad",
@@ -412,7 +412,7 @@ def adagrad(
                                                   rescale_grad=rescale_grad))
 
 
-def group_adagrad(
+def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     epsilon: float = 1e-6,
     rescale_grad: float = 1.0,
@@ -461,7 +461,7 @@ def group_adagrad(
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "group_adagrad", multi_precision=multi_precision,
+  return base.finish(parts, "groupadagrad", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate,
                                                   rescale_grad=rescale_grad))

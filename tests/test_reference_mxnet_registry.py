@@ -35,6 +35,7 @@ get = optax.tree_utils.tree_get
 RTOL: dict[str, float] = {
     "nag": 1e-5,
     "adagrad": 1e-5,
+    "groupadagrad": 1e-5,
     "rmsprop": 1e-5,
     "adadelta": 1e-5,
     "ftrl": 1e-5,
@@ -45,6 +46,7 @@ RTOL: dict[str, float] = {
 STATE_BUFFERS: dict[str, Callable[[optax.OptState, optax.Params], list]] = {
     "nag": lambda state, params: [get(state, "momentum")],
     "adagrad": lambda state, params: [get(state, "sum_of_squares")],
+    "groupadagrad": lambda state, params: [get(state, "row_sum_of_squares")],  # (rows, 1)
     "rmsprop": lambda state, params: [get(state, "nu")],
     "rmsprop_centered": lambda state, params: [get(state, "mu"), get(state, "nu"),
                                                get(state, "momentum")],

@@ -30,6 +30,9 @@ state buffer MXNet keeps in ``updater.states[index]``, flattened in order
 turn; with ``multi_precision`` and float16 weights the float32 master comes
 first). Which buffer is which is stated per optimizer in ``STATE_LAYOUT``.
 
+A case with ``leaves`` uses only those parameters (GroupAdaGrad takes 2-d
+weights only); its JSON entry then holds only them.
+
 Cases with ``"check_unfused": True`` are also run with
 ``use_fused_step=False`` (MXNet's plain-Python ``step``) and must agree with
 the default path to ``UNFUSED_TOL`` (the largest difference is printed).
@@ -62,7 +65,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_mxnet_optimizers import NAMES, make_data  # the shared data
+from make_mxnet_optimizers import make_data  # the shared data
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_registry.json")
 GENERATOR = "tests/reference/make_mxnet_registry.py"
@@ -77,11 +80,13 @@ MULT = {"lr_mult": {"fc1_weight": 0.5, "embed_weight": 3.0},
 
 
 def _case(name, optimizer, seed, dtype="float32", lr_mult=None, wd_mult=None,
-          check_unfused=False, layout=None, **kwargs):
-  """``layout``: the STATE_LAYOUT key when an option changes MXNet's buffers."""
+          check_unfused=False, layout=None, leaves=None, **kwargs):
+  """``layout``: the STATE_LAYOUT key when an option changes MXNet's buffers;
+  ``leaves``: the parameters to use when the optimizer takes only some shapes."""
   return {"name": name, "optimizer": optimizer, "seed": seed, "dtype": dtype,
           "kwargs": kwargs, "lr_mult": lr_mult, "wd_mult": wd_mult,
-          "check_unfused": check_unfused, "layout": layout or optimizer}
+          "check_unfused": check_unfused, "layout": layout or optimizer,
+          "leaves": leaves}
 
 
 # One block per family of optimizers. Random hyperparameters come from a
@@ -95,6 +100,8 @@ ADAPTIVE_CASES = []
 
 # --- adagrad, groupadagrad, rmsprop, adadelta, ftrl (sums and averages of squares) -------
 STATE_LAYOUT["adagrad"] = ["history"]
+STATE_LAYOUT["groupadagrad"] = ["history"]  # one entry per row: shape (rows, 1)
+MATRICES = ["fc1_weight", "zero_weight", "embed_weight"]  # the 2-d leaves
 STATE_LAYOUT["rmsprop"] = ["var"]
 STATE_LAYOUT["rmsprop_centered"] = ["mean", "var", "mom"]
 STATE_LAYOUT["adadelta"] = ["acc_g", "acc_delta"]
@@ -119,6 +126,16 @@ ADAGRAD_CASES = [
     _case("adagrad_mult", "adagrad", 1503, learning_rate=0.05, wd=0.01, **MULT),
     _case("adagrad_float16", "adagrad", 1504, dtype="float16", learning_rate=0.05, wd=0.01,
           multi_precision=True),
+    # GroupAdaGrad takes 2-d weights only, and no weight decay.
+    _case("groupadagrad_defaults", "groupadagrad", 1505, leaves=MATRICES),
+    _case("groupadagrad_random", "groupadagrad", 1506, leaves=MATRICES,
+          learning_rate=_log_uniform(1e-3, 0.3), epsilon=_log_uniform(1e-8, 1e-2),
+          rescale_grad=float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          clip_gradient=float(_ADAGRAD_RNG.uniform(0.5, 2.0))),
+    _case("groupadagrad_mult", "groupadagrad", 1507, leaves=MATRICES, learning_rate=0.05,
+          lr_mult=MULT["lr_mult"]),
+    _case("groupadagrad_float16", "groupadagrad", 1508, leaves=MATRICES, dtype="float16",
+          learning_rate=0.05, multi_precision=True),
     _case("rmsprop_defaults", "rmsprop", 1511, check_unfused=True),
     _case("rmsprop_random", "rmsprop", 1512, check_unfused=True,
           learning_rate=_log_uniform(1e-4, 0.03), rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)),
@@ -181,20 +198,21 @@ def run_mxnet(case, params, grads, **overrides):
   """Run MXNet; return (weights per step, states per step)."""
   dtype = case["dtype"]
   kwargs = dict(case["kwargs"], **overrides)
-  opt = mx.optimizer.create(case["optimizer"], param_idx2name=dict(enumerate(NAMES)), **kwargs)
+  names = list(params)
+  opt = mx.optimizer.create(case["optimizer"], param_idx2name=dict(enumerate(names)), **kwargs)
   if case["lr_mult"] is not None:
     opt.set_lr_mult(dict(case["lr_mult"]))
   if case["wd_mult"] is not None:
     opt.set_wd_mult(dict(case["wd_mult"]))
   updater = mx.optimizer.get_updater(opt)
-  weights_nd = [mx.nd.array(params[name], dtype=dtype) for name in NAMES]
+  weights_nd = [mx.nd.array(params[name], dtype=dtype) for name in names]
   weights_hist, states_hist = [], []
   for grad in grads:
-    grads_nd = [mx.nd.array(grad[name], dtype=dtype) for name in NAMES]
-    updater(list(range(len(NAMES))), grads_nd, weights_nd)
+    grads_nd = [mx.nd.array(grad[name], dtype=dtype) for name in names]
+    updater(list(range(len(names))), grads_nd, weights_nd)
     weights_hist.append({})
     states_hist.append({})
-    for idx, name in enumerate(NAMES):
+    for idx, name in enumerate(names):
       w = weights_nd[idx].asnumpy()
       assert w.dtype == np.dtype(dtype), (name, w.dtype)
       weights_hist[-1][name] = w.copy()
@@ -218,6 +236,9 @@ def main():
   assert len(names) == len(set(names)), "duplicate case names"
   for case in CASES:
     params, grads = make_data(case["seed"], case["dtype"], False)
+    if case["leaves"] is not None:
+      params = {n: params[n] for n in case["leaves"]}
+      grads = [{n: g[n] for n in case["leaves"]} for g in grads]
     weights, states = run_mxnet(case, params, grads)
     for step in weights:
       for name, w in step.items():
@@ -230,8 +251,8 @@ def main():
         assert len(bufs) == n_bufs, (case["name"], name, len(bufs), layout)
     if case["check_unfused"]:
       w2, s2 = run_mxnet(case, params, grads, use_fused_step=False)
-      worst = max(_rel(a[n], b[n]) for a, b in zip(w2, weights) for n in NAMES)
-      worst_s = max((_rel(x, y) for a, b in zip(s2, states) for n in NAMES
+      worst = max(_rel(a[n], b[n]) for a, b in zip(w2, weights) for n in params)
+      worst_s = max((_rel(x, y) for a, b in zip(s2, states) for n in params
                      for x, y in zip(a[n], b[n])), default=0.0)
       print(f"  {case['name']}: fused vs plain step, weights {worst:.1e}, states {worst_s:.1e}")
       assert max(worst, worst_s) <= UNFUSED_TOL, case["name"]
