@@ -38,6 +38,8 @@ LR = 0.1
 
 # lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
 PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam"}
+PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
+              "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -61,6 +63,20 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.adam(wd, rescale_grad, clip_gradient)":
           lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
       "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
+      "optax.adagrad": lambda: optax.adagrad(0.01),
+      "lars_optax.adagrad": lambda: lars_optax.adagrad(0.01),
+      "lars_optax.groupadagrad": lambda: lars_optax.groupadagrad(0.01),
+      "optax.rmsprop": lambda: optax.rmsprop(1e-3, eps_in_sqrt=False),
+      "lars_optax.rmsprop": lambda: lars_optax.rmsprop(1e-3),
+      "lars_optax.rmsprop(wd, rescale_grad, clip_gradient, clip_weights)":
+          lambda: lars_optax.rmsprop(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0,
+                                     clip_weights=10.0),
+      "optax.rmsprop(centered=True, momentum=0.9)":
+          lambda: optax.rmsprop(1e-3, centered=True, momentum=0.9),
+      "lars_optax.rmsprop(centered=True)": lambda: lars_optax.rmsprop(1e-3, centered=True),
+      "optax.adadelta": lambda: optax.adadelta(1.0),
+      "lars_optax.adadelta": lambda: lars_optax.adadelta(),
+      "lars_optax.ftrl": lambda: lars_optax.ftrl(),
   }
 
 
