@@ -306,8 +306,9 @@ def ftrl_proximal(
       masks.check_unique_names(params)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return FtrlProximalState(jnp.zeros([], jnp.int32), zeros, zeros)
+    # (two trees of their own: one array in two places cannot be donated)
+    return FtrlProximalState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                             jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)

@@ -192,6 +192,16 @@ def test_ftrl_schedule_is_called_with_the_count():
   assert [int(c) for c in seen] == [0, 1]
 
 
+@pytest.mark.parametrize("centered", [False, True])
+def test_state_buffers_can_be_donated(centered):
+  for tx in (lars_optax.ftrl(), lars_optax.adadelta(), lars_optax.rmsprop(centered=centered)):
+    step = jax.jit(lambda p, s, g, tx=tx: tx.update(g, s, p), donate_argnums=(1,))
+    params = _params()
+    updates, state = step(params, tx.init(params), _grads(0))
+    updates, _ = step(params, state, _grads(1))
+    chex.assert_tree_all_finite(updates)
+
+
 NAMES = {"adagrad": lars_optax.adagrad, "groupadagrad": lars_optax.groupadagrad,
          "rmsprop": lars_optax.rmsprop, "adadelta": lars_optax.adadelta,
          "ftrl": lars_optax.ftrl}
