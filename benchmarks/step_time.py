@@ -50,6 +50,8 @@ LR = 0.1
 PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
          "nag": "optax.sgd(momentum=0.9, nesterov=True)",
          "dcasgd": "optax.sgd(momentum=0.9)", "sgld": "optax.noisy_sgd"}
+PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
+              "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -83,6 +85,20 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.dcasgd(momentum=0.9)": lambda: lars_optax.dcasgd(LR, momentum=0.9),
       "optax.noisy_sgd": lambda: optax.noisy_sgd(1e-4, key=0),
       "lars_optax.sgld": lambda: lars_optax.sgld(1e-4),
+      "optax.adagrad": lambda: optax.adagrad(0.01),
+      "lars_optax.adagrad": lambda: lars_optax.adagrad(0.01),
+      "lars_optax.groupadagrad": lambda: lars_optax.groupadagrad(0.01),
+      "optax.rmsprop": lambda: optax.rmsprop(1e-3, eps_in_sqrt=False),
+      "lars_optax.rmsprop": lambda: lars_optax.rmsprop(1e-3),
+      "lars_optax.rmsprop(wd, rescale_grad, clip_gradient, clip_weights)":
+          lambda: lars_optax.rmsprop(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0,
+                                     clip_weights=10.0),
+      "optax.rmsprop(centered=True, momentum=0.9)":
+          lambda: optax.rmsprop(1e-3, centered=True, momentum=0.9),
+      "lars_optax.rmsprop(centered=True)": lambda: lars_optax.rmsprop(1e-3, centered=True),
+      "optax.adadelta": lambda: optax.adadelta(1.0),
+      "lars_optax.adadelta": lambda: lars_optax.adadelta(),
+      "lars_optax.ftrl": lambda: lars_optax.ftrl(),
   }
 
 

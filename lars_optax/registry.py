@@ -28,7 +28,7 @@ import optax
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import optimizers, precision, sgd_family
+from lars_optax import adagrad_family, optimizers, precision, sgd_family
 from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
@@ -357,3 +357,8 @@ register("sgd", optimizers.sgd)
 register("nag", sgd_family.nag)
 register("dcasgd", sgd_family.dcasgd)
 register("sgld", sgd_family.sgld)
+register("adagrad", adagrad_family.adagrad)
+register("groupadagrad", adagrad_family.groupadagrad)
+register("rmsprop", adagrad_family.rmsprop)
+register("adadelta", adagrad_family.adadelta)
+register("ftrl", adagrad_family.ftrl)

@@ -13,6 +13,8 @@ leaves of every dtype at once, after jitted steps:
   accumulate in float32 or wider.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,12 @@ OPTIMIZERS = {
                                              rescale_grad=0.5, clip_gradient=1.0, **kw),
     "sgld": lambda **kw: lars_optax.sgld(0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=1.0,
                                          key=3, **kw),
+    "adagrad": lambda **kw: lars_optax.adagrad(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "groupadagrad": lambda **kw: lars_optax.groupadagrad(0.01, rescale_grad=0.5, **kw),
+    "rmsprop": lambda **kw: lars_optax.rmsprop(0.01, wd=1e-3, clip_weights=2.0, **kw),
+    "rmsprop_centered": lambda **kw: lars_optax.rmsprop(0.01, centered=True, wd=1e-3, **kw),
+    "adadelta": lambda **kw: lars_optax.adadelta(wd=1e-3, clip_gradient=1.0, **kw),
+    "ftrl": lambda **kw: lars_optax.ftrl(0.1, wd=1e-3, rescale_grad=0.5, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -86,7 +94,9 @@ def _buffers(state, params):
           if is_buffer(n)]
 
 
-STATELESS = {"signsgd", "sgld"}  # no params-shaped buffer (without multi_precision)
+# No params-shaped buffer (without multi_precision); groupadagrad's are per row
+# (test_adagrad_family.py checks their dtypes).
+STATELESS = {"signsgd", "sgld", "groupadagrad"}
 
 
 def _check(name, mp, dtypes):
@@ -199,6 +209,20 @@ HYPER = {
                                    "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "sgld": (lars_optax.sgld, {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 0.5,
                                "clip_gradient": 1.0}),
+    "adagrad": (lars_optax.adagrad, {"learning_rate": 0.01, "epsilon": 1e-6, "wd": 1e-3,
+                                     "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "groupadagrad": (lars_optax.groupadagrad, {"learning_rate": 0.01, "epsilon": 1e-6,
+                                               "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "rmsprop": (lars_optax.rmsprop, {"learning_rate": 0.01, "rho": 0.9, "epsilon": 1e-4,
+                                     "clip_weights": 2.0, "wd": 1e-3, "rescale_grad": 0.5,
+                                     "clip_gradient": 1.0}),
+    "rmsprop_centered": (functools.partial(lars_optax.rmsprop, centered=True),
+                         {"learning_rate": 0.01, "rho": 0.9, "momentum": 0.9, "epsilon": 1e-4,
+                          "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "adadelta": (lars_optax.adadelta, {"learning_rate": 1.0, "rho": 0.9, "epsilon": 1e-4,
+                                       "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "ftrl": (lars_optax.ftrl, {"learning_rate": 0.1, "lamda1": 0.01, "beta": 1.0, "wd": 1e-3,
+                               "rescale_grad": 0.5, "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

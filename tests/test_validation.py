@@ -83,6 +83,12 @@ BAD = {
             (None, TypeError, "expected an int seed"),
             (np.zeros(3, np.uint32), TypeError,
              r"expected an int seed .*got an array of dtype uint32 and shape \(3,\)")],
+    # A learning rate that is divided by (FTRL): > 0, or a schedule.
+    "pos_lr": [(0.0, ValueError, "must be > 0, got 0"),
+               (-0.1, ValueError, "must be > 0, got -0.1"),
+               (NAN, ValueError, "must be finite and > 0"),
+               ("0.1", TypeError, "expected a real number > 0 or an optax schedule"),
+               (None, TypeError, "expected a real number > 0")],
     "finite": [(NAN, ValueError, "must be finite, got nan"),
                (INF, ValueError, "must be finite, got inf"),
                ("1", TypeError, "expected a real number, got '1'"),
@@ -105,6 +111,12 @@ ARGS = {
     "nag": {**BASE, "momentum": "unit"},
     "dcasgd": {**BASE, "momentum": "unit", "lamda": "nonneg"},
     "sgld": {**BASE, "key": "key"},
+    "adagrad": {**BASE, "epsilon": "nonneg"},
+    "groupadagrad": {**{k: x for k, x in BASE.items() if k != "wd"}, "epsilon": "nonneg"},
+    "rmsprop": {**BASE, "rho": "unit", "momentum": "unit", "epsilon": "pos", "centered": "flag",
+                "clip_weights": "pos_or_none"},
+    "adadelta": {**BASE, "rho": "unit", "epsilon": "pos"},
+    "ftrl": {**BASE, "learning_rate": "pos_lr", "lamda1": "nonneg", "beta": "nonneg"},
 }
 
 FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
@@ -124,6 +136,12 @@ TRANSFORMS = {
                                {"variance_control": "nonneg"}),
     "add_langevin_noise": (lars_optax.add_langevin_noise, {"learning_rate": 0.1},
                            {"learning_rate": "lr", "key": "key"}),
+    "scale_by_mxnet_adagrad": (lars_optax.scale_by_mxnet_adagrad, {}, {"eps": "nonneg"}),
+    "scale_by_group_adagrad": (lars_optax.scale_by_group_adagrad, {}, {"eps": "nonneg"}),
+    "clip_params": (lars_optax.clip_params, {"max_abs": 1.0}, {"max_abs": "pos"}),
+    "ftrl_proximal": (lars_optax.ftrl_proximal, {"learning_rate": 0.1},
+                      {"learning_rate": "pos_lr", "lamda1": "nonneg", "beta": "nonneg",
+                       "weight_decay": "nonneg"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
     "lars_trust_ratio": (lars_optax.lars_trust_ratio,
@@ -307,6 +325,8 @@ BEYOND = [
     (lambda **kw: lars_optax.signsgd(**kw), "learning_rate", np.float32(1e5), jnp.float16),
     (lambda **kw: lars_optax.adam(**kw), "learning_rate", jnp.float32(1e5), jnp.float16),
     (lambda **kw: lars_optax.mxnet_momentum(**kw), "learning_rate", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.ftrl(**kw), "lamda1", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.rmsprop(**kw), "epsilon", 1e39, jnp.float32),
     (lambda **kw: lars_optax.add_decayed_weights_per_leaf(**kw), "weight_decay", 1e5,
      jnp.float16),
 ]
@@ -555,7 +575,7 @@ def test_trust_ratios_rejects_leaves_sharing_a_name():
     lars_optax.trust_ratios(state, params)
 
 
-MXNET = ["lars", "signum", "signsgd", "adam", "sgd"]
+MXNET = ["lars", "signum", "signsgd", "adam", "sgd", "adagrad", "rmsprop", "adadelta", "ftrl"]
 
 
 @pytest.mark.parametrize("name", MXNET)
@@ -630,6 +650,12 @@ VARIANTS = {
     "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
     "sgd_lazy_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True,
                                           multi_precision=True),
+    "adagrad": lambda: lars_optax.adagrad(0.1, wd=1e-3),
+    "rmsprop": lambda: lars_optax.rmsprop(0.01, wd=1e-3),
+    "rmsprop_centered_mp": lambda: lars_optax.rmsprop(0.01, centered=True, clip_weights=2.0,
+                                                      wd=1e-3, multi_precision=True),
+    "adadelta": lambda: lars_optax.adadelta(wd=1e-3),
+    "ftrl": lambda: lars_optax.ftrl(0.1, wd=1e-3),
 }
 LAZY = {"adam_lazy", "sgd_lazy_mp"}
 
@@ -687,8 +713,11 @@ def test_params_required_where_read(name):
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.signum(0.1), lambda: lars_optax.signsgd(0.1),
     lambda: lars_optax.adam(0.1), lambda: lars_optax.sgd(0.1, momentum=0.9),
-    lambda: lars_optax.adam(0.1, lazy_update=True)],
-    ids=["signum", "signsgd", "adam", "sgd", "adam_lazy"])
+    lambda: lars_optax.adam(0.1, lazy_update=True), lambda: lars_optax.adagrad(0.1),
+    lambda: lars_optax.groupadagrad(0.1), lambda: lars_optax.rmsprop(0.01, centered=True),
+    lambda: lars_optax.adadelta()],
+    ids=["signum", "signsgd", "adam", "sgd", "adam_lazy", "adagrad", "groupadagrad",
+         "rmsprop_centered", "adadelta"])
 def test_params_optional_where_not_read(make):
   tx = make()
   params = _params()

@@ -30,6 +30,9 @@ state buffer MXNet keeps in ``updater.states[index]``, flattened in order
 turn; with ``multi_precision`` and float16 weights the float32 master comes
 first). Which buffer is which is stated per optimizer in ``STATE_LAYOUT``.
 
+A case with ``leaves`` uses only those parameters (GroupAdaGrad takes 2-d
+weights only); its JSON entry then holds only them.
+
 Cases with ``"check_unfused": True`` are also run with
 ``use_fused_step=False`` (MXNet's plain-Python ``step``) and must agree with
 the default path to ``UNFUSED_TOL`` (the largest difference is printed).
@@ -43,8 +46,11 @@ Output format::
                 "kwargs": the keyword arguments given to mx.optimizer.create
                           other than param_idx2name,
                 "lr_mult", "wd_mult": name -> multiplier (only when used),
-                "state_layout": the case's buffers, where they differ from
-                                state_layout[optimizer] (e.g. no momentum buffer),
+                "state_layout": the names of the case's buffers, in MXNet's order
+                                (without "master"; e.g. no momentum buffer when
+                                momentum=0),
+                "buffers": the key of the test's STATE_BUFFERS that reads ours
+                           (the optimizer, or e.g. "rmsprop_centered"),
                 "params": initial weights, name -> nested list,
                 "grads": per step, name -> gradient fed in,
                 "weights": per step, name -> weight after the update,
@@ -62,7 +68,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_mxnet_optimizers import NAMES, make_data  # the shared data
+from make_mxnet_optimizers import make_data  # the shared data
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_registry.json")
 GENERATOR = "tests/reference/make_mxnet_registry.py"
@@ -77,12 +83,15 @@ MULT = {"lr_mult": {"fc1_weight": 0.5, "embed_weight": 3.0},
 
 
 def _case(name, optimizer, seed, dtype="float32", lr_mult=None, wd_mult=None,
-          check_unfused=False, layout=None, **kwargs):
-  """``layout``: the case's state buffers where they differ from ``STATE_LAYOUT``
-  (MXNet keeps no momentum buffer when ``momentum=0``, for example)."""
+          check_unfused=False, layout=None, leaves=None, **kwargs):
+  """``layout``: the case's state buffers where they differ from the optimizer's
+  ``STATE_LAYOUT``: another key of ``STATE_LAYOUT`` (an option that changes MXNet's
+  buffers, e.g. centered RMSProp) or a list (MXNet keeps no momentum buffer when
+  ``momentum=0``, for example). ``leaves``: the parameters to use when the
+  optimizer takes only some shapes."""
   return {"name": name, "optimizer": optimizer, "seed": seed, "dtype": dtype,
           "kwargs": kwargs, "lr_mult": lr_mult, "wd_mult": wd_mult,
-          "check_unfused": check_unfused, "layout": layout}
+          "check_unfused": check_unfused, "layout": layout, "leaves": leaves}
 
 
 # One block per family of optimizers. Random hyperparameters come from a
@@ -93,6 +102,79 @@ TRUST_RATIO_CASES = []
 
 # --- Adam-like: adamw, adamax, nadam, adabelief, ftml, adagrad, groupadagrad
 ADAPTIVE_CASES = []
+
+# --- adagrad, groupadagrad, rmsprop, adadelta, ftrl (sums and averages of squares) -------
+STATE_LAYOUT["adagrad"] = ["history"]
+STATE_LAYOUT["groupadagrad"] = ["history"]  # one entry per row: shape (rows, 1)
+MATRICES = ["fc1_weight", "zero_weight", "embed_weight"]  # the 2-d leaves
+STATE_LAYOUT["rmsprop"] = ["var"]
+STATE_LAYOUT["rmsprop_centered"] = ["mean", "var", "mom"]
+STATE_LAYOUT["adadelta"] = ["acc_g", "acc_delta"]
+STATE_LAYOUT["ftrl"] = ["z", "n"]
+_ADAGRAD_RNG = np.random.default_rng(1500)
+
+
+def _log_uniform(low, high):
+  return float(np.exp(_ADAGRAD_RNG.uniform(np.log(low), np.log(high))))
+
+
+def _base_kwargs():
+  """Random MXNet base arguments: wd, rescale_grad, clip_gradient (every option on)."""
+  return {"wd": _log_uniform(1e-4, 1e-1), "rescale_grad": float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          "clip_gradient": float(_ADAGRAD_RNG.uniform(0.5, 2.0))}
+
+
+ADAGRAD_CASES = [
+    _case("adagrad_defaults", "adagrad", 1501),
+    _case("adagrad_random", "adagrad", 1502, learning_rate=_log_uniform(1e-3, 0.3),
+          epsilon=_log_uniform(1e-8, 1e-2), **_base_kwargs()),
+    _case("adagrad_mult", "adagrad", 1503, learning_rate=0.05, wd=0.01, **MULT),
+    _case("adagrad_float16", "adagrad", 1504, dtype="float16", learning_rate=0.05, wd=0.01,
+          multi_precision=True),
+    # GroupAdaGrad takes 2-d weights only, and no weight decay.
+    _case("groupadagrad_defaults", "groupadagrad", 1505, leaves=MATRICES),
+    _case("groupadagrad_random", "groupadagrad", 1506, leaves=MATRICES,
+          learning_rate=_log_uniform(1e-3, 0.3), epsilon=_log_uniform(1e-8, 1e-2),
+          rescale_grad=float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          clip_gradient=float(_ADAGRAD_RNG.uniform(0.5, 2.0))),
+    _case("groupadagrad_mult", "groupadagrad", 1507, leaves=MATRICES, learning_rate=0.05,
+          lr_mult=MULT["lr_mult"]),
+    _case("groupadagrad_float16", "groupadagrad", 1508, leaves=MATRICES, dtype="float16",
+          learning_rate=0.05, multi_precision=True),
+    _case("rmsprop_defaults", "rmsprop", 1511, check_unfused=True),
+    _case("rmsprop_random", "rmsprop", 1512, check_unfused=True,
+          learning_rate=_log_uniform(1e-4, 0.03), rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)),
+          epsilon=_log_uniform(1e-8, 1e-3), clip_weights=float(_ADAGRAD_RNG.uniform(0.6, 1.0)),
+          **_base_kwargs()),
+    _case("rmsprop_centered_random", "rmsprop", 1515, check_unfused=True,
+          layout="rmsprop_centered", centered=True, learning_rate=_log_uniform(1e-4, 0.03),
+          rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)),
+          momentum=float(_ADAGRAD_RNG.uniform(0.0, 0.95)), epsilon=_log_uniform(1e-8, 1e-3),
+          clip_weights=float(_ADAGRAD_RNG.uniform(0.6, 1.0)), **_base_kwargs()),
+    _case("rmsprop_centered_defaults", "rmsprop", 1516, check_unfused=True,
+          layout="rmsprop_centered", centered=True),
+    _case("rmsprop_mult", "rmsprop", 1513, check_unfused=True, learning_rate=0.01, wd=0.01,
+          **MULT),
+    _case("rmsprop_centered_mult", "rmsprop", 1517, check_unfused=True,
+          layout="rmsprop_centered", centered=True, learning_rate=0.01, wd=0.01, **MULT),
+    _case("rmsprop_float16", "rmsprop", 1514, dtype="float16", learning_rate=0.01, wd=0.01,
+          multi_precision=True),
+    _case("rmsprop_centered_float16", "rmsprop", 1518, dtype="float16",
+          layout="rmsprop_centered", centered=True, learning_rate=0.01, wd=0.01,
+          multi_precision=True),
+    _case("adadelta_defaults", "adadelta", 1521),
+    _case("adadelta_random", "adadelta", 1522, learning_rate=float(_ADAGRAD_RNG.uniform(0.3, 2.0)),
+          rho=float(_ADAGRAD_RNG.uniform(0.5, 0.99)), epsilon=_log_uniform(1e-8, 1e-3),
+          **_base_kwargs()),
+    _case("adadelta_mult", "adadelta", 1523, wd=0.01, **MULT),
+    _case("adadelta_float16", "adadelta", 1524, dtype="float16", wd=0.01, multi_precision=True),
+    _case("ftrl_defaults", "ftrl", 1531, check_unfused=True),
+    _case("ftrl_random", "ftrl", 1532, check_unfused=True,
+          learning_rate=_log_uniform(1e-2, 1.0), lamda1=_log_uniform(1e-3, 0.3),
+          beta=float(_ADAGRAD_RNG.uniform(0.1, 3.0)), **_base_kwargs()),
+    _case("ftrl_mult", "ftrl", 1533, check_unfused=True, wd=0.01, **MULT),
+    _case("ftrl_float16", "ftrl", 1534, dtype="float16", wd=0.01, multi_precision=True),
+]
 
 # --- nag, rmsprop, adadelta, ftrl, dcasgd ----------------------------------
 STATE_LAYOUT["nag"] = ["mom"]
@@ -139,12 +221,20 @@ OTHER_CASES = [
           **_sgd_base(_SGD_RNG)),
 ]
 
-CASES = [*TRUST_RATIO_CASES, *ADAPTIVE_CASES, *OTHER_CASES]
+CASES = [*TRUST_RATIO_CASES, *ADAPTIVE_CASES, *ADAGRAD_CASES, *OTHER_CASES]
 
 
 # --------------------------------------------------------------------------
 # MXNet
 # --------------------------------------------------------------------------
+
+def _state_layout(case):
+  """The names of the case's state buffers, in MXNet's order (without the master)."""
+  layout = case["layout"]
+  if layout is None:
+    return list(STATE_LAYOUT[case["optimizer"]])
+  return list(STATE_LAYOUT[layout]) if isinstance(layout, str) else list(layout)
+
 
 def _flat(state):
   if state is None:
@@ -160,20 +250,21 @@ def run_mxnet(case, params, grads, **overrides):
   """Run MXNet; return (weights per step, states per step)."""
   dtype = case["dtype"]
   kwargs = dict(case["kwargs"], **overrides)
-  opt = mx.optimizer.create(case["optimizer"], param_idx2name=dict(enumerate(NAMES)), **kwargs)
+  names = list(params)
+  opt = mx.optimizer.create(case["optimizer"], param_idx2name=dict(enumerate(names)), **kwargs)
   if case["lr_mult"] is not None:
     opt.set_lr_mult(dict(case["lr_mult"]))
   if case["wd_mult"] is not None:
     opt.set_wd_mult(dict(case["wd_mult"]))
   updater = mx.optimizer.get_updater(opt)
-  weights_nd = [mx.nd.array(params[name], dtype=dtype) for name in NAMES]
+  weights_nd = [mx.nd.array(params[name], dtype=dtype) for name in names]
   weights_hist, states_hist = [], []
   for grad in grads:
-    grads_nd = [mx.nd.array(grad[name], dtype=dtype) for name in NAMES]
-    updater(list(range(len(NAMES))), grads_nd, weights_nd)
+    grads_nd = [mx.nd.array(grad[name], dtype=dtype) for name in names]
+    updater(list(range(len(names))), grads_nd, weights_nd)
     weights_hist.append({})
     states_hist.append({})
-    for idx, name in enumerate(NAMES):
+    for idx, name in enumerate(names):
       w = weights_nd[idx].asnumpy()
       assert w.dtype == np.dtype(dtype), (name, w.dtype)
       weights_hist[-1][name] = w.copy()
@@ -197,11 +288,14 @@ def main():
   assert len(names) == len(set(names)), "duplicate case names"
   for case in CASES:
     params, grads = make_data(case["seed"], case["dtype"], False)
+    if case["leaves"] is not None:
+      params = {n: params[n] for n in case["leaves"]}
+      grads = [{n: g[n] for n in case["leaves"]} for g in grads]
     weights, states = run_mxnet(case, params, grads)
     for step in weights:
       for name, w in step.items():
         assert np.all(np.isfinite(w)), (case["name"], name)
-    layout = STATE_LAYOUT[case["optimizer"]] if case["layout"] is None else case["layout"]
+    layout = _state_layout(case)
     n_bufs = len(layout) + (1 if case["kwargs"].get("multi_precision") and
                             case["dtype"] == "float16" else 0)
     for step in states:
@@ -209,15 +303,15 @@ def main():
         assert len(bufs) == n_bufs, (case["name"], name, len(bufs), layout)
     if case["check_unfused"]:
       w2, s2 = run_mxnet(case, params, grads, use_fused_step=False)
-      worst = max(_rel(a[n], b[n]) for a, b in zip(w2, weights) for n in NAMES)
-      worst_s = max((_rel(x, y) for a, b in zip(s2, states) for n in NAMES
+      worst = max(_rel(a[n], b[n]) for a, b in zip(w2, weights) for n in params)
+      worst_s = max((_rel(x, y) for a, b in zip(s2, states) for n in params
                      for x, y in zip(a[n], b[n])), default=0.0)
       print(f"  {case['name']}: fused vs plain step, weights {worst:.1e}, states {worst_s:.1e}")
       assert max(worst, worst_s) <= UNFUSED_TOL, case["name"]
     entry = {"name": case["name"], "optimizer": case["optimizer"], "dtype": case["dtype"],
              "kwargs": dict(case["kwargs"])}
-    if case["layout"] is not None:
-      entry["state_layout"] = list(case["layout"])
+    entry["state_layout"] = _state_layout(case)
+    entry["buffers"] = case["layout"] if isinstance(case["layout"], str) else case["optimizer"]
     for key in ("lr_mult", "wd_mult"):
       if case[key] is not None:
         entry[key] = dict(case[key])
