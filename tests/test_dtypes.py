@@ -34,6 +34,12 @@ OPTIMIZERS = {
     "adam_lazy": lambda **kw: lars_optax.adam(0.01, lazy_update=True, **kw),
     "sgd": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
     "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
+    "lamb": lambda **kw: lars_optax.lamb(0.01, wd=1e-3, clip_gradient=1.0, lower_bound=0.1,
+                                         upper_bound=5.0, skip="mxnet", **kw),
+    "lamb_uncorrected": lambda **kw: lars_optax.lamb(0.01, bias_correction=False, wd=1e-3,
+                                                     **kw),
+    "lans": lambda **kw: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5, upper_bound=5.0,
+                                         **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -187,6 +193,12 @@ HYPER = {
                                "clip_gradient": 1.0}),
     "sgd": (lars_optax.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "lamb": (lars_optax.lamb, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                               "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
+                               "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "lans": (lars_optax.lans, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                               "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
+                               "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 0.5}),
 }
 
 SCALAR_TYPES = {
