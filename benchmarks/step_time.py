@@ -38,6 +38,8 @@ LR = 0.1
 
 # lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
 PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam"}
+PEERS["lamb"] = "optax.lamb"
+PEERS["lans"] = "optax.lamb"
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -61,6 +63,12 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.adam(wd, rescale_grad, clip_gradient)":
           lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
       "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
+      "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=1e-4),
+      "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=1e-4),
+      "lars_optax.lamb(wd, bounds, clip_gradient, skip)":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, lower_bound=1e-3, upper_bound=10.0,
+                                  clip_gradient=1.0, skip=lars_optax.by_ndim(1)),
+      "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=1e-4),
   }
 
 
