@@ -656,7 +656,10 @@ def lamb(
   ``skip=None``. To exclude biases and normalisation parameters, as BERT
   recipes do, pass a preset (``skip="flax"``, ``"haiku"``, ``"equinox"`` or
   ``"mxnet"``) or a mask (``skip=lars_optax.by_ndim(1)``); skipped leaves
-  still get Adam's step and the weight decay.
+  still get Adam's step and the weight decay:
+
+  >>> import lars_optax
+  >>> tx = lars_optax.lamb(1e-3, wd=0.01, skip="flax")  # BERT-style: no ratio on biases/norms
 
   The chain is ``scale(s), clip(c), optax.scale_by_adam(beta1, beta2,
   epsilon)`` (:func:`~lars_optax.scale_by_adam_uncorrected` with
