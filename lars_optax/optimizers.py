@@ -92,6 +92,7 @@ from lars_optax import masks
 from lars_optax.transforms import (
     MAX_INITIAL_COUNT,
     _COUNT_WHY,
+    _with_float16_warning,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
     normalize_per_leaf,
@@ -689,7 +690,9 @@ def lamb(
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
     multi_precision: float32 master weights and state for float16/bfloat16
-      (the ratio's :math:`\|w\|` is the master's, as in MXNet).
+      (the ratio's :math:`\|w\|` is the master's, as in MXNet). Without it,
+      ``init`` warns (:class:`lars_optax.LowPrecisionWarning`) for float16
+      params: :math:`v_t` underflows in float16 (MXNet keeps float32 moments).
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       ratio.
@@ -710,8 +713,8 @@ def lamb(
   multi_precision = base.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   if bias_correction:
-    parts.append(utils.keep_dtypes(optax.scale_by_adam(beta1, beta2, epsilon),
-                                   beta1, beta2, epsilon))
+    parts.append(_with_float16_warning(utils.keep_dtypes(
+        optax.scale_by_adam(beta1, beta2, epsilon), beta1, beta2, epsilon), "lamb"))
   else:
     parts.append(scale_by_adam_uncorrected(beta1, beta2, epsilon))
   if not utils.is_const(wd, 0):
@@ -795,6 +798,8 @@ def lans(
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
     multi_precision: float32 master weights and state for float16/bfloat16.
+      Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
+      for float16 params: :math:`v_t` underflows in float16.
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms (of the gradient, the weight and both
       parts) over it.

@@ -592,6 +592,7 @@ def scale_by_adam_uncorrected(
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, "scale_by_adam_uncorrected")
     v.check_representable("eps", eps, params, compute=True)
+    _warn_float16(params, "scale_by_adam_uncorrected", _DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
                                   nu=jax.tree.map(jnp.zeros_like, params))
@@ -736,6 +737,7 @@ def scale_by_lans(
   def init_fn(params: optax.Params) -> ScaleByLansState:
     _check_ratio_params(params, name, skip, lower_bound, upper_bound)
     v.check_representable("eps", eps, params, compute=True)
+    _warn_float16(params, name, _DEGRADES)
     v.check_representable("weight_decay", weight_decay, params, compute=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
     ones = _ratio_vector(params)
@@ -790,6 +792,16 @@ def scale_by_lans(
 
 
 _RATIO_STATES = (ScaleByLarsTrustRatioState, ScaleByLambTrustRatioState, ScaleByLansState)
+
+
+def _with_float16_warning(tx: GradientTransformation, where: str) -> GradientTransformation:
+  """``tx`` (an Adam scaling) whose ``init`` warns for float16 params (LAMB's wording)."""
+
+  def init_fn(params):
+    _warn_float16(params, where, _DEGRADES)
+    return tx.init(params)
+
+  return GradientTransformation(init_fn, tx.update)
 
 
 class MXNetMomentumState(NamedTuple):
@@ -968,7 +980,12 @@ _COUNT_WHY = (" (the step count is int32, and the count of the first update, thi
               "must fit in it)")
 
 
-def _warn_float16(params: Any, where: str) -> None:
+_BLOW_UP = "the updates blow up on ordinary data"
+_DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "
+             "ratio then only fixes its length)")
+
+
+def _warn_float16(params: Any, where: str, effect: str = _BLOW_UP) -> None:
   """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
   low = [n for n, p in masks.named_leaves(params)
          if getattr(p, "dtype", None) == jnp.float16]
@@ -977,8 +994,8 @@ def _warn_float16(params: Any, where: str) -> None:
     more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
     warnings.warn(
         f"{where}: {which}{more} is float16 and there are no float32 master weights: "
-        "Adam's second moment (squared gradients) underflows in float16 and the updates "
-        "blow up on ordinary data. Pass multi_precision=True (or wrap the optimizer in "
+        f"Adam's second moment (squared gradients) underflows in float16 and {effect}. "
+        "Pass multi_precision=True (or wrap the optimizer in "
         "lars_optax.multi_precision), or use bfloat16 params.",
         LowPrecisionWarning, stacklevel=3)
 

@@ -6,6 +6,7 @@ zero-norm fallbacks, sharded params and the comparison with ``optax.lamb``.
 """
 
 import functools
+import warnings
 
 import chex
 import jax
@@ -238,6 +239,21 @@ def test_lamb_ratio_falls_back_to_one_for_non_finite_norms():
   assert float(lars_optax.trust_ratios(state)[0]) == 1.0
 
 
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("name", ["lamb", "lans"])
+def test_float16_without_master_weights_warns(name, bias_correction):
+  params = {"fc1_weight": jnp.ones((2, 2), jnp.float16)}
+  kwargs = {"bias_correction": bias_correction} if name == "lamb" else {}
+  with pytest.warns(lars_optax.LowPrecisionWarning,
+                    match="'fc1_weight' is float16 and there are no float32 master weights"):
+    getattr(lars_optax, name)(**kwargs).init(params)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    getattr(lars_optax, name)(multi_precision=True, **kwargs).init(params)
+    getattr(lars_optax, name)(**kwargs).init({"w": jnp.ones(2, jnp.bfloat16)})
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("make", [lars_optax.lamb, lars_optax.lans], ids=["lamb", "lans"])
 def test_trust_ratios_are_float32_for_low_precision_params(make, dtype):
