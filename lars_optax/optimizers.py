@@ -92,11 +92,10 @@ from lars_optax import masks
 from lars_optax.transforms import (
     MAX_INITIAL_COUNT,
     _COUNT_WHY,
-    _with_float16_warning,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
     normalize_per_leaf,
-    scale_by_adam_uncorrected,
+    scale_by_lamb_adam,
     scale_by_lamb_trust_ratio,
     scale_by_lans,
     scale_by_lars_trust_ratio,
@@ -662,21 +661,23 @@ def lamb(
   >>> import lars_optax
   >>> tx = lars_optax.lamb(1e-3, wd=0.01, skip="flax")  # BERT-style: no ratio on biases/norms
 
-  The chain is ``scale(s), clip(c), optax.scale_by_adam(beta1, beta2,
-  epsilon)`` (:func:`~lars_optax.scale_by_adam_uncorrected` with
-  ``bias_correction=False``), :func:`~lars_optax.add_decayed_weights_per_leaf`
+  The chain is ``scale(s), clip(c)``,
+  :func:`~lars_optax.scale_by_lamb_adam` ``(beta1, beta2, epsilon,
+  bias_correction)``, :func:`~lars_optax.add_decayed_weights_per_leaf`
   ``(wd, wd_mult)``, :func:`~lars_optax.scale_by_lamb_trust_ratio`
   ``(lower_bound, upper_bound, skip)``, ``optax.scale_by_learning_rate(lr)``,
   then ``lr_mult``. The per-leaf ratios of the last step:
   :func:`lars_optax.trust_ratios`. Without bounds and masks, with bias
   correction and ``clip_gradient=None``, this is :func:`optax.lamb` (whose
-  ``weight_decay`` is ``wd``).
+  ``weight_decay`` is ``wd``), apart from the zero denominator below.
 
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
     beta1: :math:`\beta_1` in [0, 1).
     beta2: :math:`\beta_2` in [0, 1).
-    epsilon: :math:`\epsilon` >= 0.
+    epsilon: :math:`\epsilon` >= 0. With ``epsilon=0``, an entry whose
+      gradient has been 0 at every step so far (:math:`v_t = 0`) gets a zero
+      step rather than MXNet's (and optax's) 0/0 = NaN.
     lower_bound: :math:`l` >= 0 or None: the smallest weight norm the ratio uses.
     upper_bound: :math:`h` > 0 or None: the largest; ``lower_bound <=
       upper_bound``.
@@ -712,11 +713,7 @@ def lamb(
   bias_correction = base.check_flag("bias_correction", bias_correction)
   multi_precision = base.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  if bias_correction:
-    parts.append(_with_float16_warning(utils.keep_dtypes(
-        optax.scale_by_adam(beta1, beta2, epsilon), beta1, beta2, epsilon), "lamb"))
-  else:
-    parts.append(scale_by_adam_uncorrected(beta1, beta2, epsilon))
+  parts.append(scale_by_lamb_adam(beta1, beta2, epsilon, bias_correction=bias_correction))
   if not utils.is_const(wd, 0):
     parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
   parts += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,

@@ -17,8 +17,8 @@ optax lacks:
 * :func:`scale_by_lamb_trust_ratio` -- LAMB's ratio (bounded weight norm over
   the norm of the outgoing update), with the same skipping and logging;
   :func:`scale_by_lans` -- LANS's two-part update with a ratio on each part,
-  after :func:`normalize_per_leaf`; :func:`scale_by_adam_uncorrected` --
-  Adam without bias correction;
+  after :func:`normalize_per_leaf`; :func:`scale_by_lamb_adam` -- Adam's
+  direction with optional bias correction;
 * :func:`scale_per_leaf` and :func:`add_decayed_weights_per_leaf` -- a factor
   and a weight decay that differ per leaf, looked up by leaf name (MXNet's
   ``lr_mult`` and ``wd_mult``).
@@ -56,7 +56,7 @@ __all__ = [
   "lars_trust_ratio",
   "mxnet_momentum",
   "normalize_per_leaf",
-  "scale_by_adam_uncorrected",
+  "scale_by_lamb_adam",
   "scale_by_lamb_trust_ratio",
   "scale_by_lans",
   "scale_by_lars_trust_ratio",
@@ -559,40 +559,76 @@ def _safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
   return jnp.where(nonzero, x / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
 
 
-def scale_by_adam_uncorrected(
+def _bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
+  """dtype -> ``(1 - b1^t, 1 - b2^t)`` in that dtype (float32 or wider).
+
+  The powers are taken in that dtype, as MXNet's kernels (``power`` in float)
+  and :func:`optax.scale_by_adam` take them.
+  """
+  cache: dict[Any, tuple[jax.Array, jax.Array]] = {}
+
+  def get(dt):
+    if dt not in cache:
+      t = count.astype(dt)
+      cache[dt] = (1 - utils.cast(b1, dt) ** t, 1 - utils.cast(b2, dt) ** t)
+    return cache[dt]
+
+  return get
+
+
+def scale_by_lamb_adam(
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-6,
+    *,
+    bias_correction: bool = True,
 ) -> GradientTransformation:
-  r"""Adam's scaling without bias correction (LAMB's ``bias_correction=False``).
+  r"""Adam's direction as LAMB takes it, with or without bias correction.
 
   .. math::
 
-    m_t = \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
-    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2, \qquad
-    \text{update} = \frac{m_t}{\sqrt{v_t} + \epsilon}.
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
+    \text{update} &= \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t)} + \epsilon}
+    \qquad \text{or, without bias correction,} \qquad
+    \frac{m_t}{\sqrt{v_t} + \epsilon}.
 
-  With bias correction this is :func:`optax.scale_by_adam`. ``m`` and ``v``
-  keep the parameter dtype; the division is done in float32 or wider, and a
-  zero denominator (``eps=0``, :math:`v_t = 0`) gives a zero update.
+  With bias correction this is :func:`optax.scale_by_adam` (epsilon outside
+  the square root, after the correction), except where the denominator is 0
+  (``eps=0`` and :math:`v_t = 0`: every gradient of that entry so far was 0):
+  the update is 0 there, where optax and MXNet's LAMB divide 0 by 0 and put
+  NaN into the weight. ``m`` and ``v`` keep the parameter dtype; the division
+  is done in float32 or wider. ``init`` warns
+  (:class:`LowPrecisionWarning`) for float16 params, where :math:`v_t`
+  underflows.
 
   Args:
     b1: :math:`\beta_1` in [0, 1).
     b2: :math:`\beta_2` in [0, 1).
     eps: :math:`\epsilon` >= 0.
+    bias_correction: divide the moments by :math:`1 - \beta^t` (MXNet's
+      ``bias_correction``).
 
   Returns:
     A :class:`optax.GradientTransformation` with an
     :class:`optax.ScaleByAdamState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.LAMB``.
   """
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
+  if not isinstance(bias_correction, (bool, np.bool_)):
+    raise TypeError(f"bias_correction: expected a bool, got {bias_correction!r}.")
+  name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, "scale_by_adam_uncorrected")
+    v.check_float_params(params, name)
     v.check_representable("eps", eps, params, compute=True)
-    _warn_float16(params, "scale_by_adam_uncorrected", _DEGRADES)
+    _warn_float16(params, name, _DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
                                   nu=jax.tree.map(jnp.zeros_like, params))
@@ -600,14 +636,18 @@ def scale_by_adam_uncorrected(
   def update_fn(updates, state, params=None):
     del params
     mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    count = optax.safe_int32_increment(state.count)
+    corrections = _bias_corrections(count, b1, b2)
 
     def step(m, n):
       dt = utils.norm_dtype(m.dtype)
-      return _safe_divide(m.astype(dt), jnp.sqrt(n.astype(dt)) + utils.cast(eps, dt)
-                          ).astype(m.dtype)
+      m, n_ = m.astype(dt), n.astype(dt)
+      if bias_correction:
+        c1, c2 = corrections(dt)
+        m, n_ = m / c1, n_ / c2
+      return _safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
 
-    return (jax.tree.map(step, mu, nu),
-            optax.ScaleByAdamState(optax.safe_int32_increment(state.count), mu, nu))
+    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
   return GradientTransformation(init_fn, update_fn)
 
@@ -753,13 +793,7 @@ def scale_by_lans(
     count = optax.safe_int32_increment(state.count)
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p, flat_m, flat_n = (treedef.flatten_up_to(x) for x in (params, mu, nu))
-    corrections = {}  # dtype -> (1 - b1^t, 1 - b2^t)
-
-    def correction(dt):  # in float32 (float64): MXNet's power(beta, t) in float
-      if dt not in corrections:
-        t = count.astype(dt)
-        corrections[dt] = (1 - utils.cast(b1, dt) ** t, 1 - utils.cast(b2, dt) ** t)
-      return corrections[dt]
+    correction = _bias_corrections(count, b1, b2)
 
     parts = []  # per leaf: (c_m, c_g) in float32 or wider
     for g, p, m, n, c in zip(flat_g, flat_p, flat_m, flat_n, mults):
@@ -793,15 +827,6 @@ def scale_by_lans(
 
 _RATIO_STATES = (ScaleByLarsTrustRatioState, ScaleByLambTrustRatioState, ScaleByLansState)
 
-
-def _with_float16_warning(tx: GradientTransformation, where: str) -> GradientTransformation:
-  """``tx`` (an Adam scaling) whose ``init`` warns for float16 params (LAMB's wording)."""
-
-  def init_fn(params):
-    _warn_float16(params, where, _DEGRADES)
-    return tx.init(params)
-
-  return GradientTransformation(init_fn, tx.update)
 
 
 class MXNetMomentumState(NamedTuple):

@@ -312,3 +312,17 @@ def test_shard_map_axis_name_equals_the_unsharded_step(make):
   updates, ratios = step(params, grads)
   chex.assert_trees_all_close(updates, expected, rtol=1e-5, atol=1e-8)
   np.testing.assert_allclose(ratios, lars_optax.trust_ratios(state), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_lamb_epsilon_zero_on_zero_gradient_entries_is_a_zero_step(bias_correction):
+  """MXNet's and optax's LAMB divide 0 by 0 there and put NaN into the weight."""
+  params = {"w": jnp.ones((2, 3))}
+  grads = {"w": jnp.array([[1.0, 0.0, -2.0], [0.0, 3.0, 0.5]])}
+  tx = lars_optax.lamb(0.1, epsilon=0.0, bias_correction=bias_correction)
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  chex.assert_tree_all_finite(updates)
+  np.testing.assert_array_equal(updates["w"] == 0, grads["w"] == 0)
+  theirs, _ = optax.lamb(0.1, eps=0.0).update(grads, optax.lamb(0.1, eps=0.0).init(params),
+                                               params)
+  assert not np.isfinite(np.asarray(theirs["w"])).all()

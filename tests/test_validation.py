@@ -131,8 +131,9 @@ TRANSFORMS = {
     "scale_by_lans": (lars_optax.scale_by_lans, {},
                       {"b1": "unit", "b2": "unit", "eps": "nonneg", "weight_decay": "nonneg",
                        "lower_bound": "nonneg_or_none", "upper_bound": "pos_or_none"}),
-    "scale_by_adam_uncorrected": (lars_optax.scale_by_adam_uncorrected, {},
-                                  {"b1": "unit", "b2": "unit", "eps": "nonneg"}),
+    "scale_by_lamb_adam": (lars_optax.scale_by_lamb_adam, {},
+                           {"b1": "unit", "b2": "unit", "eps": "nonneg",
+                            "bias_correction": "flag"}),
 }
 
 
