@@ -52,6 +52,7 @@ PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
          "dcasgd": "optax.sgd(momentum=0.9)", "sgld": "optax.noisy_sgd"}
 PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
               "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
+PEERS.update({"lamb": "optax.lamb", "lans": "optax.lamb"})
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -99,6 +100,12 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "optax.adadelta": lambda: optax.adadelta(1.0),
       "lars_optax.adadelta": lambda: lars_optax.adadelta(),
       "lars_optax.ftrl": lambda: lars_optax.ftrl(),
+      "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=1e-4),
+      "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=1e-4),
+      "lars_optax.lamb(wd, bounds, clip_gradient, skip)":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, lower_bound=1e-3, upper_bound=10.0,
+                                  clip_gradient=1.0, skip=lars_optax.by_ndim(1)),
+      "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=1e-4),
   }
 
 

@@ -102,8 +102,9 @@ def collective(op: Any, tree: Any, axis_name: str | None) -> Any:
         f"JAX said: {e}") from e
 
 
-def find_states(node: Any, cls: type) -> list[Any]:
-  """Every instance of ``cls`` in a (nested) optimizer state, outermost first."""
+def find_states(node: Any, cls: type | tuple[type, ...]) -> list[Any]:
+  """Every instance of ``cls`` (a class or a tuple of classes) in a (nested)
+  optimizer state, outermost first."""
   if isinstance(node, cls):
     return [node]
   children = node.values() if isinstance(node, dict) else (

@@ -7,6 +7,9 @@
   correction, optional lazy updates).
 * :func:`sgd` -- MXNet's ``mx.optimizer.SGD`` (learning rate inside the
   momentum buffer).
+* :func:`lamb` and :func:`lans` -- MXNet's ``mx.optimizer.LAMB`` and
+  ``mx.optimizer.LANS`` (layer-wise trust ratio on Adam's update, with name
+  masks and bounds on the weight norm).
 
 The MXNet-flavoured ones share MXNet's optimizer-base arguments: ``wd``,
 ``rescale_grad``, ``clip_gradient``, per-leaf ``lr_mult`` and ``wd_mult``
@@ -91,11 +94,15 @@ from lars_optax.transforms import (
     _COUNT_WHY,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
+    normalize_per_leaf,
+    scale_by_lamb_adam,
+    scale_by_lamb_trust_ratio,
+    scale_by_lans,
     scale_by_lars_trust_ratio,
     scale_by_mxnet_adam,
 )
 
-__all__ = ["adam", "lars", "sgd", "signsgd", "signum", "tf_lars"]
+__all__ = ["adam", "lamb", "lans", "lars", "sgd", "signsgd", "signum", "tf_lars"]
 
 
 def lars(
@@ -600,3 +607,221 @@ def sgd(
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
+
+
+def lamb(
+    learning_rate: optax.ScalarOrSchedule = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-6,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    bias_correction: bool = True,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    skip: masks.MaskLike = None,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: str | None = None,
+) -> optax.GradientTransformation:
+  r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``).
+
+  Per leaf :math:`w` with gradient :math:`g_t`, :math:`s` = ``rescale_grad``,
+  :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd`` (times the leaf's
+  ``wd_mult``), :math:`l` = ``lower_bound``, :math:`h` = ``upper_bound``:
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) \\
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\,u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\,u_t^2 \\
+    \Delta_t &= \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t)} + \epsilon}
+      + \lambda w_{t-1}
+      \qquad \left(\text{without bias correction: }
+      \frac{m_t}{\sqrt{v_t} + \epsilon} + \lambda w_{t-1}\right) \\
+    r_1 &= \min(\max(\|w_{t-1}\|, l), h), \qquad \rho = \frac{r_1}{\|\Delta_t\|} \\
+    w_t &= w_{t-1} - \alpha_t\,\rho\,\Delta_t
+
+  The weight decay is decoupled (it is not in the moments) and enters the
+  ratio's denominator. The bounds clip the weight norm :math:`r_1` (left out
+  when None), not the ratio. :math:`\rho = 1` when :math:`r_1 = 0` or
+  :math:`\|\Delta_t\| = 0` (MXNet's rule; a zero-initialised layer without
+  ``lower_bound`` takes a plain Adam step), when either norm is not finite
+  (MXNet would give NaN), and for skipped leaves.
+
+  MXNet applies the ratio to every parameter, and so does the default
+  ``skip=None``. To exclude biases and normalisation parameters, as BERT
+  recipes do, pass a preset (``skip="flax"``, ``"haiku"``, ``"equinox"`` or
+  ``"mxnet"``) or a mask (``skip=lars_optax.by_ndim(1)``); skipped leaves
+  still get Adam's step and the weight decay:
+
+  >>> import lars_optax
+  >>> tx = lars_optax.lamb(1e-3, wd=0.01, skip="flax")  # BERT-style: no ratio on biases/norms
+
+  The chain is ``scale(s), clip(c)``,
+  :func:`~lars_optax.scale_by_lamb_adam` ``(beta1, beta2, epsilon,
+  bias_correction)``, :func:`~lars_optax.add_decayed_weights_per_leaf`
+  ``(wd, wd_mult)``, :func:`~lars_optax.scale_by_lamb_trust_ratio`
+  ``(lower_bound, upper_bound, skip)``, ``optax.scale_by_learning_rate(lr)``,
+  then ``lr_mult``. The per-leaf ratios of the last step:
+  :func:`lars_optax.trust_ratios`. Without bounds and masks, with bias
+  correction and ``clip_gradient=None``, this is :func:`optax.lamb` (whose
+  ``weight_decay`` is ``wd``), apart from the zero denominator below.
+
+  Args:
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
+    beta1: :math:`\beta_1` in [0, 1).
+    beta2: :math:`\beta_2` in [0, 1).
+    epsilon: :math:`\epsilon` >= 0. With ``epsilon=0``, an entry whose
+      gradient has been 0 at every step so far (:math:`v_t = 0`) gets a zero
+      step rather than MXNet's (and optax's) 0/0 = NaN.
+    lower_bound: :math:`l` >= 0 or None: the smallest weight norm the ratio uses.
+    upper_bound: :math:`h` > 0 or None: the largest; ``lower_bound <=
+      upper_bound``.
+    bias_correction: divide the moments by :math:`1 - \beta^t`.
+    wd: decoupled weight decay >= 0 (multiplied per leaf by ``wd_mult``).
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    skip: leaves whose ratio is 1 (default None: none, as in MXNet); a
+      preset name, a :class:`~lars_optax.masks.Mask`, a callable returning a
+      bool pytree, or a bool pytree.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16
+      (the ratio's :math:`\|w\|` is the master's, as in MXNet). Without it,
+      ``init`` warns (:class:`lars_optax.LowPrecisionWarning`) for float16
+      params: :math:`v_t` underflows in float16 (MXNet keeps float32 moments).
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis, sum the squared norms over it so each block gets its whole layer's
+      ratio.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+
+  References:
+    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
+    2.0 ``mxnet.optimizer.LAMB``.
+  """
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  bias_correction = base.check_flag("bias_correction", bias_correction)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
+  parts.append(scale_by_lamb_adam(beta1, beta2, epsilon, bias_correction=bias_correction))
+  if not utils.is_const(wd, 0):
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+  parts += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
+                                      skip=skip, axis_name=axis_name),
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+  return base.finish(parts, "lamb", multi_precision=multi_precision,
+                     names=[("skip", skip, None)],
+                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                  rescale_grad=rescale_grad, epsilon=epsilon))
+
+
+def lans(
+    learning_rate: optax.ScalarOrSchedule = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-6,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    skip: masks.MaskLike = None,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: str | None = None,
+) -> optax.GradientTransformation:
+  r"""LANS as Apache MXNet implements it (``mx.optimizer.LANS``).
+
+  Per leaf :math:`w` with gradient :math:`g_t`, :math:`c` = ``clip_gradient``,
+  :math:`\lambda` = ``wd`` (times the leaf's ``wd_mult``), :math:`l` =
+  ``lower_bound``, :math:`h` = ``upper_bound``:
+
+  .. math::
+
+    \hat g_t &= \mathrm{clip}\left(\frac{g_t}{\|g_t\|}, -c, c\right)
+      \qquad (\hat g_t = 0 \text{ if } \|g_t\| = 0) \\
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\,\hat g_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\,\hat g_t^2 \\
+    d_t &= \sqrt{v_t / (1 - \beta_2^t)} + \epsilon, \qquad
+    c_m = \frac{m_t / (1 - \beta_1^t)}{d_t} + \lambda w_{t-1}, \qquad
+    c_g = \frac{\hat g_t}{d_t} + \lambda w_{t-1} \\
+    r_1 &= \min(\max(\|w_{t-1}\|, l), h), \qquad
+    \rho_m = \frac{r_1}{\|c_m\|}, \qquad \rho_g = \frac{r_1}{\|c_g\|} \\
+    w_t &= w_{t-1} - \alpha_t \left(\beta_1\,\rho_m\,c_m
+      + (1 - \beta_1)\,\rho_g\,c_g\right)
+
+  Each ratio is 1 where its norms are 0 or not finite, and for skipped
+  leaves (default: none, as in MXNet; see :func:`lamb` for the presets).
+  ``rescale_grad`` (> 0) cancels in :math:`g_t / \|g_t\|`: it is accepted
+  and checked, and has no effect (as in MXNet). Bias correction is always on.
+
+  Where MXNet breaks down: a leaf whose gradient is all zeros (a frozen or
+  unused layer, or a step with a zero loss) makes MXNet divide 0 by 0; its
+  weight and both moments become NaN, for good. Here :math:`\hat g_t = 0`
+  instead: the moments decay and the step continues from :math:`m_t`. This
+  follows MXNet's default fused kernel (``multi_lans_update``); MXNet's
+  plain-Python ``step`` (``use_fused_step=False``) differs when ``wd > 0``.
+
+  The chain is :func:`~lars_optax.normalize_per_leaf`, ``clip(c)``,
+  :func:`~lars_optax.scale_by_lans` ``(beta1, beta2, epsilon, wd, ...)``,
+  ``optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
+  :func:`lars_optax.trust_ratios` reads :math:`\rho_m` (the state's
+  ``grad_trust_ratio`` holds :math:`\rho_g`).
+
+  Args:
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
+    beta1: :math:`\beta_1` in [0, 1).
+    beta2: :math:`\beta_2` in [0, 1).
+    epsilon: :math:`\epsilon` >= 0.
+    lower_bound: :math:`l` >= 0 or None.
+    upper_bound: :math:`h` > 0 or None; ``lower_bound <= upper_bound``.
+    wd: decoupled weight decay >= 0 (multiplied per leaf by ``wd_mult``).
+    rescale_grad: gradient multiplier > 0 (no effect, see above).
+    clip_gradient: element-wise bound > 0 on the normalised gradient, or None.
+    skip: leaves whose ratios are 1 (default None: none).
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16.
+      Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
+      for float16 params: :math:`v_t` underflows in float16.
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis, sum the squared norms (of the gradient, the weight and both
+      parts) over it.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+
+  References:
+    Zheng, Lin, Zha and Li, `Accelerated Large Batch Optimization of BERT
+    Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
+    Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
+  """
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  parts = [normalize_per_leaf(axis_name=axis_name),
+           *base.preprocess(1.0, clip_gradient, 0.0, None),
+           scale_by_lans(beta1, beta2, epsilon, weight_decay=wd, wd_mult=wd_mult,
+                         lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
+                         axis_name=axis_name),
+           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+  return base.finish(parts, "lans", multi_precision=multi_precision,
+                     names=[("skip", skip, None)],
+                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                  rescale_grad=rescale_grad))

@@ -14,6 +14,11 @@ optax lacks:
 * :func:`trust_ratios` -- reads the last step's per-leaf ratios from a state;
 * :func:`scale_by_mxnet_adam` -- Adam with MXNet's placement of epsilon
   (outside the bias correction);
+* :func:`scale_by_lamb_trust_ratio` -- LAMB's ratio (bounded weight norm over
+  the norm of the outgoing update), with the same skipping and logging;
+  :func:`scale_by_lans` -- LANS's two-part update with a ratio on each part,
+  after :func:`normalize_per_leaf`; :func:`scale_by_lamb_adam` -- Adam's
+  direction with optional bias correction;
 * :func:`scale_per_leaf` and :func:`add_decayed_weights_per_leaf` -- a factor
   and a weight decay that differ per leaf, looked up by leaf name (MXNet's
   ``lr_mult`` and ``wd_mult``).
@@ -44,10 +49,16 @@ from lars_optax import sparse as _sparse
 __all__ = [
   "LowPrecisionWarning",
   "MXNetMomentumState",
+  "ScaleByLambTrustRatioState",
+  "ScaleByLansState",
   "ScaleByLarsTrustRatioState",
   "add_decayed_weights_per_leaf",
   "lars_trust_ratio",
   "mxnet_momentum",
+  "normalize_per_leaf",
+  "scale_by_lamb_adam",
+  "scale_by_lamb_trust_ratio",
+  "scale_by_lans",
   "scale_by_lars_trust_ratio",
   "scale_by_mxnet_adam",
   "scale_per_leaf",
@@ -171,6 +182,40 @@ def _times(value: Any, mult: float) -> Any:
   return value if mult == 1 else value * mult
 
 
+def _ratio_dtype(params: Any) -> jnp.dtype:
+  """float32, or float64 when a leaf is float64: the dtype of the ratio vector."""
+  return functools.reduce(jnp.promote_types,
+                          (utils.norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
+                          jnp.dtype(jnp.float32))
+
+
+def _slots(params: Any) -> list[bool]:
+  """Per leaf of the whole tree: True for a leaf, False for a MaskedNode placeholder."""
+  return [not isinstance(x, optax.MaskedNode) for x in jax.tree.leaves(
+      params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))]
+
+
+def _ratio_vector(params: Any, ratios: Sequence[Any] | None = None) -> jax.Array:
+  """A state's ratio vector: the leaves' ratios (1 where None or not given), -1 for
+  MaskedNode placeholders."""
+  dt = _ratio_dtype(params)
+  it = iter(ratios if ratios is not None else [None] * len(jax.tree.leaves(params)))
+  entries = [(jnp.ones((), dt) if (r := next(it)) is None else r.astype(dt))
+             if real else jnp.full((), -1, dt) for real in _slots(params)]
+  return jnp.stack(entries) if entries else jnp.ones((0,), dt)
+
+
+def _apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax.Array]:
+  """Each update times its ratio (None: unchanged).
+
+  The product is taken in the ratio's dtype (float32 or wider) and rounded
+  once: a float16 ratio would overflow above 65504 (w = 10, g = 1e-7).
+  """
+  return [u if r is None else (u.astype(jnp.promote_types(u.dtype, r.dtype)) * r
+                               ).astype(u.dtype)
+          for u, r in zip(flat_u, ratios)]
+
+
 class ScaleByLarsTrustRatioState(NamedTuple):
   """State of :func:`scale_by_lars_trust_ratio`.
 
@@ -271,24 +316,6 @@ def scale_by_lars_trust_ratio(
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
-  def ratio_dtype(params):
-    return functools.reduce(jnp.promote_types,
-                            (utils.norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
-                            jnp.dtype(jnp.float32))
-
-  def slots(params):
-    """Per leaf of the whole tree: True for a leaf, False for a MaskedNode placeholder."""
-    return [not isinstance(x, optax.MaskedNode) for x in jax.tree.leaves(
-        params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))]
-
-  def vector(params, ratios):
-    """The state's vector: the leaves' ratios (1 when None), -1 for placeholders."""
-    dt = ratio_dtype(params)
-    it = iter(ratios)
-    entries = [(jnp.ones((), dt) if (r := next(it)) is None else r.astype(dt))
-               if real else jnp.full((), -1, dt) for real in slots(params)]
-    return jnp.stack(entries) if entries else jnp.ones((0,), dt)
-
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name)
     for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
@@ -300,8 +327,7 @@ def scale_by_lars_trust_ratio(
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
-    ones = vector(params, [None] * len(jax.tree.leaves(params)))
-    return ScaleByLarsTrustRatioState(ones, inner_tx.init(params))
+    return ScaleByLarsTrustRatioState(_ratio_vector(params), inner_tx.init(params))
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
@@ -318,14 +344,9 @@ def scale_by_lars_trust_ratio(
       updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(
         updates, state.inner_state, params, **extra_args)
-    flat_u = treedef.flatten_up_to(inner_updates)
-    # The product is taken in the ratio's dtype (float32 or wider) and rounded
-    # once: a float16 ratio would overflow above 65504 (w = 10, g = 1e-7).
-    scaled = [u if r is None else (u.astype(jnp.promote_types(u.dtype, r.dtype)) * r
-                                   ).astype(u.dtype)
-              for u, r in zip(flat_u, ratios)]
+    scaled = _apply_ratios(treedef.flatten_up_to(inner_updates), ratios)
     return (jax.tree.unflatten(treedef, scaled),
-            ScaleByLarsTrustRatioState(vector(params, ratios), inner_state))
+            ScaleByLarsTrustRatioState(_ratio_vector(params, ratios), inner_state))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -335,7 +356,10 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
 
   Finds the :class:`ScaleByLarsTrustRatioState` in ``state`` (the state of
   :func:`lars_optax.lars`, :func:`lars_optax.tf_lars`, a chain or a wrapper
-  holding one) and returns its ratios (1 for skipped leaves):
+  holding one), or the :class:`ScaleByLambTrustRatioState` of
+  :func:`lars_optax.lamb`, or the :class:`ScaleByLansState` of
+  :func:`lars_optax.lans` (the ratio of its momentum part), and returns its
+  ratios (1 for skipped leaves):
 
   * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
     order (works under ``jit``);
@@ -351,13 +375,15 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   routed elsewhere.
 
   Raises:
-    ValueError: when ``state`` holds no LARS trust-ratio state, or ``params``
+    ValueError: when ``state`` holds no trust-ratio state, or ``params``
       has a different number of leaves.
   """
-  found = utils.find_states(state, ScaleByLarsTrustRatioState)
+  found = utils.find_states(state, _RATIO_STATES)
   if not found:
-    raise ValueError("state: no ScaleByLarsTrustRatioState found; pass the "
-                     "state of an optimizer that uses scale_by_lars_trust_ratio.")
+    raise ValueError("state: no ScaleByLarsTrustRatioState found (nor a "
+                     "ScaleByLambTrustRatioState or ScaleByLansState); pass the state of an "
+                     "optimizer that uses scale_by_lars_trust_ratio, "
+                     "scale_by_lamb_trust_ratio or scale_by_lans.")
   # (jax.tree.leaves unwraps an nnx Variable holding the vector, as in nnx.Optimizer's state.)
   vecs = [jax.tree.leaves(f.trust_ratio)[0] for f in found]
   sizes = {v.shape[0] for v in vecs}
@@ -378,6 +404,429 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
     return {n: vec[i] for i, (n, _) in enumerate(named)}
   covered = [bool(c) for c in jax.device_get(vec >= 0)]
   return {n: vec[i] for i, (n, _) in enumerate(named) if covered[i]}
+
+
+# --------------------------------------------------------------------------
+# LAMB and LANS: the trust ratio taken from the outgoing (Adam) update
+# --------------------------------------------------------------------------
+
+
+def _check_bounds(lower_bound: Any, upper_bound: Any) -> None:
+  """LAMB's bounds on the weight norm: None, or ``0 <= lower_bound <= upper_bound``."""
+  if lower_bound is not None:
+    v.check_scalar("lower_bound", lower_bound, low=0.0, alternative=" or None")
+  if upper_bound is not None:
+    # (0 is refused: MXNet's fused kernels read upper_bound=0 as "no bound", its
+    # plain step as a norm of 0.)
+    v.check_scalar("upper_bound", upper_bound, low=0.0, low_open=True, alternative=" or None")
+  if v.is_constant(lower_bound) and v.is_constant(upper_bound) and (
+      float(np.asarray(lower_bound)) > float(np.asarray(upper_bound))):
+    raise ValueError(
+        f"lower_bound: must be <= upper_bound (the weight norm is clipped to "
+        f"[lower_bound, upper_bound]), got lower_bound={float(np.asarray(lower_bound)):g} "
+        f"and upper_bound={float(np.asarray(upper_bound)):g}.")
+
+
+def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
+                   upper_bound: Any) -> jax.Array:
+  """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
+  w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
+  dt = w_norm.dtype  # float32 or wider
+  if lower_bound is not None:
+    w_norm = jnp.maximum(w_norm, utils.cast(lower_bound, dt))
+  if upper_bound is not None:
+    w_norm = jnp.minimum(w_norm, utils.cast(upper_bound, dt))
+  # MXNet's fallback to 1 for a zero norm (after the bounds), extended to
+  # non-finite norms as for LARS; 1 / 1 is divided there (jax_debug_nans).
+  ok = (w_norm > 0) & (u_norm > 0) & jnp.isfinite(w_norm + u_norm)
+  ratio = jnp.where(ok, w_norm, 1) / jnp.where(ok, u_norm, 1)
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+
+def _check_ratio_params(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
+                        upper_bound: Any) -> None:
+  v.check_float_params(params, name)
+  for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
+    if value is not None:
+      v.check_representable(arg, value, params, compute=True)
+  masks.check_unique_names(params)
+  masks.check_matches(skip, params, "skip")
+  masks.resolve_mask(skip, params, "skip")  # a bad mask fails here already
+
+
+class ScaleByLambTrustRatioState(NamedTuple):
+  """State of :func:`scale_by_lamb_trust_ratio`.
+
+  Attributes:
+    trust_ratio: one entry per parameter leaf, in ``jax.tree.leaves(params)``
+      order: the leaf's ratio at the last step (1 for skipped leaves and
+      before the first step; -1 for ``optax.MaskedNode`` placeholders), as in
+      :class:`ScaleByLarsTrustRatioState`. Read it with :func:`trust_ratios`.
+  """
+
+  trust_ratio: jax.Array
+
+
+def scale_by_lamb_trust_ratio(
+    *,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    skip: masks.MaskLike = None,
+    axis_name: str | None = None,
+) -> GradientTransformation:
+  r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
+
+  For every leaf :math:`w` with incoming update :math:`u`:
+
+  .. math::
+
+    r_1 = \min(\max(\|w\|, l), h), \qquad
+    \rho = \frac{r_1}{\|u\|}, \qquad u \leftarrow \rho\,u,
+    \qquad \rho = 1 \text{ if } r_1 = 0,\ \|u\| = 0
+    \text{ or either is not finite,}
+
+  with :math:`l` = ``lower_bound`` and :math:`h` = ``upper_bound`` (left out
+  when None). Unlike :func:`scale_by_lars_trust_ratio`, the ratio is taken
+  from the update *this* transformation receives (Adam's direction plus the
+  weight decay, in LAMB), so it goes after them in a chain. The bounds clip
+  the weight norm :math:`r_1`, not the ratio: a zero-initialised leaf gets
+  :math:`\rho = l / \|u\|` when :math:`l > 0` (MXNet's
+  ``lamb_update_phase2`` and ``multi_lamb_update``). Norms are taken over
+  the whole leaf in float32 (float64 for float64 leaves).
+
+  Without bounds and masks this is :func:`optax.scale_by_trust_ratio` with
+  its defaults, plus the logged ratios, the name masks and ``axis_name``.
+
+  Args:
+    lower_bound: :math:`l` >= 0, or None.
+    upper_bound: :math:`h` > 0, or None; ``lower_bound <= upper_bound``.
+    skip: leaves whose ratio is 1 (a preset name such as ``"flax"``, a
+      :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, or
+      a bool pytree); see :func:`scale_by_lars_trust_ratio`. Skipped leaves
+      cost no norm computation.
+    axis_name: for params split over this mesh axis under
+      ``shard_map``/``pmap``: the squared norms are summed over it (one
+      collective for all leaves), giving every block its whole leaf's ratio.
+
+  Returns:
+    A :class:`optax.GradientTransformation` with a
+    :class:`ScaleByLambTrustRatioState`; ``update`` requires ``params``.
+
+  References:
+    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
+    2.0 ``mxnet.optimizer.LAMB``.
+  """
+  _check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  v.check_axis_name(axis_name)
+  name = "scale_by_lamb_trust_ratio"
+
+  def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
+    _check_ratio_params(params, name, skip, lower_bound, upper_bound)
+    return ScaleByLambTrustRatioState(_ratio_vector(params))
+
+  def update_fn(updates, state, params=None):
+    del state
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    skipped = masks.resolve_mask(skip, params, "skip")
+    flat_u, treedef = jax.tree.flatten(updates)
+    flat_p = treedef.flatten_up_to(params)
+    squares = utils.psum([None if s else (_sq_norm(p), _sq_norm(u))
+                          for p, u, s in zip(flat_p, flat_u, skipped)], axis_name)
+    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound)
+              for sq in squares]
+    return (jax.tree.unflatten(treedef, _apply_ratios(flat_u, ratios)),
+            ScaleByLambTrustRatioState(_ratio_vector(params, ratios)))
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def _moments(updates, mu, nu, b1, b2):
+  """Adam's running moments, in the buffers' dtypes."""
+  mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
+                    mu, updates)
+  nu = jax.tree.map(
+      lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
+      nu, updates)
+  return mu, nu
+
+
+def _safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
+  """``x / denom``, 0 where ``denom`` is 0 (no 0/0 is formed: jax_debug_nans)."""
+  nonzero = denom > 0
+  return jnp.where(nonzero, x / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
+
+
+def _bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
+  """dtype -> ``(1 - b1^t, 1 - b2^t)`` in that dtype (float32 or wider).
+
+  The powers are taken in that dtype, as MXNet's kernels (``power`` in float)
+  and :func:`optax.scale_by_adam` take them.
+  """
+  cache: dict[Any, tuple[jax.Array, jax.Array]] = {}
+
+  def get(dt):
+    if dt not in cache:
+      t = count.astype(dt)
+      cache[dt] = (1 - utils.cast(b1, dt) ** t, 1 - utils.cast(b2, dt) ** t)
+    return cache[dt]
+
+  return get
+
+
+def scale_by_lamb_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    *,
+    bias_correction: bool = True,
+) -> GradientTransformation:
+  r"""Adam's direction as LAMB takes it, with or without bias correction.
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
+    \text{update} &= \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t)} + \epsilon}
+    \qquad \text{or, without bias correction,} \qquad
+    \frac{m_t}{\sqrt{v_t} + \epsilon}.
+
+  With bias correction this is :func:`optax.scale_by_adam` (epsilon outside
+  the square root, after the correction), except where the denominator is 0
+  (``eps=0`` and :math:`v_t = 0`: every gradient of that entry so far was 0):
+  the update is 0 there, where optax and MXNet's LAMB divide 0 by 0 and put
+  NaN into the weight. ``m`` and ``v`` keep the parameter dtype; the division
+  is done in float32 or wider. ``init`` warns
+  (:class:`LowPrecisionWarning`) for float16 params, where :math:`v_t`
+  underflows.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    bias_correction: divide the moments by :math:`1 - \beta^t` (MXNet's
+      ``bias_correction``).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with an
+    :class:`optax.ScaleByAdamState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.LAMB``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  if not isinstance(bias_correction, (bool, np.bool_)):
+    raise TypeError(f"bias_correction: expected a bool, got {bias_correction!r}.")
+  name = "scale_by_lamb_adam"
+
+  def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
+    v.check_float_params(params, name)
+    v.check_representable("eps", eps, params, compute=True)
+    _warn_float16(params, name, _DEGRADES)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=jax.tree.map(jnp.zeros_like, params),
+                                  nu=jax.tree.map(jnp.zeros_like, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    count = optax.safe_int32_increment(state.count)
+    corrections = _bias_corrections(count, b1, b2)
+
+    def step(m, n):
+      dt = utils.norm_dtype(m.dtype)
+      m, n_ = m.astype(dt), n.astype(dt)
+      if bias_correction:
+        c1, c2 = corrections(dt)
+        m, n_ = m / c1, n_ / c2
+      return _safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
+
+    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def normalize_per_leaf(*, axis_name: str | None = None) -> GradientTransformation:
+  r"""Divides each leaf's update by its own norm (LANS's gradient normalisation).
+
+  .. math::
+
+    u \leftarrow \frac{u}{\|u\|}, \qquad u \leftarrow 0 \text{ if } \|u\| = 0,
+
+  the norm taken over the whole leaf in float32 (float64 for float64 leaves).
+  MXNet's LANS divides by a zero norm and gets NaN, which then stays in its
+  moments for good; here an all-zero gradient stays zero. A positive factor
+  in front (``rescale_grad``) cancels out.
+
+  Args:
+    axis_name: for leaves split over this mesh axis under
+      ``shard_map``/``pmap``: the squared norms are summed over it.
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation`.
+  """
+  v.check_axis_name(axis_name)
+
+  def init_fn(params):
+    v.check_float_params(params, "normalize_per_leaf")
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    flat, treedef = jax.tree.flatten(updates)
+    norms = [jnp.sqrt(s) for s in utils.psum([_sq_norm(u) for u in flat], axis_name)]
+    out = [_safe_divide(u.astype(n.dtype), n).astype(u.dtype) for u, n in zip(flat, norms)]
+    return jax.tree.unflatten(treedef, out), state
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByLansState(NamedTuple):
+  """State of :func:`scale_by_lans`.
+
+  Attributes:
+    count: number of updates done so far (int32).
+    mu: Adam's first moment, like the params.
+    nu: Adam's second moment, like the params.
+    trust_ratio: per leaf, the ratio of the momentum part at the last step
+      (as in :class:`ScaleByLarsTrustRatioState`; what :func:`trust_ratios`
+      returns).
+    grad_trust_ratio: per leaf, the ratio of the gradient part.
+  """
+
+  count: jax.Array  # type: ignore[assignment]
+  mu: optax.Updates
+  nu: optax.Updates
+  trust_ratio: jax.Array
+  grad_trust_ratio: jax.Array
+
+
+def scale_by_lans(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    *,
+    weight_decay: float = 0.0,
+    wd_mult: masks.LeafValues = None,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    skip: masks.MaskLike = None,
+    axis_name: str | None = None,
+) -> GradientTransformation:
+  r"""LANS's scaling: Nesterov-style Adam with a trust ratio on each of its two parts.
+
+  For every leaf :math:`w` with incoming (normalised) gradient :math:`\hat g`,
+  at step :math:`t`:
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\,\hat g, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\,\hat g^2 \\
+    d_t &= \sqrt{v_t / (1 - \beta_2^t)} + \epsilon \\
+    c_m &= \frac{m_t / (1 - \beta_1^t)}{d_t} + \lambda w, \qquad
+    c_g = \frac{\hat g}{d_t} + \lambda w \\
+    r_1 &= \min(\max(\|w\|, l), h), \qquad
+    \rho_m = \frac{r_1}{\|c_m\|}, \qquad \rho_g = \frac{r_1}{\|c_g\|} \\
+    \text{update} &= \beta_1\,\rho_m\,c_m + (1 - \beta_1)\,\rho_g\,c_g
+
+  with :math:`\lambda` = ``weight_decay`` times the leaf's ``wd_mult``, and
+  each ratio 1 where its norms are 0 or not finite, or for skipped leaves
+  (as in :func:`scale_by_lamb_trust_ratio`). This is MXNet's fused
+  ``multi_lans_update`` (its default path; its plain-Python ``step`` adds
+  :math:`\lambda w` to :math:`c_g` after the weight has already taken the
+  momentum part, a different rule when :math:`\lambda > 0`). Precede it with
+  :func:`normalize_per_leaf` (and a clip), follow it with the learning rate.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    weight_decay: :math:`\lambda` >= 0, added to both parts (decoupled:
+      not in the moments).
+    wd_mult: per-leaf multipliers of ``weight_decay`` by leaf name.
+    lower_bound: :math:`l` >= 0, or None.
+    upper_bound: :math:`h` > 0, or None.
+    skip: leaves whose two ratios are 1 (see :func:`scale_by_lamb_trust_ratio`).
+    axis_name: sum the squared norms over this mesh axis (sharded params).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with a :class:`ScaleByLansState`;
+    ``update`` requires ``params``.
+
+  References:
+    Zheng, Lin, Zha and Li, `Accelerated Large Batch Optimization of BERT
+    Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
+    Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  masks.check_leaf_values(wd_mult, "wd_mult")
+  _check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  v.check_axis_name(axis_name)
+  name = "scale_by_lans"
+
+  def init_fn(params: optax.Params) -> ScaleByLansState:
+    _check_ratio_params(params, name, skip, lower_bound, upper_bound)
+    v.check_representable("eps", eps, params, compute=True)
+    _warn_float16(params, name, _DEGRADES)
+    v.check_representable("weight_decay", weight_decay, params, compute=True)
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
+    ones = _ratio_vector(params)
+    return ScaleByLansState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                            jax.tree.map(jnp.zeros_like, params), ones, ones)
+
+  def update_fn(updates, state, params=None):
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    skipped = masks.resolve_mask(skip, params, "skip")
+    mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult")
+    mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    count = optax.safe_int32_increment(state.count)
+    flat_g, treedef = jax.tree.flatten(updates)
+    flat_p, flat_m, flat_n = (treedef.flatten_up_to(x) for x in (params, mu, nu))
+    correction = _bias_corrections(count, b1, b2)
+
+    parts = []  # per leaf: (c_m, c_g) in float32 or wider
+    for g, p, m, n, c in zip(flat_g, flat_p, flat_m, flat_n, mults):
+      dt = utils.norm_dtype(m.dtype)
+      c1, c2 = correction(dt)
+      d = jnp.sqrt(n.astype(dt) / c2) + utils.cast(eps, dt)
+      rate = _times(weight_decay, c)
+      decay = 0 if utils.is_const(rate, 0) else utils.cast(rate, dt) * p.astype(dt)
+      parts.append((_safe_divide(m.astype(dt) / c1, d) + decay,
+                    _safe_divide(g.astype(dt), d) + decay))
+    squares = utils.psum(
+        [None if s else (_sq_norm(p), jnp.sum(jnp.square(cm)), jnp.sum(jnp.square(cg)))
+         for p, (cm, cg), s in zip(flat_p, parts, skipped)], axis_name)
+    ratios_m, ratios_g, out = [], [], []
+    for g, (cm, cg), sq in zip(flat_g, parts, squares):
+      rm = rg = None
+      if sq is not None:
+        rm = _bounded_ratio(sq[0], sq[1], lower_bound, upper_bound)
+        rg = _bounded_ratio(sq[0], sq[2], lower_bound, upper_bound)
+      ratios_m.append(rm)
+      ratios_g.append(rg)
+      dt = cm.dtype
+      wm = utils.cast(b1, dt) if rm is None else utils.cast(b1, dt) * rm.astype(dt)
+      wg = utils.cast(1 - b1, dt) if rg is None else utils.cast(1 - b1, dt) * rg.astype(dt)
+      out.append((wm * cm + wg * cg).astype(g.dtype))
+    return jax.tree.unflatten(treedef, out), ScaleByLansState(
+        count, mu, nu, _ratio_vector(params, ratios_m), _ratio_vector(params, ratios_g))
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+_RATIO_STATES = (ScaleByLarsTrustRatioState, ScaleByLambTrustRatioState, ScaleByLansState)
+
 
 
 class MXNetMomentumState(NamedTuple):
@@ -568,7 +1017,12 @@ _COUNT_WHY = (" (the step count is int32, and the count of the first update, thi
               "must fit in it)")
 
 
-def _warn_float16(params: Any, where: str) -> None:
+_BLOW_UP = "the updates blow up on ordinary data"
+_DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "
+             "ratio then only fixes its length)")
+
+
+def _warn_float16(params: Any, where: str, effect: str = _BLOW_UP) -> None:
   """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
   low = [n for n, p in masks.named_leaves(params)
          if getattr(p, "dtype", None) == jnp.float16]
@@ -577,8 +1031,8 @@ def _warn_float16(params: Any, where: str) -> None:
     more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
     warnings.warn(
         f"{where}: {which}{more} is float16 and there are no float32 master weights: "
-        "Adam's second moment (squared gradients) underflows in float16 and the updates "
-        "blow up on ordinary data. Pass multi_precision=True (or wrap the optimizer in "
+        f"Adam's second moment (squared gradients) underflows in float16 and {effect}. "
+        "Pass multi_precision=True (or wrap the optimizer in "
         "lars_optax.multi_precision), or use bfloat16 params.",
         LowPrecisionWarning, stacklevel=3)
 

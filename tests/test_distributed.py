@@ -33,6 +33,8 @@ OPTIMIZERS = {
     "adam": lambda: lars_optax.adam(0.01, wd=1e-3, clip_gradient=1.0),
     "adam_lazy": lambda: lars_optax.adam(0.01, lazy_update=True),
     "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+    "lamb": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet"),
+    "lans": lambda: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5),
 }
 
 

@@ -48,6 +48,12 @@ OPTIMIZERS = {
     "rmsprop_centered": lambda **kw: lars_optax.rmsprop(0.01, centered=True, wd=1e-3, **kw),
     "adadelta": lambda **kw: lars_optax.adadelta(wd=1e-3, clip_gradient=1.0, **kw),
     "ftrl": lambda **kw: lars_optax.ftrl(0.1, wd=1e-3, rescale_grad=0.5, **kw),
+    "lamb": lambda **kw: lars_optax.lamb(0.01, wd=1e-3, clip_gradient=1.0, lower_bound=0.1,
+                                         upper_bound=5.0, skip="mxnet", **kw),
+    "lamb_uncorrected": lambda **kw: lars_optax.lamb(0.01, bias_correction=False, wd=1e-3,
+                                                     **kw),
+    "lans": lambda **kw: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5, upper_bound=5.0,
+                                         **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -223,6 +229,12 @@ HYPER = {
                                        "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "ftrl": (lars_optax.ftrl, {"learning_rate": 0.1, "lamda1": 0.01, "beta": 1.0, "wd": 1e-3,
                                "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "lamb": (lars_optax.lamb, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                               "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
+                               "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "lans": (lars_optax.lans, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                               "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
+                               "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 0.5}),
 }
 
 SCALAR_TYPES = {

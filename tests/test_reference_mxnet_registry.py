@@ -4,7 +4,8 @@ The values come from ``tests/reference/make_mxnet_registry.py`` (run with MXNet
 in a virtual environment of its own; see the script). Each case is built here
 with ``lars_optax.create(<MXNet name>, **<the kwargs given to
 mx.optimizer.create>)`` and runs 12 jitted steps, one of which has all-zero
-gradients, on a tree with a zero-initialised layer. Weights and every state
+gradients (except in the LANS cases, where MXNet turns NaN there; see the
+generator), on a tree with a zero-initialised layer. Weights and every state
 buffer MXNet keeps are compared, leaf by leaf, as max|ours - MXNet| / max|MXNet|.
 
 Tolerances: float32 1e-5, the adaptive optimizers (per-coordinate step sizes
@@ -40,6 +41,11 @@ RTOL: dict[str, float] = {
     "rmsprop": 1e-5,
     "adadelta": 1e-5,
     "ftrl": 1e-5,
+    # MXNet's kernels round 1 - beta2 to float32 (0.00099998713 for 0.999; we use
+    # 0.001): var is off by 1.3e-5 at beta2=0.999, the weights by 7e-6; with the
+    # random betas every buffer and weight agrees to 2e-6.
+    "lamb": 2e-5,
+    "lans": 2e-5,
 }
 
 # optimizer -> (state, params) -> our buffers in MXNet's order (STATE_LAYOUT in the
@@ -56,6 +62,8 @@ STATE_BUFFERS: dict[str, Callable[[optax.OptState, optax.Params], list]] = {
                                                get(state, "momentum")],
     "adadelta": lambda state, params: [get(state, "e_g"), get(state, "e_x")],
     "ftrl": lambda state, params: [get(state, "z"), get(state, "n")],
+    "lamb": lambda state, params: [get(state, "mu"), get(state, "nu")],
+    "lans": lambda state, params: [get(state, "mu"), get(state, "nu")],
 }
 
 

@@ -64,6 +64,10 @@ BAD = {
                     (-1.0, ValueError, "must be > 0, got -1"),
                     (NAN, ValueError, "must be finite and > 0"),
                     ("1", TypeError, "expected a real number > 0")],
+    "nonneg_or_none": [(-0.1, ValueError, "must be >= 0, got -0.1"),
+                       (NAN, ValueError, "must be finite and >= 0"),
+                       ("1", TypeError, "expected a real number >= 0 or None"),
+                       ([1.0], TypeError, "expected a real number >= 0 or None")],
     "flag": [("yes", TypeError, "expected a bool"), (1, TypeError, "expected a bool"),
              (None, TypeError, "expected a bool")],
     "count": [(-1, ValueError, "expected an int >= 0"), (1.5, ValueError, "expected an int >= 0"),
@@ -117,6 +121,11 @@ ARGS = {
                 "clip_weights": "pos_or_none"},
     "adadelta": {**BASE, "rho": "unit", "epsilon": "pos"},
     "ftrl": {**BASE, "learning_rate": "pos_lr", "lamda1": "nonneg", "beta": "nonneg"},
+    "lamb": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
+             "lower_bound": "nonneg_or_none", "upper_bound": "pos_or_none",
+             "bias_correction": "flag"},
+    "lans": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
+             "lower_bound": "nonneg_or_none", "upper_bound": "pos_or_none"},
 }
 
 FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
@@ -150,6 +159,15 @@ TRANSFORMS = {
                           "grad_scale": "finite"}),
     "mxnet_schedule": (lars_optax.mxnet_schedule, {"lr_scheduler": lambda n: 0.1},
                        {"begin_num_update": "step"}),
+    "scale_by_lamb_trust_ratio": (lars_optax.scale_by_lamb_trust_ratio, {},
+                                  {"lower_bound": "nonneg_or_none",
+                                   "upper_bound": "pos_or_none"}),
+    "scale_by_lans": (lars_optax.scale_by_lans, {},
+                      {"b1": "unit", "b2": "unit", "eps": "nonneg", "weight_decay": "nonneg",
+                       "lower_bound": "nonneg_or_none", "upper_bound": "pos_or_none"}),
+    "scale_by_lamb_adam": (lars_optax.scale_by_lamb_adam, {},
+                           {"b1": "unit", "b2": "unit", "eps": "nonneg",
+                            "bias_correction": "flag"}),
 }
 
 
@@ -177,6 +195,17 @@ def test_bad_hyperparameter(name, arg, value, exc, msg):
 def test_bad_hyperparameter_through_create(name, arg, value, exc, msg):
   with _expect(exc, arg, msg):
     lars_optax.create(name, **{arg: value})
+
+
+@pytest.mark.parametrize("make", [
+    lars_optax.lamb, lars_optax.lans, lars_optax.scale_by_lamb_trust_ratio,
+    lars_optax.scale_by_lans, lambda **kw: lars_optax.create("lamb", **kw)],
+    ids=["lamb", "lans", "scale_by_lamb_trust_ratio", "scale_by_lans", "create"])
+def test_lower_bound_above_upper_bound_names_both(make):
+  with pytest.raises(ValueError, match=r"^lower_bound: must be <= upper_bound .*got "
+                     r"lower_bound=2 and upper_bound=1\.5\.$"):
+    make(lower_bound=2.0, upper_bound=np.float32(1.5))
+  make(lower_bound=1.5, upper_bound=1.5)  # equal bounds: the norm is fixed
 
 
 @pytest.mark.parametrize("name, arg, value, exc, msg",

@@ -68,7 +68,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_mxnet_optimizers import make_data  # the shared data
+from make_mxnet_optimizers import ALL_ZERO_GRAD_STEP, make_data  # the shared data
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_registry.json")
 GENERATOR = "tests/reference/make_mxnet_registry.py"
@@ -83,22 +83,85 @@ MULT = {"lr_mult": {"fc1_weight": 0.5, "embed_weight": 3.0},
 
 
 def _case(name, optimizer, seed, dtype="float32", lr_mult=None, wd_mult=None,
-          check_unfused=False, layout=None, leaves=None, **kwargs):
+          check_unfused=False, layout=None, leaves=None, zero_grad_step=True, **kwargs):
   """``layout``: the case's state buffers where they differ from the optimizer's
   ``STATE_LAYOUT``: another key of ``STATE_LAYOUT`` (an option that changes MXNet's
   buffers, e.g. centered RMSProp) or a list (MXNet keeps no momentum buffer when
   ``momentum=0``, for example). ``leaves``: the parameters to use when the
-  optimizer takes only some shapes."""
+  optimizer takes only some shapes. ``zero_grad_step=False`` replaces the all-zero
+  gradient step by non-zero gradients (for optimizers that divide by a gradient's
+  norm, where MXNet turns NaN)."""
   return {"name": name, "optimizer": optimizer, "seed": seed, "dtype": dtype,
           "kwargs": kwargs, "lr_mult": lr_mult, "wd_mult": wd_mult,
-          "check_unfused": check_unfused, "layout": layout, "leaves": leaves}
+          "check_unfused": check_unfused, "layout": layout, "leaves": leaves,
+          "zero_grad_step": zero_grad_step}
+
+
+def _without_zero_grad_step(grads, seed, dtype):
+  """The gradients with the all-zero step replaced by non-zero ones (for optimizers
+  that divide by the gradient's norm)."""
+  rng = np.random.default_rng(seed + 10_000)
+  grads = list(grads)
+  grads[ALL_ZERO_GRAD_STEP - 1] = {
+      name: (0.3 * rng.standard_normal(g.shape)).astype(dtype)
+      for name, g in grads[ALL_ZERO_GRAD_STEP - 1].items()}
+  return grads
 
 
 # One block per family of optimizers. Random hyperparameters come from a
 # default_rng with a fixed seed, so the file is reproducible.
 
 # --- LAMB and LANS (the trust-ratio family) -------------------------------
-TRUST_RATIO_CASES = []
+# LAMB keeps (mean, var); so does LANS. Random hyperparameters cover every
+# option: lower_bound (0.05 to 0.5) binds on the small leaves and lifts the
+# zero-initialised one, upper_bound (1 to 2) binds on the large ones (weight
+# norms are about 0.2 to 2.5 here), clip_gradient binds on the larger steps.
+# LANS divides the gradient by its norm: MXNet's weights and moments become
+# NaN for good at the all-zero gradient step, so the LANS cases replace that
+# step's gradients with non-zero ones ("zero_grad_step": False); the test
+# suite checks separately that our LANS stays finite there.
+STATE_LAYOUT["lamb"] = ["mean", "var"]
+STATE_LAYOUT["lans"] = ["mean", "var"]
+
+
+def _trust_ratio_random(optimizer, seed, count):
+  rng = np.random.default_rng(seed)
+  cases = []
+  for k in range(count):
+    kwargs = {"learning_rate": float(rng.uniform(0.005, 0.05)),
+              "beta1": float(rng.uniform(0.5, 0.95)),
+              "beta2": float(rng.uniform(0.9, 0.999)),
+              "epsilon": float(10.0 ** rng.uniform(-8, -3)),
+              "lower_bound": float(rng.uniform(0.05, 0.5)),
+              "upper_bound": float(rng.uniform(1.0, 2.0)),
+              "wd": float(rng.uniform(0.0, 0.1)),
+              "rescale_grad": float(rng.uniform(0.2, 2.0)),
+              "clip_gradient": float(rng.uniform(0.2, 0.5) if optimizer == "lans"
+                                     else rng.uniform(0.5, 2.0))}
+    if optimizer == "lamb":
+      kwargs["bias_correction"] = bool(k % 2)
+    cases.append(_case(f"{optimizer}_random_{k}", optimizer, seed + k,
+                       zero_grad_step=optimizer != "lans", **kwargs))
+  return cases
+
+
+TRUST_RATIO_CASES = [
+    _case("lamb_defaults", "lamb", 300, check_unfused=True),
+    *_trust_ratio_random("lamb", 310, 4),
+    _case("lamb_no_bias_correction", "lamb", 320, bias_correction=False, wd=0.01,
+          clip_gradient=1.0, check_unfused=True),
+    _case("lamb_lower_bound_only", "lamb", 321, lower_bound=0.3, wd=0.02),
+    _case("lamb_upper_bound_only", "lamb", 322, upper_bound=1.5, learning_rate=0.01),
+    _case("lamb_mult", "lamb", 330, learning_rate=0.01, wd=0.05, **MULT),
+    _case("lamb_float16_mp", "lamb", 340, dtype="float16", multi_precision=True,
+          learning_rate=0.01, wd=0.01, lower_bound=0.1),
+    _case("lans_defaults", "lans", 350, zero_grad_step=False, check_unfused=True),
+    *_trust_ratio_random("lans", 360, 3),
+    _case("lans_mult", "lans", 370, zero_grad_step=False, learning_rate=0.01, wd=0.05,
+          **MULT),
+    _case("lans_float16_mp", "lans", 380, zero_grad_step=False, dtype="float16",
+          multi_precision=True, learning_rate=0.01, wd=0.01, upper_bound=1.5),
+]
 
 # --- Adam-like: adamw, adamax, nadam, adabelief, ftml, adagrad, groupadagrad
 ADAPTIVE_CASES = []
@@ -291,6 +354,8 @@ def main():
     if case["leaves"] is not None:
       params = {n: params[n] for n in case["leaves"]}
       grads = [{n: g[n] for n in case["leaves"]} for g in grads]
+    if not case["zero_grad_step"]:
+      grads = _without_zero_grad_step(grads, case["seed"], case["dtype"])
     weights, states = run_mxnet(case, params, grads)
     for step in weights:
       for name, w in step.items():
