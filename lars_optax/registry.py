@@ -28,7 +28,7 @@ import optax
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import optimizers, precision
+from lars_optax import adam_family, optimizers, precision
 from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
@@ -340,3 +340,8 @@ register("signum", optimizers.signum)
 register("signsgd", optimizers.signsgd)
 register("adam", optimizers.adam)
 register("sgd", optimizers.sgd)
+register("adamw", adam_family.adamw)
+register("adamax", adam_family.adamax)
+register("nadam", adam_family.nadam)
+register("adabelief", adam_family.adabelief)
+register("ftml", adam_family.ftml)
