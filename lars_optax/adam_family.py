@@ -94,7 +94,11 @@ class ScaleByAdamMomentsState(NamedTuple):
 
 
 class ScaleByBiasCorrectionState(NamedTuple):
-  """State of :func:`scale_by_bias_correction`: ``count``, the updates done (int32)."""
+  """State of :func:`scale_by_bias_correction`.
+
+  Attributes:
+    count: the updates done (int32); :math:`t` is ``initial_count + count``.
+  """
 
   count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
