@@ -37,7 +37,9 @@ LR = 0.1
 
 
 # lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
-PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam"}
+PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
+         "adamw": "optax.adamw", "adamax": "optax.adamax", "nadam": "optax.nadam",
+         "adabelief": "optax.adabelief"}
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -61,6 +63,15 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.adam(wd, rescale_grad, clip_gradient)":
           lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
       "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
+      "optax.adamw": lambda: optax.adamw(1e-3, weight_decay=1e-2),
+      "lars_optax.adamw(wd)": lambda: lars_optax.adamw(1e-3, wd=1e-2),
+      "optax.adamax": lambda: optax.adamax(2e-3),
+      "lars_optax.adamax": lambda: lars_optax.adamax(2e-3),
+      "optax.nadam": lambda: optax.nadam(1e-3),
+      "lars_optax.nadam": lambda: lars_optax.nadam(1e-3),
+      "optax.adabelief": lambda: optax.adabelief(1e-3),
+      "lars_optax.adabelief": lambda: lars_optax.adabelief(1e-3),
+      "lars_optax.ftml": lambda: lars_optax.ftml(2.5e-3),
   }
 
 

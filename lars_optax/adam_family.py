@@ -600,6 +600,9 @@ def adamw(
   MXNet's ``adamw_update``, multiplied by the *bias-corrected* learning rate
   :math:`\eta_t`; :func:`optax.adamw` multiplies it by :math:`\alpha_t`
   and puts epsilon inside the bias correction. Epsilon's default is 1e-6.
+  (MXNet's docstring also adds :math:`\lambda w` to the gradient when
+  ``correct_bias=False``; its kernel and its Python ``step`` do not, and
+  neither does this.)
 
   The chain is ``scale(s), clip(c), scale_by_adam_moments(beta1, beta2,
   epsilon), add_decayed_weights_per_leaf(wd, wd_mult),
@@ -889,7 +892,10 @@ def ftml(
 
   ``wd`` is coupled (L2). The learning rate (with ``lr_mult``) sits inside
   :math:`d_t`, so it is :func:`scale_by_ftml`'s own argument rather than a
-  last ``scale_by_learning_rate``. The learning rate must be > 0.
+  last ``scale_by_learning_rate``. The learning rate must be > 0. (The
+  docstring of MXNet's ``ftml_update`` writes :math:`(1 - \beta_1^t)\,u_t`
+  in :math:`z_t`; the kernel and the Python ``step`` both use
+  :math:`(1 - \beta_1)\,u_t`, as here.)
 
   The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
   scale_by_ftml(lr, beta1, beta2, epsilon, lr_mult=lr_mult)``.
