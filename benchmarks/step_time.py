@@ -49,7 +49,9 @@ LR = 0.1
 # lars_optax function -> the optax optimizer it is compared with (a row of optimizers()).
 PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
          "nag": "optax.sgd(momentum=0.9, nesterov=True)",
-         "dcasgd": "optax.sgd(momentum=0.9)", "sgld": "optax.noisy_sgd"}
+         "dcasgd": "optax.sgd(momentum=0.9)", "sgld": "optax.noisy_sgd",
+         "adamw": "optax.adamw", "adamax": "optax.adamax", "nadam": "optax.nadam",
+         "adabelief": "optax.adabelief"}
 PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
               "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
 PEERS.update({"lamb": "optax.lamb", "lans": "optax.lamb"})
@@ -106,6 +108,15 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
           lambda: lars_optax.lamb(1e-3, wd=1e-4, lower_bound=1e-3, upper_bound=10.0,
                                   clip_gradient=1.0, skip=lars_optax.by_ndim(1)),
       "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=1e-4),
+      "optax.adamw": lambda: optax.adamw(1e-3, weight_decay=1e-2),
+      "lars_optax.adamw(wd)": lambda: lars_optax.adamw(1e-3, wd=1e-2),
+      "optax.adamax": lambda: optax.adamax(2e-3),
+      "lars_optax.adamax": lambda: lars_optax.adamax(2e-3),
+      "optax.nadam": lambda: optax.nadam(1e-3),
+      "lars_optax.nadam": lambda: lars_optax.nadam(1e-3),
+      "optax.adabelief": lambda: optax.adabelief(1e-3),
+      "lars_optax.adabelief": lambda: lars_optax.adabelief(1e-3),
+      "lars_optax.ftml": lambda: lars_optax.ftml(2.5e-3),
   }
 
 

@@ -28,7 +28,7 @@ import optax
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import adagrad_family, optimizers, precision, sgd_family
+from lars_optax import adagrad_family, adam_family, optimizers, precision, sgd_family
 from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
@@ -364,3 +364,8 @@ register("adadelta", adagrad_family.adadelta)
 register("ftrl", adagrad_family.ftrl)
 register("lamb", optimizers.lamb)
 register("lans", optimizers.lans)
+register("adamw", adam_family.adamw)
+register("adamax", adam_family.adamax)
+register("nadam", adam_family.nadam)
+register("adabelief", adam_family.adabelief)
+register("ftml", adam_family.ftml)

@@ -54,6 +54,11 @@ OPTIMIZERS = {
                                                      **kw),
     "lans": lambda **kw: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5, upper_bound=5.0,
                                          **kw),
+    "adamw": lambda **kw: lars_optax.adamw(0.01, wd=1e-2, clip_gradient=1.0, **kw),
+    "adamax": lambda **kw: lars_optax.adamax(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "nadam": lambda **kw: lars_optax.nadam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "adabelief": lambda **kw: lars_optax.adabelief(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "ftml": lambda **kw: lars_optax.ftml(0.01, wd=1e-3, clip_gradient=1.0, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -235,6 +240,16 @@ HYPER = {
     "lans": (lars_optax.lans, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
                                "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
                                "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 0.5}),
+    **{name: (getattr(lars_optax, name),
+              {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-6,
+               "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0})
+       for name in ("adamw", "adamax", "adabelief")},
+    "nadam": (lars_optax.nadam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+                                 "epsilon": 1e-6, "schedule_decay": 0.01, "wd": 1e-3,
+                                 "rescale_grad": 0.5, "clip_gradient": 1.0}),
+    "ftml": (lars_optax.ftml, {"learning_rate": 0.01, "beta1": 0.6, "beta2": 0.99,
+                               "epsilon": 1e-6, "wd": 1e-3, "rescale_grad": 0.5,
+                               "clip_gradient": 1.0}),
 }
 
 SCALAR_TYPES = {

@@ -62,9 +62,9 @@ def test_unknown_name_error_lists_every_registered_name():
 
 
 def test_unknown_name_lists_the_valid_ones():
-  with pytest.raises(ValueError, match=r"name: unknown optimizer 'adamw' \(did you mean "
+  with pytest.raises(ValueError, match=r"name: unknown optimizer 'adamm' \(did you mean "
                      r"'adam'\?\); valid names are \[.*'lars'.*'sgd'"):
-    lars_optax.create("adamw")
+    lars_optax.create("adamm")  # (adamw is a name now)
 
 
 def test_name_must_be_a_string():
