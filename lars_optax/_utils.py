@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any
 
 import jax
@@ -10,6 +12,7 @@ import numpy as np
 from optax import GradientTransformation
 
 from lars_optax import _validation as v
+from lars_optax import masks
 
 
 def norm_dtype(dtype: Any) -> jnp.dtype:
@@ -116,3 +119,53 @@ def find_state(node: Any, cls: type) -> Any:
   """The first instance of ``cls`` in a (nested) optimizer state, or None."""
   found = find_states(node, cls)
   return found[0] if found else None
+
+
+class LowPrecisionWarning(UserWarning):
+  """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
+
+  Adam (:func:`lars_optax.adam`, :func:`scale_by_mxnet_adam`) on float16
+  params without float32 master weights: its second moment holds squared
+  gradients, which underflow to 0 in float16, and the steps then blow up.
+  Pass ``multi_precision=True`` (or wrap the optimizer in
+  :func:`lars_optax.multi_precision`), or use bfloat16. To silence it:
+  ``warnings.filterwarnings("ignore", category=lars_optax.LowPrecisionWarning)``.
+  """
+
+
+BLOW_UP = "the updates blow up on ordinary data"
+DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "
+             "ratio then only fixes its length)")
+
+
+def warn_float16(params: Any, where: str, effect: str = BLOW_UP) -> None:
+  """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
+  low = [n for n, p in masks.named_leaves(params)
+         if getattr(p, "dtype", None) == jnp.float16]
+  if low:
+    which = f"parameter {low[0]!r}" if low[0] else "the parameter"
+    more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
+    warnings.warn(
+        f"{where}: {which}{more} is float16 and there are no float32 master weights: "
+        f"Adam's second moment (squared gradients) underflows in float16 and {effect}. "
+        "Pass multi_precision=True (or wrap the optimizer in "
+        "lars_optax.multi_precision), or use bfloat16 params.",
+        LowPrecisionWarning, stacklevel=3)
+
+
+def one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
+  """``1 - beta**t`` in ``t``'s dtype without the cancellation of the direct form.
+
+  Written as ``-expm1(t * log(beta))`` with ``log(beta)`` taken in double
+  precision for Python numbers, so ``1 - 0.999**1`` is 1e-3 to float32
+  precision (the direct form is off by 1e-5 relative, because 0.999 is not a
+  float32 number).
+  """
+  if is_python_number(beta) or isinstance(beta, (np.floating, np.integer)):
+    beta = float(beta)
+    if beta == 0:
+      return jnp.ones_like(t)
+    log_beta = jnp.asarray(math.log(beta), t.dtype)
+  else:
+    log_beta = jnp.log(jnp.asarray(beta, t.dtype))
+  return -jnp.expm1(t * log_beta)

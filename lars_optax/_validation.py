@@ -229,3 +229,9 @@ def align_params(updates: Any, params: Any) -> Any:
                         is_leaf=lambda x: x is None)
   except (ValueError, TypeError):
     return params
+
+
+# The largest initial count (begin_num_update, initial_count) and why.
+MAX_INITIAL_COUNT = INT32_MAX - 1
+COUNT_WHY = (" (the step count is int32, and the count of the first update, this + 1, "
+              "must fit in it)")

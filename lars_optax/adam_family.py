@@ -54,10 +54,6 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax.transforms import (
-    MAX_INITIAL_COUNT,
-    _COUNT_WHY,
-    _one_minus_pow,
-    _warn_float16,
     add_decayed_weights_per_leaf,
 )
 
@@ -156,7 +152,7 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
     v.check_float_params(params, where)
     v.check_representable("eps", eps, params, compute=True)
     if squares:  # squared gradients underflow in float16
-      _warn_float16(params, where)
+      utils.warn_float16(params, where)
     return ScaleByAdamMomentsState(mu=jax.tree.map(jnp.zeros_like, params),
                                    nu=jax.tree.map(jnp.zeros_like, params))
 
@@ -254,7 +250,7 @@ def scale_by_mxnet_belief(
 
 
 def _check_count(name: str, value: Any) -> None:
-  v.check_count(name, value, maximum=MAX_INITIAL_COUNT, why=_COUNT_WHY)
+  v.check_count(name, value, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
 
 def scale_by_bias_correction(
@@ -304,8 +300,8 @@ def scale_by_bias_correction(
     def factor(dt):
       if dt not in factors:
         t = utils.saturating_add(count, initial_count).astype(dt)
-        f = 1 / _one_minus_pow(b1, t)
-        factors[dt] = f if b2 is None else jnp.sqrt(_one_minus_pow(b2, t)) * f
+        f = 1 / utils.one_minus_pow(b1, t)
+        factors[dt] = f if b2 is None else jnp.sqrt(utils.one_minus_pow(b2, t)) * f
       return factors[dt]
 
     def scale(u):
@@ -397,7 +393,7 @@ def scale_by_mxnet_nadam(
   def init_fn(params):
     v.check_float_params(params, "scale_by_mxnet_nadam")
     v.check_representable("eps", eps, params, compute=True)
-    _warn_float16(params, "scale_by_mxnet_nadam")
+    utils.warn_float16(params, "scale_by_mxnet_nadam")
     return ScaleByNadamState(count=jnp.zeros([], jnp.int32),
                              m_schedule=jnp.ones([], _scalar_dtype(params)),
                              mu=jax.tree.map(jnp.zeros_like, params),
@@ -415,7 +411,7 @@ def scale_by_mxnet_nadam(
     m_schedule = state.m_schedule * mu_t
     grad_coef = (1 - mu_t) / (1 - m_schedule)
     mom_coef = mu_next / (1 - m_schedule * mu_next)
-    debias2 = _one_minus_pow(b2, t)
+    debias2 = utils.one_minus_pow(b2, t)
     mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
                       state.mu, updates)
     nu = jax.tree.map(
@@ -506,7 +502,7 @@ def scale_by_ftml(
     v.check_float_params(params, "scale_by_ftml")
     v.check_representable("eps", eps, params, compute=True)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
-    _warn_float16(params, "scale_by_ftml")
+    utils.warn_float16(params, "scale_by_ftml")
     zeros = functools.partial(jax.tree.map, jnp.zeros_like, params)
     return ScaleByFTMLState(count=jnp.zeros([], jnp.int32), d=zeros(), v=zeros(), z=zeros())
 
@@ -526,7 +522,7 @@ def scale_by_ftml(
       dt = utils.norm_dtype(u.dtype)
       if dt not in debias:
         t = utils.saturating_add(count, initial_count).astype(dt)
-        debias[dt] = (_one_minus_pow(b1, t), _one_minus_pow(b2, t))
+        debias[dt] = (utils.one_minus_pow(b1, t), utils.one_minus_pow(b2, t))
       c1, c2 = debias[dt]
       alpha = utils.cast(lr, dt) * utils.cast(c, dt)
       u32, w32 = u.astype(dt), w.astype(dt)

@@ -90,8 +90,6 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax.transforms import (
-    MAX_INITIAL_COUNT,
-    _COUNT_WHY,
     add_decayed_weights_per_leaf,
     mxnet_momentum,
     normalize_per_leaf,
@@ -547,8 +545,8 @@ def adam(
   v.check_scalar("epsilon", epsilon, low=0.0)
   lazy_update = base.check_flag("lazy_update", lazy_update)
   multi_precision = base.check_flag("multi_precision", multi_precision)
-  v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
-                why=_COUNT_WHY)
+  v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
+                why=v.COUNT_WHY)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]

@@ -29,7 +29,6 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import adagrad_family, adam_family, optimizers, precision, sgd_family
-from lars_optax.transforms import _COUNT_WHY, MAX_INITIAL_COUNT
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
@@ -137,8 +136,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
                     f"{type(lr_scheduler).__name__}.")
-  v.check_count("begin_num_update", begin_num_update, maximum=MAX_INITIAL_COUNT,
-                why=_COUNT_WHY)
+  v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
+                why=v.COUNT_WHY)
   offset = int(begin_num_update) + 1
   replay = _Replay(lr_scheduler, offset)  # copies it before anything calls it
 
@@ -282,7 +281,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   if lr is not _UNSET and lr_scheduler is None:
     # MXNet: learning_rate=None without a scheduler means 0.01.
     kwargs["learning_rate"] = 0.01 if lr is None else lr
-  v.check_count("begin_num_update", begin, maximum=MAX_INITIAL_COUNT, why=_COUNT_WHY)
+  v.check_count("begin_num_update", begin, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
   if lr_scheduler is not None:
     kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory), begin)
   if "begin_num_update" in own:

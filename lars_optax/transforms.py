@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-import math
 from typing import Any, NamedTuple
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +40,7 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
+from lars_optax._utils import LowPrecisionWarning
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
@@ -64,18 +63,6 @@ __all__ = [
   "scale_per_leaf",
   "trust_ratios",
 ]
-
-
-class LowPrecisionWarning(UserWarning):
-  """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
-
-  Adam (:func:`lars_optax.adam`, :func:`scale_by_mxnet_adam`) on float16
-  params without float32 master weights: its second moment holds squared
-  gradients, which underflow to 0 in float16, and the steps then blow up.
-  Pass ``multi_precision=True`` (or wrap the optimizer in
-  :func:`lars_optax.multi_precision`), or use bfloat16. To silence it:
-  ``warnings.filterwarnings("ignore", category=lars_optax.LowPrecisionWarning)``.
-  """
 
 
 def _sq_norm(x: jax.Array) -> jax.Array:
@@ -628,7 +615,7 @@ def scale_by_lamb_adam(
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, name)
     v.check_representable("eps", eps, params, compute=True)
-    _warn_float16(params, name, _DEGRADES)
+    utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
                                   nu=jax.tree.map(jnp.zeros_like, params))
@@ -777,7 +764,7 @@ def scale_by_lans(
   def init_fn(params: optax.Params) -> ScaleByLansState:
     _check_ratio_params(params, name, skip, lower_bound, upper_bound)
     v.check_representable("eps", eps, params, compute=True)
-    _warn_float16(params, name, _DEGRADES)
+    utils.warn_float16(params, name, utils.DEGRADES)
     v.check_representable("weight_decay", weight_decay, params, compute=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True)
     ones = _ratio_vector(params)
@@ -1012,49 +999,6 @@ def add_decayed_weights_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
-MAX_INITIAL_COUNT = v.INT32_MAX - 1
-_COUNT_WHY = (" (the step count is int32, and the count of the first update, this + 1, "
-              "must fit in it)")
-
-
-_BLOW_UP = "the updates blow up on ordinary data"
-_DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "
-             "ratio then only fixes its length)")
-
-
-def _warn_float16(params: Any, where: str, effect: str = _BLOW_UP) -> None:
-  """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
-  low = [n for n, p in masks.named_leaves(params)
-         if getattr(p, "dtype", None) == jnp.float16]
-  if low:
-    which = f"parameter {low[0]!r}" if low[0] else "the parameter"
-    more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
-    warnings.warn(
-        f"{where}: {which}{more} is float16 and there are no float32 master weights: "
-        f"Adam's second moment (squared gradients) underflows in float16 and {effect}. "
-        "Pass multi_precision=True (or wrap the optimizer in "
-        "lars_optax.multi_precision), or use bfloat16 params.",
-        LowPrecisionWarning, stacklevel=3)
-
-
-def _one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
-  """``1 - beta**t`` in ``t``'s dtype without the cancellation of the direct form.
-
-  Written as ``-expm1(t * log(beta))`` with ``log(beta)`` taken in double
-  precision for Python numbers, so ``1 - 0.999**1`` is 1e-3 to float32
-  precision (the direct form is off by 1e-5 relative, because 0.999 is not a
-  float32 number).
-  """
-  if utils.is_python_number(beta) or isinstance(beta, (np.floating, np.integer)):
-    beta = float(beta)
-    if beta == 0:
-      return jnp.ones_like(t)
-    log_beta = jnp.asarray(math.log(beta), t.dtype)
-  else:
-    log_beta = jnp.log(jnp.asarray(beta, t.dtype))
-  return -jnp.expm1(t * log_beta)
-
-
 def scale_by_mxnet_adam(
     b1: float = 0.9,
     b2: float = 0.999,
@@ -1113,12 +1057,12 @@ def scale_by_mxnet_adam(
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
   # (an integer array passes: inject_hyperparams)
-  v.check_count("initial_count", initial_count, maximum=MAX_INITIAL_COUNT, why=_COUNT_WHY)
+  v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, "scale_by_mxnet_adam")
     v.check_representable("eps", eps, params, compute=True)
-    _warn_float16(params, "scale_by_mxnet_adam")
+    utils.warn_float16(params, "scale_by_mxnet_adam")
     return optax.ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
         mu=jax.tree.map(jnp.zeros_like, params),
@@ -1137,7 +1081,7 @@ def scale_by_mxnet_adam(
     def bias_correction(dt):  # float32, or float64 for float64 leaves
       if dt not in scales:
         t = utils.saturating_add(count, initial_count).astype(dt)
-        scales[dt] = jnp.sqrt(_one_minus_pow(b2, t)) / _one_minus_pow(b1, t)
+        scales[dt] = jnp.sqrt(utils.one_minus_pow(b2, t)) / utils.one_minus_pow(b1, t)
       return scales[dt]
 
     def step(m, n):

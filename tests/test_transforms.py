@@ -283,9 +283,9 @@ def test_scale_by_mxnet_adam_bad_input(kwargs, match):
 
 
 def test_bias_correction_is_accurate_in_float32():
-  from lars_optax.transforms import _one_minus_pow  # pylint: disable=g-import-not-at-top
+  from lars_optax._utils import one_minus_pow  # pylint: disable=g-import-not-at-top
   t = jnp.arange(1.0, 5.0)
-  np.testing.assert_allclose(_one_minus_pow(0.999, t), 1 - 0.999 ** np.arange(1, 5), rtol=1e-6)
+  np.testing.assert_allclose(one_minus_pow(0.999, t), 1 - 0.999 ** np.arange(1, 5), rtol=1e-6)
 
 
 def test_lars_wd_mult_enters_the_trust_ratio():
