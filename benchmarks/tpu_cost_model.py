@@ -173,6 +173,22 @@ def resnet50(num_classes: int = 1000, stages: Sequence[int] = (3, 4, 6, 3)) -> A
   return ResNet50()
 
 
+def train_step(model: Any, tx: optax.GradientTransformation) -> Callable[..., tuple]:
+  """``(params, batch_stats, state, images, labels) -> (params, batch_stats, state, loss)``:
+  forward, backward and the optimizer step of a Flax model with batch norm."""
+  def step(params, batch_stats, state, images, labels):
+    def loss_fn(params):
+      logits, updated = model.apply({"params": params, "batch_stats": batch_stats}, images,
+                                    mutable=["batch_stats"])
+      loss = optax.softmax_cross_entropy_with_integer_labels(
+          logits.astype(jnp.float32), labels).mean()
+      return loss, updated["batch_stats"]
+    (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), batch_stats, state, loss
+  return step
+
+
 def train_step_cycles(devices: Sequence[Any], per_chip_batch: int) -> dict[str, int]:
   """Cycles of a bf16 ResNet-50 train step, data parallel over ``devices``."""
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -193,17 +209,7 @@ def train_step_cycles(devices: Sequence[Any], per_chip_batch: int) -> dict[str, 
     tx = factory()
     state = _abstract(jax.eval_shape(tx.init, params), rep)
 
-    def step(params, batch_stats, state, images, labels, tx=tx):
-      def loss_fn(params):
-        logits, updated = model.apply({"params": params, "batch_stats": batch_stats}, images,
-                                      mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(
-            logits.astype(jnp.float32), labels).mean()
-        return loss, updated["batch_stats"]
-      (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), batch_stats, state, loss
-
+    step = train_step(model, tx)
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(
         params, batch_stats, state, images, labels).compile()

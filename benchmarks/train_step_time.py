@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpu_cost_model import optimizers, resnet50
+from tpu_cost_model import optimizers, resnet50, train_step
 
 import lars_optax  # noqa: F401  (the optimizers come from tpu_cost_model)
 
@@ -90,17 +90,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   for name, factory in optimizers(flax_names=True).items():
     tx = factory()
 
-    def train_step(params, batch_stats, state, images, labels, tx=tx):
-      def loss_fn(params):
-        logits, updated = model.apply({"params": params, "batch_stats": batch_stats}, images,
-                                      mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(
-            logits.astype(jnp.float32), labels).mean()
-        return loss, updated["batch_stats"]
-      (_, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), batch_stats, state
-
     def opt_step(params, state, grads, tx=tx):
       updates, state = tx.update(grads, state, params)
       return optax.apply_updates(params, updates), state
@@ -108,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     copy = lambda tree: jax.tree.map(jnp.copy, tree)
     params, stats = copy(variables["params"]), copy(variables["batch_stats"])
     t0 = time.perf_counter()
-    train = jax.jit(train_step, donate_argnums=(0, 1, 2)).lower(
+    train = jax.jit(train_step(model, tx), donate_argnums=(0, 1, 2)).lower(
         params, stats, tx.init(params), images, labels).compile()
     compile_s = time.perf_counter() - t0
     grads = jax.tree.map(lambda p: 1e-3 * jnp.ones_like(p), params)

@@ -1,8 +1,9 @@
 """lars_optax: large-batch and sign-based optimizers for JAX, as optax chains.
 
-Ports of Apache MXNet's LARS, Signum/signSGD, Adam and SGD and of TensorFlow's
-LARS, reproduced number for number, built from small public transformations
-that compose with the rest of optax.
+Ports of every optimizer of Apache MXNet 2.0's registry (LARS, LAMB, LANS,
+Signum/signSGD, Adam, SGD and the rest: :func:`create` builds each by name) and
+of TensorFlow's LARS, reproduced number for number, built from small public
+transformations that compose with the rest of optax.
 """
 
 from lars_optax import masks
