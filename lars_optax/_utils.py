@@ -169,3 +169,13 @@ def one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   else:
     log_beta = jnp.log(jnp.asarray(beta, t.dtype))
   return -jnp.expm1(t * log_beta)
+
+
+def safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
+  """``x / denom``, 0 where ``denom`` is 0 (no 0/0 is formed: ``jax_debug_nans``).
+
+  A zero denominator means a zero step (e.g. ``epsilon=0`` and every gradient so
+  far 0), where MXNet and optax divide 0 by 0.
+  """
+  nonzero = denom > 0
+  return jnp.where(nonzero, x / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)

@@ -71,11 +71,8 @@ def _divide(u: jax.Array, h: jax.Array, eps: Any) -> jax.Array:
   """``u / (sqrt(h) + eps)`` in float32 or wider; 0 where the denominator is 0."""
   dt = utils.norm_dtype(u.dtype)
   denom = jnp.sqrt(h.astype(dt)) + utils.cast(eps, dt)
-  # A zero denominator means every gradient so far was 0 (with eps = 0): a zero
-  # step, and no 0/0 is formed.
-  nonzero = denom > 0
-  out = jnp.where(nonzero, u.astype(dt) / jnp.where(nonzero, denom, 1), 0)
-  return out.astype(u.dtype)
+  # A zero denominator means every gradient so far was 0 (with eps = 0): a zero step.
+  return utils.safe_divide(u.astype(dt), denom).astype(u.dtype)
 
 
 def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:

@@ -99,12 +99,6 @@ class ScaleByBiasCorrectionState(NamedTuple):
   count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
-def _safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
-  """``num / den``, 0 where ``den`` is 0 (and no 0/0 is formed: jax_debug_nans)."""
-  nonzero = den > 0
-  return jnp.where(nonzero, num / jnp.where(nonzero, den, jnp.ones_like(den)), 0)
-
-
 def scale_by_adam_moments(
     b1: float = 0.9,
     b2: float = 0.999,
@@ -164,7 +158,8 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
 
     def step(m, n):
       dt = utils.norm_dtype(m.dtype)
-      return _safe_div(m.astype(dt), root(n.astype(dt)) + utils.cast(eps, dt)).astype(m.dtype)
+      denom = root(n.astype(dt)) + utils.cast(eps, dt)
+      return utils.safe_divide(m.astype(dt), denom).astype(m.dtype)
 
     return jax.tree.map(step, mu, nu), ScaleByAdamMomentsState(mu, nu)
 
@@ -422,7 +417,7 @@ def scale_by_mxnet_nadam(
       ldt = utils.norm_dtype(u.dtype)
       num = (mom_coef.astype(ldt) * m.astype(ldt) + grad_coef.astype(ldt) * u.astype(ldt))
       den = jnp.sqrt(n.astype(ldt) / debias2.astype(ldt)) + utils.cast(eps, ldt)
-      return _safe_div(num, den).astype(u.dtype)
+      return utils.safe_divide(num, den).astype(u.dtype)
 
     return (jax.tree.map(step, updates, mu, nu),
             ScaleByNadamState(count, m_schedule, mu, nu))
@@ -530,7 +525,7 @@ def scale_by_ftml(
       d_new = c1 / alpha * (jnp.sqrt(vv.astype(dt) / c2) + utils.cast(eps, dt))
       sigma = d_new - utils.cast(b1, dt) * d.astype(dt)
       z_new = (utils.cast(b1, dt) * z.astype(dt) + utils.cast(1 - b1, dt) * u32 - sigma * w32)
-      w_new = jnp.where(d_new > 0, -_safe_div(z_new, d_new), w32)
+      w_new = jnp.where(d_new > 0, -utils.safe_divide(z_new, d_new), w32)
       out.append((w_new - w32).astype(u.dtype))
       ds.append(d_new.astype(d.dtype))
       vs.append(vv)

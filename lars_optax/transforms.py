@@ -540,12 +540,6 @@ def _moments(updates, mu, nu, b1, b2):
   return mu, nu
 
 
-def _safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
-  """``x / denom``, 0 where ``denom`` is 0 (no 0/0 is formed: jax_debug_nans)."""
-  nonzero = denom > 0
-  return jnp.where(nonzero, x / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
-
-
 def _bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
   """dtype -> ``(1 - b1^t, 1 - b2^t)`` in that dtype (float32 or wider).
 
@@ -632,7 +626,7 @@ def scale_by_lamb_adam(
       if bias_correction:
         c1, c2 = corrections(dt)
         m, n_ = m / c1, n_ / c2
-      return _safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
+      return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
@@ -668,7 +662,7 @@ def normalize_per_leaf(*, axis_name: str | None = None) -> GradientTransformatio
     del params
     flat, treedef = jax.tree.flatten(updates)
     norms = [jnp.sqrt(s) for s in utils.psum([_sq_norm(u) for u in flat], axis_name)]
-    out = [_safe_divide(u.astype(n.dtype), n).astype(u.dtype) for u, n in zip(flat, norms)]
+    out = [utils.safe_divide(u.astype(n.dtype), n).astype(u.dtype) for u, n in zip(flat, norms)]
     return jax.tree.unflatten(treedef, out), state
 
   return GradientTransformation(init_fn, update_fn)
@@ -789,8 +783,8 @@ def scale_by_lans(
       d = jnp.sqrt(n.astype(dt) / c2) + utils.cast(eps, dt)
       rate = _times(weight_decay, c)
       decay = 0 if utils.is_const(rate, 0) else utils.cast(rate, dt) * p.astype(dt)
-      parts.append((_safe_divide(m.astype(dt) / c1, d) + decay,
-                    _safe_divide(g.astype(dt), d) + decay))
+      parts.append((utils.safe_divide(m.astype(dt) / c1, d) + decay,
+                    utils.safe_divide(g.astype(dt), d) + decay))
     squares = utils.psum(
         [None if s else (_sq_norm(p), jnp.sum(jnp.square(cm)), jnp.sum(jnp.square(cg)))
          for p, (cm, cg), s in zip(flat_p, parts, skipped)], axis_name)
@@ -1087,10 +1081,7 @@ def scale_by_mxnet_adam(
     def step(m, n):
       dt = utils.norm_dtype(m.dtype)
       denom = jnp.sqrt(n.astype(dt)) + utils.cast(eps, dt)
-      # A zero denominator gives a zero step, and no 0/0 is formed (jax_debug_nans).
-      nonzero = denom > 0
-      out = bias_correction(dt) * jnp.where(
-          nonzero, m.astype(dt) / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
+      out = bias_correction(dt) * utils.safe_divide(m.astype(dt), denom)
       return out.astype(m.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
