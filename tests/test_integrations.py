@@ -518,3 +518,71 @@ def test_equinox_update_with_the_model_as_params(opt_name):
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
   chex.assert_trees_all_close(jax.tree.leaves(eqx.filter(model, eqx.is_array)),
                               jax.tree.leaves(ref_params), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# The rest of MXNet's registry: boxed Flax params and whole Equinox models
+# --------------------------------------------------------------------------
+
+REGISTRY_NAMES = sorted(set(lars_optax.registered())
+                        - {"lars", "signum", "signsgd", "adam", "sgd"})
+
+
+def _registry_tx(name):
+  kwargs = {"skip": "flax"} if name in ("lamb", "lans") else {}
+  return lars_optax.create(name, learning_rate=0.01, wd=1e-4 if name != "groupadagrad" else 0.0,
+                           **kwargs)
+
+
+@pytest.mark.parametrize("name", REGISTRY_NAMES)
+def test_registry_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
+  pytest.importorskip("flax")
+  import flax.linen as nn
+
+  model = _boxed_linen_model()
+  tx = _registry_tx(name)
+
+  def run(params):
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state):
+      grads = jax.grad(lambda p: _mse(model.apply({"params": p}, X), Y))(params)
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    for _ in range(3):
+      params, state = step(params, state)
+    return params
+
+  boxed = run(model.init(jax.random.key(0), X)["params"])
+  assert isinstance(boxed["Dense_0"]["kernel"], nn.Partitioned)  # still boxed
+  plain = run(nn.meta.unbox(model.init(jax.random.key(0), X)["params"]))
+  chex.assert_tree_all_finite(plain)
+  chex.assert_trees_all_close(nn.meta.unbox(boxed), plain, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", REGISTRY_NAMES)
+def test_registry_optimizer_takes_the_whole_equinox_model(name):
+  pytest.importorskip("equinox")
+  import equinox as eqx
+
+  tx = _registry_tx(name)
+  model = _equinox_model()
+  opt_state = tx.init(eqx.filter(model, eqx.is_array))
+
+  @eqx.filter_jit
+  def step(model, opt_state):
+    loss, grads = eqx.filter_value_and_grad(lambda m: _mse(jax.vmap(m)(X), Y))(model)
+    updates, opt_state = tx.update(grads, opt_state, model)  # the model, unfiltered
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+  losses = []
+  for _ in range(3):
+    model, opt_state, loss = step(model, opt_state)
+    losses.append(float(loss))
+  ref_losses, _, ref_params = _equinox_train(tx, 3)
+  assert all(math.isfinite(v) for v in losses), losses
+  np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+  chex.assert_trees_all_close(jax.tree.leaves(eqx.filter(model, eqx.is_array)),
+                              jax.tree.leaves(ref_params), rtol=1e-6)

@@ -606,3 +606,12 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
       lambda p, s, i, t: step(p, s, i, t, "batch"), mesh=mesh,
       in_specs=(P(), P(), P("batch"), P("batch")), out_specs=P(), check_vma=False))
   chex.assert_trees_all_close(sharded(params, state, ids, y), single, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(set(lars_optax.registered()) - {"adam", "sgd"}))
+def test_every_registered_optimizer_without_lazy_updates_rejects_a_bcoo_naming_the_leaf(name):
+  params = {"emb": jnp.ones((5, 3))}
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([0, 3]), 5)}
+  tx = lars_optax.create(name)
+  with pytest.raises(ValueError, match=rf"{name}: gradient 'emb' is row-sparse \(a BCOO\)"):
+    tx.update(grads, tx.init(params), params)
