@@ -200,6 +200,9 @@ def clip_params(max_abs: float) -> optax.GradientTransformation:
 
   Returns:
     A stateless :class:`optax.GradientTransformation`; ``update`` needs ``params``.
+
+  References:
+    Apache MXNet 2.0 ``mxnet.optimizer.RMSProp`` (``clip_weights``).
   """
   v.check_scalar("max_abs", max_abs, low=0.0, low_open=True)
 

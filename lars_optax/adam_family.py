@@ -126,6 +126,11 @@ def scale_by_adam_moments(
   Returns:
     A :class:`optax.GradientTransformation` with a
     :class:`ScaleByAdamMomentsState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.AdamW``.
   """
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
@@ -192,6 +197,11 @@ def scale_by_mxnet_adamax(
   Returns:
     A :class:`optax.GradientTransformation` with a
     :class:`ScaleByAdamMomentsState` (``nu`` holds :math:`v_t`).
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014 (section 7.1, AdaMax); Apache
+    MXNet 2.0 ``mxnet.optimizer.Adamax``.
   """
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
@@ -231,6 +241,11 @@ def scale_by_mxnet_belief(
   Returns:
     A :class:`optax.GradientTransformation` with a
     :class:`ScaleByAdamMomentsState` (``nu`` holds :math:`s_t`).
+
+  References:
+    Zhuang et al., `AdaBelief Optimizer: Adapting Stepsizes by the Belief in
+    Observed Gradients <https://arxiv.org/abs/2010.07468>`_, NeurIPS 2020;
+    Apache MXNet 2.0 ``mxnet.optimizer.AdaBelief``.
   """
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
@@ -277,6 +292,11 @@ def scale_by_bias_correction(
   Returns:
     A :class:`optax.GradientTransformation` with a
     :class:`ScaleByBiasCorrectionState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014 (section 3); Apache MXNet 2.0
+    ``mxnet.optimizer.AdamW`` and ``mxnet.optimizer.AdaBelief``.
   """
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   if b2 is not None:

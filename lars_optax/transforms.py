@@ -651,6 +651,11 @@ def normalize_per_leaf(*, axis_name: str | None = None) -> GradientTransformatio
 
   Returns:
     A stateless :class:`optax.GradientTransformation`.
+
+  References:
+    Zheng et al., `Accelerated Large Batch Optimization of BERT Pretraining in
+    54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
+    2.0 ``mxnet.optimizer.LANS``.
   """
   v.check_axis_name(axis_name)
 
