@@ -6,7 +6,7 @@ of TensorFlow's LARS, reproduced number for number, built from small public
 transformations that compose with the rest of optax.
 """
 
-from lars_optax import masks
+from lars_optax import layerwise, masks, stacked
 from lars_optax.adagrad_family import (
     FtrlProximalState,
     ScaleByGroupAdagradState,
@@ -87,24 +87,29 @@ from lars_optax.svrg import (
     svrg_snapshot,
     svrg_value_and_grads,
 )
-from lars_optax.transforms import (
-    LowPrecisionWarning,
-    MXNetMomentumState,
+from lars_optax.layerwise import (
+    NormalizePerLeafState,
     ScaleByLambTrustRatioState,
     ScaleByLansState,
     ScaleByLarsTrustRatioState,
-    add_decayed_weights_per_leaf,
-    check_inputs,
     lars_trust_ratio,
-    mxnet_momentum,
     normalize_per_leaf,
     scale_by_lamb_adam,
     scale_by_lamb_trust_ratio,
     scale_by_lans,
     scale_by_lars_trust_ratio,
+    trust_ratios,
+)
+from lars_optax.stacked import FROM_METADATA, from_metadata, layer_axes
+from lars_optax.transforms import (
+    LowPrecisionWarning,
+    MXNetMomentumState,
+    PerLeafState,
+    add_decayed_weights_per_leaf,
+    check_inputs,
+    mxnet_momentum,
     scale_by_mxnet_adam,
     scale_per_leaf,
-    trust_ratios,
 )
 
 __version__ = "0.1.0"
@@ -112,6 +117,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EQUINOX_SKIP",
     "FLAX_SKIP",
+    "FROM_METADATA",
     "HAIKU_SKIP",
     "LOW_PRECISION",
     "MXNET_SKIP",
@@ -122,6 +128,8 @@ __all__ = [
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
+    "NormalizePerLeafState",
+    "PerLeafState",
     "RowSparseUpdate",
     "SVRGState",
     "ScaleByAdamMomentsState",
@@ -151,6 +159,7 @@ __all__ = [
     "clip_params",
     "create",
     "dcasgd",
+    "from_metadata",
     "ftml",
     "ftrl",
     "ftrl_proximal",
@@ -161,6 +170,8 @@ __all__ = [
     "lans",
     "lars",
     "lars_trust_ratio",
+    "layer_axes",
+    "layerwise",
     "lazy_update",
     "leaf_names",
     "masks",
@@ -198,6 +209,7 @@ __all__ = [
     "skip_nonfinite",
     "sparse_psum",
     "sparse_value_and_grad",
+    "stacked",
     "svrg",
     "svrg_due",
     "svrg_refresh",

@@ -12,6 +12,7 @@ import optax
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import stacked as stacked_mod
 from lars_optax.lazy import lazy_update as _lazy_update
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
@@ -34,7 +35,8 @@ def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   masks.check_leaf_values(wd_mult, "wd_mult")
 
 
-def preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
+def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
+               stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
   """MXNet's gradient preprocessing: rescale, clip, then add ``wd * w``."""
   parts = []
   if not utils.is_const(rescale_grad, 1):
@@ -42,7 +44,8 @@ def preprocess(rescale_grad, clip_gradient, wd, wd_mult) -> list:
   if clip_gradient is not None:
     parts.append(utils.keep_dtypes(optax.clip(clip_gradient), clip_gradient))
   if not utils.is_const(wd, 0):  # wd=0: the params are not read
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult",
+                                              stacked=stacked))
   return parts
 
 
@@ -61,8 +64,9 @@ def hyperparams(**values: Any) -> list[tuple[Any, ...]]:
   return [(k, x) for k, x in values.items() if x is not None]
 
 
-def lr_mult_part(lr_mult) -> list:
-  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult")]
+def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
+  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult",
+                                                    stacked=stacked)]
 
 
 def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,

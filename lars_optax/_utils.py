@@ -37,6 +37,16 @@ def is_const(x: Any, value: float) -> bool:
   return isinstance(x, np.ndarray) and x.ndim == 0 and bool(x == value)
 
 
+def times(value: Any, mult: Any) -> Any:
+  """``value * mult`` that keeps Python numbers (and skips a factor of 1).
+
+  ``mult`` may be a numpy array of per-layer multipliers (a stacked leaf).
+  """
+  if not isinstance(mult, np.ndarray) and mult == 1:
+    return value
+  return value * mult
+
+
 def is_python_number(x: Any) -> bool:
   """A Python int or float (weakly typed in JAX); not np.float64, a float subclass."""
   return type(x) in (int, float)

@@ -32,7 +32,7 @@ import functools
 import math
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -525,13 +525,30 @@ def check_matches(mask: MaskLike, tree: Any, arg_name: str = "mask", *,
          "nothing."))
 
 
-def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool]:
+def _one_layer(tree: Any, layer_axes: Sequence[int] | None) -> Any:
+  """``tree`` with each stacked leaf (``layer_axes[i]`` > 0) replaced by the shape
+  and dtype of one layer, so that shape rules judge one layer."""
+  if not layer_axes or not any(layer_axes):
+    return tree
+  it = iter(layer_axes)
+
+  def view(leaf):
+    k = next(it)
+    return jax.ShapeDtypeStruct(np.shape(leaf)[k:], leaf.dtype) if k else leaf
+
+  return jax.tree.map(view, tree)
+
+
+def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask",
+                 layer_axes: Sequence[int] | None = None) -> list[bool]:
   """Evaluates ``mask`` on ``tree`` and returns one Python bool per leaf.
 
   ``None`` selects nothing; a string names a preset (:data:`PRESETS`). A
   callable is called with ``tree``; a pytree of bools must have the structure
   of ``tree`` (optax's mask convention). Values must be static: a traced
-  boolean is rejected with a clear error.
+  boolean is rejected with a clear error. ``layer_axes`` (one int per leaf,
+  from :func:`lars_optax.layer_axes`): a stacked leaf is shown to the mask as
+  the shape and dtype of one layer (``by_ndim(1)`` selects a stacked bias).
   """
   treedef: Any  # (jax's type stubs do not describe PyTreeDef's methods)
   leaves, treedef = jax.tree.flatten(tree)
@@ -540,6 +557,7 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask") -> list[bool
   check_mask_like(mask, arg_name)
   if isinstance(mask, str):
     mask = PRESETS[mask]
+  tree = _one_layer(tree, layer_axes)
   value = mask(tree) if callable(mask) else mask
   if isinstance(value, bool):
     return [value] * len(leaves)
@@ -573,16 +591,53 @@ leaf, as a ``skip`` mask must (checked in ``init``). Leaves that no entry names 
 """
 
 
-def _check_value(arg_name: str, key: Any, value: Any) -> float:
+def _check_value(arg_name: str, key: Any, value: Any) -> float | np.ndarray:
+  if isinstance(value, (np.ndarray, jax.Array, list)) and np.ndim(value) >= 1:
+    # Per-layer values for a stacked leaf (one per layer).
+    arr = np.asarray(value)
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
+                                     or np.issubdtype(arr.dtype, np.floating)):
+      raise TypeError(f"{arg_name}: the per-layer values for {key!r} must be real "
+                      f"numbers, got dtype {arr.dtype}.")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+      raise ValueError(f"{arg_name}: the per-layer values for {key!r} must be finite "
+                       f"and >= 0, got {arr.tolist()}.")
+    return arr
   if (isinstance(value, (bool, np.bool_))
       or not isinstance(value, (int, float, np.integer, np.floating))):
-    raise TypeError(f"{arg_name}: the value for {key!r} must be a real number, "
-                    f"got {value!r}.")
+    raise TypeError(f"{arg_name}: the value for {key!r} must be a real number (or, for "
+                    f"a stacked leaf, a 1-d array with one per layer), got {value!r}.")
   value = float(value)
   if not math.isfinite(value) or value < 0:
     raise ValueError(f"{arg_name}: the value for {key!r} must be finite and >= 0, "
                      f"got {value}.")
   return value
+
+
+def _check_per_layer(arg_name: str, name: str, value: Any, leaf: Any, k: int | None) -> None:
+  """A per-layer value (an array) needs a stacked leaf with that many layers."""
+  if not isinstance(value, np.ndarray):
+    return
+  if k is None:
+    raise TypeError(
+        f"{arg_name}: the value for {name!r} is an array of per-layer values; only the "
+        "layer-wise optimizers (lars, tf_lars, lamb, lans) and the per-leaf "
+        "transformations take those, for a stacked leaf (see stacked=).")
+  shape = tuple(np.shape(leaf))
+  if k == 0:
+    raise ValueError(
+        f"{arg_name}: the value for {name!r} has {value.size} per-layer entries, but the "
+        f"leaf (shape {shape}) is not stacked; pass stacked= to name its layer axes, or "
+        "give one number.")
+  if value.shape != shape[:k] and not (value.ndim == 1 and k == 1):
+    raise ValueError(
+        f"{arg_name}: the value for {name!r} has shape {value.shape}, but the leaf "
+        f"(shape {shape}) has {k} layer axes of shape {shape[:k]}.")
+  if value.shape != shape[:k]:
+    raise ValueError(
+        f"{arg_name}: the value for {name!r} has {value.shape[0]} per-layer entries, but "
+        f"the leaf (shape {shape}) has {shape[0]} layers.")
 
 
 def _rules(spec: LeafValues, arg_name: str) -> list[tuple[Any, float]] | dict[str, float]:
@@ -618,18 +673,37 @@ def check_leaf_values(spec: LeafValues, arg_name: str) -> None:
 
 
 def resolve_leaf_values(spec: LeafValues, tree: Any, arg_name: str,
-                        default: float = 1.0, *, check_names: bool = False) -> list[float]:
+                        default: float = 1.0, *, check_names: bool = False,
+                        layer_axes: Sequence[int] | None = None,
+                        check_layers: bool = True) -> list[Any]:
   """One Python float per leaf of ``tree`` (see :data:`LeafValues`).
 
   With ``check_names``, a rule's mask whose names match no leaf is an error
   too (:func:`check_matches`); the transformations check in ``init``.
+  ``layer_axes`` (one int per leaf): rules judge one layer of a stacked leaf,
+  and a stacked leaf may get an array of per-layer values (a numpy array of
+  shape ``shape[:k]``); without it, arrays are rejected (``check_layers=False``
+  leaves that check to the transformation that uses the values).
 
   Raises:
-    ValueError: a dict key that names no leaf (with the closest names).
+    ValueError: a dict key that names no leaf (with the closest names), or
+      per-layer values whose length is not the leaf's number of layers.
   """
-  names = [name for name, _ in named_leaves(tree)]
+  named = named_leaves(tree)
+  names = [name for name, _ in named]
   if spec is None:
     return [default] * len(names)
+  out = _leaf_values(spec, tree, names, arg_name, default, check_names, layer_axes)
+  ks = None if layer_axes is None else (list(layer_axes) or [0] * len(names))
+  for i, ((name, leaf), value) in enumerate(zip(named, out)):
+    if check_layers:
+      _check_per_layer(arg_name, name, value, leaf, None if ks is None else ks[i])
+  return out
+
+
+def _leaf_values(spec: LeafValues, tree: Any, names: list[str], arg_name: str,
+                 default: float, check_names: bool,
+                 layer_axes: Sequence[int] | None) -> list[Any]:
   rules = _rules(spec, arg_name)
   if isinstance(rules, dict):
     unknown = [k for k in rules if k not in set(names)]
@@ -641,10 +715,10 @@ def resolve_leaf_values(spec: LeafValues, tree: Any, arg_name: str,
           + (f"; also unknown: {unknown[1:]}" if len(unknown) > 1 else "")
           + f". Leaf names look like {names[:3]}.")
     return [rules.get(n, default) for n in names]
-  out: list[float | None] = [None] * len(names)
+  out: list[Any] = [None] * len(names)
   for mask, value in rules:
     if check_names:
       check_matches(mask, tree, arg_name)
-    selected = resolve_mask(mask, tree, arg_name)
+    selected = resolve_mask(mask, tree, arg_name, layer_axes)
     out = [value if (o is None and s) else o for o, s in zip(out, selected)]
   return [default if o is None else o for o in out]

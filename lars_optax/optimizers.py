@@ -89,6 +89,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax import stacked as stacked_mod
 from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
     mxnet_momentum,
@@ -117,6 +118,7 @@ def lars(
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``).
 
@@ -172,6 +174,14 @@ def lars(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
+    stacked: the leaves that hold a stack of layers, as scanned models keep
+      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
+      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
+      layer axes), None, or the default, read from Flax partition metadata
+      (``"layers"``; nothing without it). Each layer then gets its own norms
+      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
+      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
+      give a stacked leaf one value per layer (a numpy array of length L).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -186,16 +196,17 @@ def lars(
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = base.check_flag("multi_precision", multi_precision)
+  stacked_mod.check_stacked(stacked)
 
   # The ratio is taken from the rescaled gradient before clipping, so the
   # rescale is the ratio transformation's own and the rest runs inside it.
-  inner = base.preprocess(1.0, clip_gradient, wd, wd_mult)
+  inner = base.preprocess(1.0, clip_gradient, wd, wd_mult, stacked)
   return base.finish([
       scale_by_lars_trust_ratio(
           optax.chain(*inner) if inner else None,
           eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
-          rescale=rescale_grad, wd_mult=wd_mult, axis_name=axis_name),
-      *base.lr_mult_part(lr_mult),
+          rescale=rescale_grad, wd_mult=wd_mult, axis_name=axis_name, stacked=stacked),
+      *base.lr_mult_part(lr_mult, stacked),
       mxnet_momentum(learning_rate, momentum),
   ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -214,6 +225,7 @@ def tf_lars(
     *,
     skip: masks.MaskLike = None,
     axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
 
@@ -258,6 +270,13 @@ def tf_lars(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
+    stacked: the leaves that hold a stack of layers, as scanned models keep
+      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
+      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
+      layer axes), None, or the default, read from Flax partition metadata
+      (``"layers"``; nothing without it). Each layer then gets its own norms
+      and trust ratio, exactly as the unrolled model; ``skip`` judges one
+      layer.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -292,6 +311,7 @@ def tf_lars(
     if bad:
       raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
   masks.check_mask_like(skip, "skip")
+  stacked_mod.check_stacked(stacked)
   names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
   if skip_list is not None and skip is not None:
     raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
@@ -308,7 +328,7 @@ def tf_lars(
       scale_by_lars_trust_ratio(
           utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
-          axis_name=axis_name),
+          axis_name=axis_name, stacked=stacked),
       base.learning_rate_part(learning_rate),
   ], "tf_lars", names=names,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
@@ -624,6 +644,7 @@ def lamb(
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformation:
   r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``).
 
@@ -695,6 +716,14 @@ def lamb(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       ratio.
+    stacked: the leaves that hold a stack of layers, as scanned models keep
+      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
+      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
+      layer axes), None, or the default, read from Flax partition metadata
+      (``"layers"``; nothing without it). Each layer then gets its own norms
+      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
+      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
+      give a stacked leaf one value per layer (a numpy array of length L).
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -710,13 +739,15 @@ def lamb(
   v.check_scalar("epsilon", epsilon, low=0.0)
   bias_correction = base.check_flag("bias_correction", bias_correction)
   multi_precision = base.check_flag("multi_precision", multi_precision)
+  stacked_mod.check_stacked(stacked)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts.append(scale_by_lamb_adam(beta1, beta2, epsilon, bias_correction=bias_correction))
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult",
+                                              stacked=stacked))
   parts += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
-                                      skip=skip, axis_name=axis_name),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+                                      skip=skip, axis_name=axis_name, stacked=stacked),
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   return base.finish(parts, "lamb", multi_precision=multi_precision,
                      names=[("skip", skip, None)],
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -740,6 +771,7 @@ def lans(
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformation:
   r"""LANS as Apache MXNet implements it (``mx.optimizer.LANS``).
 
@@ -798,6 +830,14 @@ def lans(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms (of the gradient, the weight and both
       parts) over it.
+    stacked: the leaves that hold a stack of layers, as scanned models keep
+      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
+      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
+      layer axes), None, or the default, read from Flax partition metadata
+      (``"layers"``; nothing without it). Each layer then gets its own norms
+      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
+      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
+      give a stacked leaf one value per layer (a numpy array of length L).
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -812,12 +852,13 @@ def lans(
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = base.check_flag("multi_precision", multi_precision)
-  parts = [normalize_per_leaf(axis_name=axis_name),
+  stacked_mod.check_stacked(stacked)
+  parts = [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
            *base.preprocess(1.0, clip_gradient, 0.0, None),
            scale_by_lans(beta1, beta2, epsilon, weight_decay=wd, wd_mult=wd_mult,
                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
-                         axis_name=axis_name),
-           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+                         axis_name=axis_name, stacked=stacked),
+           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   return base.finish(parts, "lans", multi_precision=multi_precision,
                      names=[("skip", skip, None)],
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],

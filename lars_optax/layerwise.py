@@ -1,0 +1,912 @@
+"""The layer-wise family: trust ratios (LARS, LAMB, LANS) and per-leaf normalisation.
+
+* :func:`scale_by_lars_trust_ratio` -- the LARS layer-wise trust ratio, taken
+  from the incoming gradient and the params and applied to the output of an
+  inner transformation, with name-based skipping;
+* :func:`lars_trust_ratio` -- the ratio of one leaf, for building variants;
+* :func:`trust_ratios` -- reads the last step's per-leaf (per-layer) ratios
+  from a state;
+* :func:`scale_by_lamb_trust_ratio` -- LAMB's ratio (bounded weight norm over
+  the norm of the outgoing update), with the same skipping and logging;
+  :func:`scale_by_lans` -- LANS's two-part update with a ratio on each part,
+  after :func:`normalize_per_leaf`; :func:`scale_by_lamb_adam` -- Adam's
+  direction with optional bias correction.
+
+Every one of them takes ``stacked=`` (:mod:`lars_optax.stacked`): a leaf that
+holds a stack of layers gets one norm and one ratio per layer, as the
+unrolled model would. All of them take their norms through
+:func:`lars_optax.stacked.layer_sq_norms`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _utils as utils
+from lars_optax import _validation as v
+from lars_optax import masks
+from lars_optax import stacked as stacked_mod
+
+__all__ = [
+  "NormalizePerLeafState",
+  "ScaleByLambTrustRatioState",
+  "ScaleByLansState",
+  "ScaleByLarsTrustRatioState",
+  "lars_trust_ratio",
+  "normalize_per_leaf",
+  "scale_by_lamb_adam",
+  "scale_by_lamb_trust_ratio",
+  "scale_by_lans",
+  "scale_by_lars_trust_ratio",
+  "trust_ratios",
+]
+
+
+def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
+  """The LARS ratio from the two norms, with MXNet's fallback to 1."""
+  # A finite norm is the square root of a finite sum, so it is far below the
+  # dtype's maximum and wn + gn cannot overflow: the sum is finite exactly when
+  # both norms are. With both finite and > 0, the ratio is finite too.
+  ok = (w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm + g_norm)
+  # Where the fallback applies, divide 1 by 1 instead: the masked-out 0/0 of a
+  # zero layer would still trip jax_debug_nans.
+  w_norm = jnp.where(ok, w_norm, jnp.ones_like(w_norm))
+  g_norm = jnp.where(ok, g_norm, jnp.ones_like(g_norm))
+  dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
+  ratio = utils.cast(eta, dt) * w_norm / (
+      g_norm + utils.cast(weight_decay, dt) * w_norm + utils.cast(epsilon, dt))
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+
+def lars_trust_ratio(
+    param: jax.Array,
+    grad: jax.Array,
+    eta: float = 0.001,
+    weight_decay: float = 0.0,
+    epsilon: float = 0.0,
+    grad_scale: float = 1.0,
+    axis_name: str | None = None,
+    layer_axes: int = 0,
+) -> jax.Array:
+  r"""The LARS trust ratio of one leaf (of each layer of a stacked leaf).
+
+  .. math::
+
+    \rho = \frac{\eta \, \|w\|}{\|s g\| + \lambda \|w\| + \epsilon},
+    \qquad \rho = 1 \text{ if } \|w\| = 0,\ \|s g\| = 0
+    \text{ or any of them is not finite,}
+
+  with :math:`s` = ``grad_scale`` and :math:`\lambda` = ``weight_decay``.
+  Norms are taken over the whole leaf in float32 (float64 for float64
+  leaves). :math:`\|s g\|` is computed as :math:`|s| \, \|g\|`, so the scaled
+  gradient is never materialised. The fallback is MXNet's (ratio 1 when a
+  norm is zero, NaN or infinite); TensorFlow's ``LARSOptimizer`` agrees
+  wherever its result is finite.
+
+  ``axis_name``: inside ``shard_map``/``pmap``, where ``param`` and ``grad``
+  are one device's block of a leaf split over that mesh axis, the squared
+  norms are summed over it (``lax.psum``), giving the whole leaf's ratio.
+
+  ``layer_axes``: for a stacked leaf (L layers along its first axis, or
+  ``k`` leading layer axes), the number of leading axes that index layers:
+  each layer gets its own ratio, from its own norms.
+
+  Returns:
+    A scalar in float32 (float64 for float64 leaves), or for ``layer_axes=k``
+    an array of shape ``param.shape[:k]``, one ratio per layer.
+
+  Raises:
+    ValueError: for an ``eta``, ``weight_decay`` or ``epsilon`` that is not
+      a finite number >= 0, or a ``grad_scale`` that is not finite (as the
+      optimizers do; the message starts with the argument's name).
+    TypeError: for a hyperparameter that is not a real number, or a
+      ``param``/``grad`` that is not a real floating point array.
+
+  References:
+    You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
+    <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  v.check_scalar("eta", eta, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("grad_scale", grad_scale)
+  v.check_axis_name(axis_name)
+  for arg, x in (("param", param), ("grad", grad)):
+    dtype = getattr(x, "dtype", None)
+    dtype = np.asarray(x).dtype if dtype is None else dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
+  for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+    v.check_representable(arg, value, param, compute=True)
+  if not stacked_mod.is_int(layer_axes) or not 0 <= layer_axes < max(np.ndim(param), 1):
+    raise ValueError(f"layer_axes: expected an int in [0, param.ndim), got {layer_axes!r} "
+                     f"for a param of shape {np.shape(param)}.")
+  [(w2, g2)] = stacked_mod.layer_sq_norms([(param, grad)], [int(layer_axes)], axis_name)
+  return _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale)
+
+
+def _ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
+  w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
+  if not utils.is_const(grad_scale, 1):
+    g_norm = g_norm * jnp.abs(utils.cast(grad_scale, g_norm.dtype))
+  return _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
+
+
+def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale,
+                 axis_name, ks):
+  """Per-leaf (per-layer for stacked leaves) trust ratios, None for skipped leaves
+  (which cost nothing).
+
+  With ``axis_name`` the squared norms of all leaves are summed over the axis
+  in one collective.
+  """
+  squares = stacked_mod.layer_sq_norms(
+      [None if s else (p, g) for p, g, s in zip(flat_p, flat_g, skipped)], ks, axis_name)
+  return [None if sq is None else _ratio_from_squares(*sq, eta, wd, epsilon, grad_scale)
+          for sq, wd in zip(squares, weight_decays)]
+
+
+def _ratio_dtype(params: Any) -> jnp.dtype:
+  """float32, or float64 when a leaf is float64: the dtype of the ratio vector."""
+  return functools.reduce(jnp.promote_types,
+                          (utils.norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
+                          jnp.dtype(jnp.float32))
+
+
+def _slots(params: Any) -> list[bool]:
+  """Per leaf of the whole tree: True for a leaf, False for a MaskedNode placeholder."""
+  return [not isinstance(x, optax.MaskedNode) for x in jax.tree.leaves(
+      params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))]
+
+
+def _ratio_vector(params: Any, ratios: Sequence[Any] | None = None) -> jax.Array:
+  """A state's ratio vector: the leaves' ratios (1 where None or not given; the mean
+  over the layers of a stacked leaf), -1 for MaskedNode placeholders."""
+  dt = _ratio_dtype(params)
+  it = iter(ratios if ratios is not None else [None] * len(jax.tree.leaves(params)))
+  entries = [(jnp.ones((), dt) if (r := next(it)) is None else jnp.mean(r).astype(dt))
+             if real else jnp.full((), -1, dt) for real in _slots(params)]
+  return jnp.stack(entries) if entries else jnp.ones((0,), dt)
+
+
+def _layer_ratios(params: Any, ks: Sequence[int], ratios: Sequence[Any] | None = None
+                  ) -> tuple[Any, ...]:
+  """A state's per-layer ratios: ``()`` when no leaf is stacked, else per leaf None
+  (not stacked) or its ratios, shape ``shape[:k]`` (1 where None or not given).
+
+  Their shapes also keep the layer axes for ``update``: nnx passes ``init``
+  Variables with their metadata, but ``update`` bare arrays."""
+  if not any(ks):
+    return ()
+  dt = _ratio_dtype(params)
+  it = iter(zip(jax.tree.leaves(params), ks, ratios if ratios is not None else [None] * len(ks)))
+  out = []
+  for real in _slots(params):  # one entry per slot, MaskedNode placeholders included
+    p, k, r = next(it) if real else (None, 0, None)
+    out.append(None if not k else jnp.ones(np.shape(p)[:k], dt) if r is None else r.astype(dt))
+  return tuple(out)
+
+
+def _layer_axes(state_layers: Sequence[Any], params: Any) -> list[int]:
+  """The layer axes of each leaf (placeholders left out), as kept by :func:`_layer_ratios`."""
+  slots = _slots(params)
+  if not state_layers:
+    return [0] * sum(slots)
+  return [0 if m is None else jnp.ndim(m) for m, real in zip(state_layers, slots) if real]
+
+
+def _apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax.Array]:
+  """Each update times its ratio (None: unchanged; per layer for a stacked leaf).
+
+  The product is taken in the ratio's dtype (float32 or wider) and rounded
+  once: a float16 ratio would overflow above 65504 (w = 10, g = 1e-7).
+  """
+  return [u if r is None else (u.astype(jnp.promote_types(u.dtype, r.dtype))
+                               * stacked_mod.per_layer(r, u)).astype(u.dtype)
+          for u, r in zip(flat_u, ratios)]
+
+
+class ScaleByLarsTrustRatioState(NamedTuple):
+  """State of :func:`scale_by_lars_trust_ratio`.
+
+  Attributes:
+    trust_ratio: a vector with one entry per parameter leaf, in
+      ``jax.tree.leaves(params)`` order: each leaf's trust ratio at the last
+      step (1 for skipped leaves and before the first step). Float32, or
+      float64 when a leaf is float64. :func:`trust_ratios` turns it into a
+      pytree or a ``{name: ratio}`` dict for logging. (One vector rather than
+      one scalar per leaf: a single output buffer per step.) Inside
+      ``optax.masked``, ``optax.partition`` or ``optax.multi_transform`` the
+      leaves routed elsewhere (``optax.MaskedNode`` placeholders) have an
+      entry too, -1 (a ratio is never negative), so the vector still has
+      one entry per leaf of the whole params tree. A stacked leaf's entry
+      is the mean of its layers' ratios.
+    inner_state: the state of the inner transformation.
+    layer_trust_ratio: ``()`` when no leaf is stacked; else per leaf None
+      (not stacked) or the ratios of its layers, an array of shape
+      ``shape[:k]``. :func:`trust_ratios` returns these for stacked leaves.
+  """
+
+  trust_ratio: jax.Array
+  inner_state: optax.OptState
+  layer_trust_ratio: tuple[Any, ...] = ()
+
+
+def scale_by_lars_trust_ratio(
+    inner: GradientTransformation | None = None,
+    *,
+    eta: float = 0.001,
+    weight_decay: float = 0.0,
+    epsilon: float = 0.0,
+    skip: masks.MaskLike = None,
+    rescale: float = 1.0,
+    wd_mult: masks.LeafValues = None,
+    axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
+
+  For every leaf :math:`w` with incoming gradient :math:`g`:
+
+  .. math::
+
+    g_r = s\,g, \qquad
+    \rho = \frac{\eta \, \|w\|}{\|g_r\| + \lambda \|w\| + \epsilon}, \qquad
+    u = \rho \cdot \mathrm{inner}(g_r)
+
+  (:math:`s` = ``rescale``, :math:`\lambda` = ``weight_decay``; see
+  :func:`lars_trust_ratio` for the fallback to 1). The ratio is taken from the
+  gradient as it enters this transformation, whatever ``inner`` does to it
+  afterwards, so
+
+  * MXNet's LARS (ratio from the rescaled, unclipped gradient, applied after
+    clipping and weight decay) is
+    ``scale_by_lars_trust_ratio(chain(clip(c), add_decayed_weights(wd)),
+    rescale=s, ...)`` followed by :func:`mxnet_momentum`;
+  * TensorFlow's (ratio from the raw gradient, applied after the momentum
+    accumulation) is ``scale_by_lars_trust_ratio(trace(momentum), ...)``
+    followed by :func:`optax.scale_by_learning_rate`.
+
+  ``rescale`` does what chaining ``optax.scale(s)`` in front would do, but the
+  gradient norm is computed as :math:`|s|\,\|g\|`, so XLA never has to write
+  the rescaled gradient to memory: one pass over the gradients less per step.
+
+  Args:
+    inner: the transformation whose output is scaled (default: identity).
+    eta: the LARS coefficient :math:`\eta` (MXNet ``eta``, TF ``eeta``).
+    weight_decay: :math:`\lambda` in the ratio's denominator. It only enters
+      the ratio; add the decay itself with ``optax.add_decayed_weights``.
+    epsilon: added to the denominator.
+    skip: leaves whose ratio is 1 (a :class:`~lars_optax.masks.Mask`, a
+      callable returning a bool pytree, or a bool pytree). Skipped leaves cost
+      no norm computation.
+    rescale: the factor :math:`s` applied to the incoming gradient first
+      (MXNet's ``rescale_grad``).
+    wd_mult: per-leaf multipliers of ``weight_decay`` (MXNet's ``wd_mult``): a
+      dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
+      :data:`lars_optax.masks.LeafValues`.
+    axis_name: for manual partitioning (``shard_map``/``pmap``) where the
+      params are split over this mesh axis: the squared norms are summed over
+      it, so every block is scaled by the ratio of the whole leaf. Leave it
+      None under ``jit`` with sharded arrays (norms are global there) and for
+      params that are replicated over the axis (``pmap`` data parallelism).
+    stacked: the leaves that hold a stack of layers (see
+      :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
+      name: k}`` or ``[(mask, k)]`` rules, or the default,
+      :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
+      with ``"layers"``). Each layer gets its own norms and ratio, exactly as
+      in the unrolled model; masks judge one layer.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs`; its state is a
+    :class:`ScaleByLarsTrustRatioState`. ``update`` requires ``params``.
+
+  References:
+    You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
+    <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  v.check_scalar("eta", eta, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("rescale", rescale, low=0.0, low_open=True)
+  if inner is not None and not isinstance(inner, GradientTransformation):
+    raise TypeError("inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  masks.check_mask_like(skip, "skip")
+  masks.check_leaf_values(wd_mult, "wd_mult")
+  v.check_axis_name(axis_name)
+  stacked_mod.check_stacked(stacked)
+  inner_tx = optax.with_extra_args_support(inner or optax.identity())
+  name = "scale_by_lars_trust_ratio"
+
+  def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
+    v.check_float_params(params, name)
+    for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+      v.check_representable(arg, value, params, compute=True)
+    v.check_representable("rescale", rescale, params)
+    masks.check_unique_names(params)
+    if skip is masks.MXNET_DEFAULT:
+      masks.warn_foreign_names(params)
+    ks = stacked_mod.resolve(stacked, params)
+    masks.check_matches(skip, params, "skip")
+    masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
+    return ScaleByLarsTrustRatioState(_ratio_vector(params), inner_tx.init(params),
+                                      _layer_ratios(params, ks))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    v.check_float_params(params, name)
+    ks = _layer_axes(state.layer_trust_ratio, params)
+    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    flat_g, treedef = jax.tree.flatten(updates)
+    flat_p = treedef.flatten_up_to(params)
+    mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
+    ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
+                          [utils.times(weight_decay, m) for m in mults], epsilon, rescale,
+                          axis_name, ks)
+    if not utils.is_const(rescale, 1):
+      updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
+    inner_updates, inner_state = inner_tx.update(
+        updates, state.inner_state, params, **extra_args)
+    scaled = _apply_ratios(treedef.flatten_up_to(inner_updates), ratios)
+    return (jax.tree.unflatten(treedef, scaled),
+            ScaleByLarsTrustRatioState(_ratio_vector(params, ratios), inner_state,
+                                       _layer_ratios(params, ks, ratios)))
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
+  """The per-leaf trust ratios of the last step, from an optimizer state.
+
+  Finds the :class:`ScaleByLarsTrustRatioState` in ``state`` (the state of
+  :func:`lars_optax.lars`, :func:`lars_optax.tf_lars`, a chain or a wrapper
+  holding one), or the :class:`ScaleByLambTrustRatioState` of
+  :func:`lars_optax.lamb`, or the :class:`ScaleByLansState` of
+  :func:`lars_optax.lans` (the ratio of its momentum part), and returns its
+  ratios (1 for skipped leaves):
+
+  * ``params=None``: the vector, one entry per leaf in ``jax.tree.leaves``
+    order (works under ``jit``); a stacked leaf (see ``stacked=``)
+    contributes one entry per layer, its ratios in row-major order, so the
+    vector of a stacked model is the vector of its unrolled model with the
+    blocks' entries grouped by leaf;
+  * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
+    ``{"Dense_0/kernel": 0.012, ...}``, ready for a logger; a stacked leaf's
+    value is an array of shape ``shape[:k]``, one ratio per layer.
+
+  Through ``optax.partition``, ``optax.multi_transform`` or ``optax.masked``,
+  where LARS covers only some leaves, the ratios of the leaves it covers are
+  returned: the dict leaves out the others, and the vector holds -1 for them.
+  Several LARS sub-states (e.g. two labels with different ``eta``) are
+  merged. Which leaves are covered is read from the vector's values, so under
+  ``jit`` (where they are unknown) the dict keeps every leaf, -1 for those
+  routed elsewhere.
+
+  Raises:
+    ValueError: when ``state`` holds no trust-ratio state, or ``params``
+      has a different number of leaves.
+  """
+  found = utils.find_states(state, _RATIO_STATES)
+  if not found:
+    raise ValueError("state: no ScaleByLarsTrustRatioState found (nor a "
+                     "ScaleByLambTrustRatioState or ScaleByLansState); pass the state of an "
+                     "optimizer that uses scale_by_lars_trust_ratio, "
+                     "scale_by_lamb_trust_ratio or scale_by_lans.")
+  # (jax.tree.leaves unwraps an nnx Variable holding the vector, as in nnx.Optimizer's state.)
+  vecs = [jax.tree.leaves(f.trust_ratio)[0] for f in found]
+  sizes = {v.shape[0] for v in vecs}
+  if len(sizes) > 1:
+    raise ValueError(f"state: holds LARS states of different sizes {sorted(sizes)}; "
+                     "pass each sub-state to trust_ratios on its own.")
+  vec = vecs[0]
+  for other in vecs[1:]:  # each covers its own leaves; -1 elsewhere
+    vec = jnp.where(vec < 0, other.astype(vec.dtype), vec)
+  # Per-layer ratios of stacked leaves: per slot, from the sub-state that has them.
+  per_state = [[None if x is None else jax.tree.leaves(x)[0] for x in f.layer_trust_ratio]
+               for f in found]
+  layers = [next((ls[i] for ls in per_state if ls and ls[i] is not None), None)
+            for i in range(vec.shape[0])]
+  if params is None:
+    if not any(x is not None for x in layers):
+      return vec
+    return jnp.concatenate([vec[i:i + 1] if x is None else jnp.ravel(x).astype(vec.dtype)
+                            for i, x in enumerate(layers)])
+  masks.check_unique_names(params)
+  named = masks.named_leaves(params)
+  if len(named) != vec.shape[0]:
+    raise ValueError(f"params: has {len(named)} leaves but the state holds "
+                     f"{vec.shape[0]} trust ratios.")
+  out = {n: vec[i] if layers[i] is None else layers[i] for i, (n, _) in enumerate(named)}
+  if isinstance(vec, jax.core.Tracer):
+    return out
+  covered = [bool(c) for c in jax.device_get(vec >= 0)]
+  return {n: r for (n, r), c in zip(out.items(), covered) if c}
+
+
+# --------------------------------------------------------------------------
+# LAMB and LANS: the trust ratio taken from the outgoing (Adam) update
+# --------------------------------------------------------------------------
+
+
+def _check_bounds(lower_bound: Any, upper_bound: Any) -> None:
+  """LAMB's bounds on the weight norm: None, or ``0 <= lower_bound <= upper_bound``."""
+  if lower_bound is not None:
+    v.check_scalar("lower_bound", lower_bound, low=0.0, alternative=" or None")
+  if upper_bound is not None:
+    # (0 is refused: MXNet's fused kernels read upper_bound=0 as "no bound", its
+    # plain step as a norm of 0.)
+    v.check_scalar("upper_bound", upper_bound, low=0.0, low_open=True, alternative=" or None")
+  if v.is_constant(lower_bound) and v.is_constant(upper_bound) and (
+      float(np.asarray(lower_bound)) > float(np.asarray(upper_bound))):
+    raise ValueError(
+        f"lower_bound: must be <= upper_bound (the weight norm is clipped to "
+        f"[lower_bound, upper_bound]), got lower_bound={float(np.asarray(lower_bound)):g} "
+        f"and upper_bound={float(np.asarray(upper_bound)):g}.")
+
+
+def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
+                   upper_bound: Any) -> jax.Array:
+  """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
+  w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
+  dt = w_norm.dtype  # float32 or wider
+  if lower_bound is not None:
+    w_norm = jnp.maximum(w_norm, utils.cast(lower_bound, dt))
+  if upper_bound is not None:
+    w_norm = jnp.minimum(w_norm, utils.cast(upper_bound, dt))
+  # MXNet's fallback to 1 for a zero norm (after the bounds), extended to
+  # non-finite norms as for LARS; 1 / 1 is divided there (jax_debug_nans).
+  ok = (w_norm > 0) & (u_norm > 0) & jnp.isfinite(w_norm + u_norm)
+  ratio = jnp.where(ok, w_norm, 1) / jnp.where(ok, u_norm, 1)
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+
+def _check_ratio_params(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
+                        upper_bound: Any, stacked: stacked_mod.StackedLike) -> list[int]:
+  """The ``init`` checks of LAMB's and LANS's ratios; returns the layer axes."""
+  v.check_float_params(params, name)
+  for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
+    if value is not None:
+      v.check_representable(arg, value, params, compute=True)
+  masks.check_unique_names(params)
+  ks = stacked_mod.resolve(stacked, params)
+  masks.check_matches(skip, params, "skip")
+  masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
+  return ks
+
+
+class ScaleByLambTrustRatioState(NamedTuple):
+  """State of :func:`scale_by_lamb_trust_ratio`.
+
+  Attributes:
+    trust_ratio: one entry per parameter leaf, in ``jax.tree.leaves(params)``
+      order: the leaf's ratio at the last step (1 for skipped leaves and
+      before the first step; -1 for ``optax.MaskedNode`` placeholders), as in
+      :class:`ScaleByLarsTrustRatioState`. Read it with :func:`trust_ratios`.
+    layer_trust_ratio: the per-layer ratios of stacked leaves, as in
+      :class:`ScaleByLarsTrustRatioState`.
+  """
+
+  trust_ratio: jax.Array
+  layer_trust_ratio: tuple[Any, ...] = ()
+
+
+def scale_by_lamb_trust_ratio(
+    *,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    skip: masks.MaskLike = None,
+    axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformation:
+  r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
+
+  For every leaf :math:`w` with incoming update :math:`u`:
+
+  .. math::
+
+    r_1 = \min(\max(\|w\|, l), h), \qquad
+    \rho = \frac{r_1}{\|u\|}, \qquad u \leftarrow \rho\,u,
+    \qquad \rho = 1 \text{ if } r_1 = 0,\ \|u\| = 0
+    \text{ or either is not finite,}
+
+  with :math:`l` = ``lower_bound`` and :math:`h` = ``upper_bound`` (left out
+  when None). Unlike :func:`scale_by_lars_trust_ratio`, the ratio is taken
+  from the update *this* transformation receives (Adam's direction plus the
+  weight decay, in LAMB), so it goes after them in a chain. The bounds clip
+  the weight norm :math:`r_1`, not the ratio: a zero-initialised leaf gets
+  :math:`\rho = l / \|u\|` when :math:`l > 0` (MXNet's
+  ``lamb_update_phase2`` and ``multi_lamb_update``). Norms are taken over
+  the whole leaf in float32 (float64 for float64 leaves).
+
+  Without bounds and masks this is :func:`optax.scale_by_trust_ratio` with
+  its defaults, plus the logged ratios, the name masks and ``axis_name``.
+
+  Args:
+    lower_bound: :math:`l` >= 0, or None.
+    upper_bound: :math:`h` > 0, or None; ``lower_bound <= upper_bound``.
+    skip: leaves whose ratio is 1 (a preset name such as ``"flax"``, a
+      :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, or
+      a bool pytree); see :func:`scale_by_lars_trust_ratio`. Skipped leaves
+      cost no norm computation.
+    axis_name: for params split over this mesh axis under
+      ``shard_map``/``pmap``: the squared norms are summed over it (one
+      collective for all leaves), giving every block its whole leaf's ratio.
+    stacked: the leaves that hold a stack of layers (see
+      :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
+      name: k}`` or ``[(mask, k)]`` rules, or the default,
+      :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
+      with ``"layers"``). Each layer gets its own norms and ratio, exactly as
+      in the unrolled model; masks judge one layer.
+
+  Returns:
+    A :class:`optax.GradientTransformation` with a
+    :class:`ScaleByLambTrustRatioState`; ``update`` requires ``params``.
+
+  References:
+    You et al., `Large Batch Optimization for Deep Learning: Training BERT in
+    76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
+    2.0 ``mxnet.optimizer.LAMB``.
+  """
+  _check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  v.check_axis_name(axis_name)
+  stacked_mod.check_stacked(stacked)
+  name = "scale_by_lamb_trust_ratio"
+
+  def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
+    ks = _check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked)
+    return ScaleByLambTrustRatioState(_ratio_vector(params), _layer_ratios(params, ks))
+
+  def update_fn(updates, state, params=None):
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    ks = _layer_axes(state.layer_trust_ratio, params)
+    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    flat_u, treedef = jax.tree.flatten(updates)
+    flat_p = treedef.flatten_up_to(params)
+    squares = stacked_mod.layer_sq_norms(
+        [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks, axis_name)
+    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound)
+              for sq in squares]
+    return (jax.tree.unflatten(treedef, _apply_ratios(flat_u, ratios)),
+            ScaleByLambTrustRatioState(_ratio_vector(params, ratios),
+                                       _layer_ratios(params, ks, ratios)))
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def _moments(updates, mu, nu, b1, b2):
+  """Adam's running moments, in the buffers' dtypes."""
+  mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
+                    mu, updates)
+  nu = jax.tree.map(
+      lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
+      nu, updates)
+  return mu, nu
+
+
+def _bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
+  """dtype -> ``(1 - b1^t, 1 - b2^t)`` in that dtype (float32 or wider).
+
+  The powers are taken in that dtype, as MXNet's kernels (``power`` in float)
+  and :func:`optax.scale_by_adam` take them.
+  """
+  cache: dict[Any, tuple[jax.Array, jax.Array]] = {}
+
+  def get(dt):
+    if dt not in cache:
+      t = count.astype(dt)
+      cache[dt] = (1 - utils.cast(b1, dt) ** t, 1 - utils.cast(b2, dt) ** t)
+    return cache[dt]
+
+  return get
+
+
+def scale_by_lamb_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    *,
+    bias_correction: bool = True,
+) -> GradientTransformation:
+  r"""Adam's direction as LAMB takes it, with or without bias correction.
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
+    \text{update} &= \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t)} + \epsilon}
+    \qquad \text{or, without bias correction,} \qquad
+    \frac{m_t}{\sqrt{v_t} + \epsilon}.
+
+  With bias correction this is :func:`optax.scale_by_adam` (epsilon outside
+  the square root, after the correction), except where the denominator is 0
+  (``eps=0`` and :math:`v_t = 0`: every gradient of that entry so far was 0):
+  the update is 0 there, where optax and MXNet's LAMB divide 0 by 0 and put
+  NaN into the weight. ``m`` and ``v`` keep the parameter dtype; the division
+  is done in float32 or wider. ``init`` warns
+  (:class:`LowPrecisionWarning`) for float16 params, where :math:`v_t`
+  underflows.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    bias_correction: divide the moments by :math:`1 - \beta^t` (MXNet's
+      ``bias_correction``).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with an
+    :class:`optax.ScaleByAdamState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.LAMB``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  if not isinstance(bias_correction, (bool, np.bool_)):
+    raise TypeError(f"bias_correction: expected a bool, got {bias_correction!r}.")
+  name = "scale_by_lamb_adam"
+
+  def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
+    v.check_float_params(params, name)
+    v.check_representable("eps", eps, params, compute=True)
+    utils.warn_float16(params, name, utils.DEGRADES)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=jax.tree.map(jnp.zeros_like, params),
+                                  nu=jax.tree.map(jnp.zeros_like, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    count = optax.safe_int32_increment(state.count)
+    corrections = _bias_corrections(count, b1, b2)
+
+    def step(m, n):
+      dt = utils.norm_dtype(m.dtype)
+      m, n_ = m.astype(dt), n.astype(dt)
+      if bias_correction:
+        c1, c2 = corrections(dt)
+        m, n_ = m / c1, n_ / c2
+      return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
+
+    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+class NormalizePerLeafState(NamedTuple):
+  """State of :func:`normalize_per_leaf` when some leaf is stacked.
+
+  Attributes:
+    layers: per leaf None (not stacked) or an int8 array of shape
+      ``shape[:k]``: only its shape is read, to keep the layer axes found in
+      ``init`` for ``update``. Without stacked leaves the state is
+      :class:`optax.EmptyState`.
+  """
+
+  layers: tuple[Any, ...]
+
+
+def normalize_per_leaf(
+    *,
+    axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformation:
+  r"""Divides each leaf's update by its own norm (LANS's gradient normalisation).
+
+  .. math::
+
+    u \leftarrow \frac{u}{\|u\|}, \qquad u \leftarrow 0 \text{ if } \|u\| = 0,
+
+  the norm taken over the whole leaf (over each layer of a stacked leaf) in
+  float32 (float64 for float64 leaves).
+  MXNet's LANS divides by a zero norm and gets NaN, which then stays in its
+  moments for good; here an all-zero gradient stays zero. A positive factor
+  in front (``rescale_grad``) cancels out.
+
+  Args:
+    axis_name: for leaves split over this mesh axis under
+      ``shard_map``/``pmap``: the squared norms are summed over it.
+    stacked: the leaves that hold a stack of layers, each layer normalised on
+      its own (see :mod:`lars_optax.stacked`; default: from Flax metadata).
+
+  Returns:
+    A :class:`optax.GradientTransformation`; its state is
+    :class:`optax.EmptyState`, or :class:`NormalizePerLeafState` when a leaf
+    is stacked.
+
+  References:
+    Zheng et al., `Accelerated Large Batch Optimization of BERT Pretraining in
+    54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
+    2.0 ``mxnet.optimizer.LANS``.
+  """
+  v.check_axis_name(axis_name)
+  stacked_mod.check_stacked(stacked)
+
+  def init_fn(params):
+    v.check_float_params(params, "normalize_per_leaf")
+    markers = stacked_mod.layer_markers(params, stacked_mod.resolve(stacked, params))
+    return NormalizePerLeafState(markers) if markers else optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    flat, treedef = jax.tree.flatten(updates)
+    ks = stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(flat))
+    squares = stacked_mod.layer_sq_norms([(u,) for u in flat], ks, axis_name)
+    out = []
+    for u, (s,) in zip(flat, squares):
+      n = stacked_mod.per_layer(jnp.sqrt(s), u)
+      out.append(utils.safe_divide(u.astype(n.dtype), n).astype(u.dtype))
+    return jax.tree.unflatten(treedef, out), state
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByLansState(NamedTuple):
+  """State of :func:`scale_by_lans`.
+
+  Attributes:
+    count: number of updates done so far (int32).
+    mu: Adam's first moment, like the params.
+    nu: Adam's second moment, like the params.
+    trust_ratio: per leaf, the ratio of the momentum part at the last step
+      (as in :class:`ScaleByLarsTrustRatioState`; what :func:`trust_ratios`
+      returns).
+    grad_trust_ratio: per leaf, the ratio of the gradient part.
+    layer_trust_ratio, layer_grad_trust_ratio: the per-layer ratios of
+      stacked leaves, as in :class:`ScaleByLarsTrustRatioState`.
+  """
+
+  count: jax.Array  # type: ignore[assignment]
+  mu: optax.Updates
+  nu: optax.Updates
+  trust_ratio: jax.Array
+  grad_trust_ratio: jax.Array
+  layer_trust_ratio: tuple[Any, ...] = ()
+  layer_grad_trust_ratio: tuple[Any, ...] = ()
+
+
+def scale_by_lans(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    *,
+    weight_decay: float = 0.0,
+    wd_mult: masks.LeafValues = None,
+    lower_bound: float | None = None,
+    upper_bound: float | None = None,
+    skip: masks.MaskLike = None,
+    axis_name: str | None = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformation:
+  r"""LANS's scaling: Nesterov-style Adam with a trust ratio on each of its two parts.
+
+  For every leaf :math:`w` with incoming (normalised) gradient :math:`\hat g`,
+  at step :math:`t`:
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\,\hat g, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\,\hat g^2 \\
+    d_t &= \sqrt{v_t / (1 - \beta_2^t)} + \epsilon \\
+    c_m &= \frac{m_t / (1 - \beta_1^t)}{d_t} + \lambda w, \qquad
+    c_g = \frac{\hat g}{d_t} + \lambda w \\
+    r_1 &= \min(\max(\|w\|, l), h), \qquad
+    \rho_m = \frac{r_1}{\|c_m\|}, \qquad \rho_g = \frac{r_1}{\|c_g\|} \\
+    \text{update} &= \beta_1\,\rho_m\,c_m + (1 - \beta_1)\,\rho_g\,c_g
+
+  with :math:`\lambda` = ``weight_decay`` times the leaf's ``wd_mult``, and
+  each ratio 1 where its norms are 0 or not finite, or for skipped leaves
+  (as in :func:`scale_by_lamb_trust_ratio`). This is MXNet's fused
+  ``multi_lans_update`` (its default path; its plain-Python ``step`` adds
+  :math:`\lambda w` to :math:`c_g` after the weight has already taken the
+  momentum part, a different rule when :math:`\lambda > 0`). Precede it with
+  :func:`normalize_per_leaf` (and a clip), follow it with the learning rate.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    weight_decay: :math:`\lambda` >= 0, added to both parts (decoupled:
+      not in the moments).
+    wd_mult: per-leaf multipliers of ``weight_decay`` by leaf name.
+    lower_bound: :math:`l` >= 0, or None.
+    upper_bound: :math:`h` > 0, or None.
+    skip: leaves whose two ratios are 1 (see :func:`scale_by_lamb_trust_ratio`).
+    axis_name: sum the squared norms over this mesh axis (sharded params).
+    stacked: the leaves that hold a stack of layers: each layer gets its own
+      two ratios (see :func:`scale_by_lamb_trust_ratio`).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with a :class:`ScaleByLansState`;
+    ``update`` requires ``params``.
+
+  References:
+    Zheng, Lin, Zha and Li, `Accelerated Large Batch Optimization of BERT
+    Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
+    Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  masks.check_leaf_values(wd_mult, "wd_mult")
+  _check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  v.check_axis_name(axis_name)
+  stacked_mod.check_stacked(stacked)
+  name = "scale_by_lans"
+
+  def init_fn(params: optax.Params) -> ScaleByLansState:
+    ks = _check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked)
+    v.check_representable("eps", eps, params, compute=True)
+    utils.warn_float16(params, name, utils.DEGRADES)
+    v.check_representable("weight_decay", weight_decay, params, compute=True)
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
+    ones, layer_ones = _ratio_vector(params), _layer_ratios(params, ks)
+    return ScaleByLansState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                            jax.tree.map(jnp.zeros_like, params), ones, ones,
+                            layer_ones, layer_ones)
+
+  def update_fn(updates, state, params=None):
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    ks = _layer_axes(state.layer_trust_ratio, params)
+    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
+    mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    count = optax.safe_int32_increment(state.count)
+    flat_g, treedef = jax.tree.flatten(updates)
+    flat_p, flat_m, flat_n = (treedef.flatten_up_to(x) for x in (params, mu, nu))
+    correction = _bias_corrections(count, b1, b2)
+
+    parts = []  # per leaf: (c_m, c_g) in float32 or wider
+    for g, p, m, n, c in zip(flat_g, flat_p, flat_m, flat_n, mults):
+      dt = utils.norm_dtype(m.dtype)
+      c1, c2 = correction(dt)
+      d = jnp.sqrt(n.astype(dt) / c2) + utils.cast(eps, dt)
+      rate = utils.times(weight_decay, c)
+      decay = 0 if utils.is_const(rate, 0) else (
+          stacked_mod.per_layer(utils.cast(rate, dt), p) * p.astype(dt))
+      parts.append((utils.safe_divide(m.astype(dt) / c1, d) + decay,
+                    utils.safe_divide(g.astype(dt), d) + decay))
+    squares = stacked_mod.layer_sq_norms(
+        [None if s else (p, cm, cg) for p, (cm, cg), s in zip(flat_p, parts, skipped)],
+        ks, axis_name)
+    ratios_m, ratios_g, out = [], [], []
+    for g, (cm, cg), sq in zip(flat_g, parts, squares):
+      rm = rg = None
+      if sq is not None:
+        rm = _bounded_ratio(sq[0], sq[1], lower_bound, upper_bound)
+        rg = _bounded_ratio(sq[0], sq[2], lower_bound, upper_bound)
+      ratios_m.append(rm)
+      ratios_g.append(rg)
+      dt = cm.dtype
+      wm = utils.cast(b1, dt) if rm is None else (
+          utils.cast(b1, dt) * stacked_mod.per_layer(rm.astype(dt), cm))
+      wg = utils.cast(1 - b1, dt) if rg is None else (
+          utils.cast(1 - b1, dt) * stacked_mod.per_layer(rg.astype(dt), cg))
+      out.append((wm * cm + wg * cg).astype(g.dtype))
+    return jax.tree.unflatten(treedef, out), ScaleByLansState(
+        count, mu, nu, _ratio_vector(params, ratios_m), _ratio_vector(params, ratios_g),
+        _layer_ratios(params, ks, ratios_m), _layer_ratios(params, ks, ratios_g))
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+_RATIO_STATES = (ScaleByLarsTrustRatioState, ScaleByLambTrustRatioState, ScaleByLansState)

@@ -1,0 +1,322 @@
+"""Stacked (scanned) layers: which leaves hold a stack of layers, and per-layer norms.
+
+Large models keep their repeated blocks *stacked*: every parameter of the L
+blocks is one array with a leading layer axis, and the forward pass scans over
+it (Flax linen ``nn.scan(..., variable_axes={"params": 0})``, nnx ``nnx.vmap``
++ ``nnx.scan``, Haiku ``hk.layer_stack``, Equinox ``eqx.filter_vmap`` +
+``lax.scan``). A leaf ``blocks/Dense_0/kernel`` of shape ``(L, D, D)`` is L
+layers. The layer-wise rules (LARS, LAMB, LANS and their per-leaf
+normalisation) must then take one norm per layer, not one over the stack.
+
+Every layer-wise optimizer and building block takes a ``stacked`` argument
+(:data:`StackedLike`) that names the leaves holding a stack and how many
+leading axes are layer axes (``k``):
+
+* a mask, anything ``skip`` accepts (``masks.by_regex(r"^blocks/")``, a bool
+  pytree, a callable): one leading layer axis on the leaves it selects;
+* ``{leaf name: k}`` or ``[(mask, k)]`` rules: ``k`` leading layer axes (e.g.
+  stages x layers);
+* :func:`from_metadata` (the default, :data:`FROM_METADATA`): read from Flax
+  metadata. Linen ``nn.Partitioned``/``nn.LogicallyPartitioned`` boxes and nnx
+  Variables whose partition names start with ``"layers"``, the name that
+  ``nn.scan(..., metadata_params={nn.PARTITION_NAME: "layers"})`` and
+  ``nnx.vmap(..., transform_metadata={nnx.PARTITION_NAME: "layers"})`` insert,
+  have one layer axis per leading ``"layers"`` entry. Without such metadata,
+  nothing is stacked;
+* None: no leaf is stacked.
+
+Each slice along the layer axes is then treated exactly as a separate
+parameter of the unrolled model: it gets its own norms, its own trust ratio,
+its own bounds and its own fallback to 1. Masks (``skip``, ``lr_mult`` and
+``wd_mult`` rules) judge one layer: ``by_ndim(1)`` selects a stacked bias of
+shape ``(L, D)``. Everything global stays global: the step count, schedules
+and ``optax.clip_by_global_norm``.
+
+The layer axes are resolved once, in ``init`` (where nnx passes Variables
+with their metadata), and kept in the state (:func:`layer_markers`), so
+``update`` sees them even when it gets bare arrays (``nnx.Optimizer``).
+
+>>> import jax.numpy as jnp
+>>> import lars_optax
+>>> params = {"blocks": {"kernel": jnp.ones((4, 8, 8)), "bias": jnp.zeros((4, 8))},
+...           "head": jnp.ones((8, 2))}
+>>> lars_optax.layer_axes(params, stacked=lars_optax.by_regex("^blocks/"))
+{'blocks/bias': 1, 'blocks/kernel': 1, 'head': 0}
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util as jtu
+
+from lars_optax import _utils as utils
+from lars_optax import masks
+
+__all__ = [
+  "FROM_METADATA",
+  "PARTITION_NAME",
+  "FromMetadata",
+  "StackedLike",
+  "check_stacked",
+  "from_metadata",
+  "layer_axes",
+  "layer_sq_norms",
+]
+
+PARTITION_NAME = "layers"
+"""The partition name Flax's scan/vmap insert for the layer axis in the examples."""
+
+# nnx Variables keep their partition names under one of these metadata keys
+# (the name changed across Flax versions).
+_NNX_KEYS = ("out_sharding", "sharding_names", "sharding")
+
+
+class FromMetadata:
+  """Reads the layer axes from Flax metadata (see :func:`from_metadata`)."""
+
+  __slots__ = ("names",)
+
+  def __init__(self, names: tuple[str, ...]):
+    self.names = names
+
+  def __repr__(self) -> str:
+    return f"from_metadata({', '.join(repr(n) for n in self.names)})"
+
+  def __eq__(self, other: object) -> bool:
+    return isinstance(other, FromMetadata) and other.names == self.names
+
+  def __hash__(self) -> int:
+    return hash(self.names)
+
+
+def from_metadata(*partition_names: str) -> FromMetadata:
+  """Layer axes read from Flax partition metadata.
+
+  A leaf in a linen ``nn.Partitioned``/``nn.LogicallyPartitioned`` box, or an
+  nnx Variable, whose partition names start with one or more of
+  ``partition_names`` (default ``"layers"``) has that many leading layer
+  axes. A configured name that appears after another axis is an error at
+  ``init`` (a layer axis must lead). Leaves without metadata are not stacked.
+
+  Args:
+    *partition_names: the names of layer axes, as given to ``nn.scan``'s
+      ``metadata_params={nn.PARTITION_NAME: ...}`` or ``nnx.vmap``'s
+      ``transform_metadata``. Default ``("layers",)``.
+  """
+  names = partition_names or (PARTITION_NAME,)
+  bad = [n for n in names if not isinstance(n, str) or not n]
+  if bad:
+    raise TypeError(f"partition_names: expected non-empty strings, got {bad!r}.")
+  return FromMetadata(tuple(names))
+
+
+FROM_METADATA = from_metadata(PARTITION_NAME)
+"""The default ``stacked``: leaves whose Flax partition names start with ``"layers"``."""
+
+StackedLike = FromMetadata | masks.MaskLike | Mapping[str, int] | Iterable[tuple[Any, int]] | None
+"""What a ``stacked`` argument takes: :func:`from_metadata`, a mask (one layer
+axis on the leaves it selects), ``{leaf name: k}`` or ``[(mask, k)]`` rules, or
+None (nothing stacked)."""
+
+
+def is_int(x: Any) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _as_rules(stacked: Any) -> dict[str, int] | list[tuple[Any, int]] | None:
+  """``{name: k}`` or ``[(mask, k)]`` when ``stacked`` has that form, else None."""
+  if isinstance(stacked, Mapping):
+    if stacked and all(is_int(k) for k in stacked.values()):
+      return dict(stacked)
+    return None
+  if (isinstance(stacked, (list, tuple)) and stacked
+      and all(isinstance(r, tuple) and len(r) == 2 and is_int(r[1]) for r in stacked)):
+    return list(stacked)
+  return None
+
+
+def check_stacked(stacked: StackedLike, arg_name: str = "stacked") -> None:
+  """Checks the form of a ``stacked`` argument (when an optimizer is built)."""
+  if stacked is None or isinstance(stacked, FromMetadata):
+    return
+  rules = _as_rules(stacked)
+  if rules is None:
+    masks.check_mask_like(stacked, arg_name)
+    return
+  items = rules.items() if isinstance(rules, dict) else rules
+  for key, k in items:
+    if isinstance(rules, dict) and not isinstance(key, str):
+      raise TypeError(f"{arg_name}: dict keys must be leaf names (str), got {key!r}.")
+    if not isinstance(rules, dict):
+      if key is None:
+        raise TypeError(f"{arg_name}: a rule's mask is None; give a Mask or a callable.")
+      masks.check_mask_like(key, arg_name)
+    if int(k) < 1:
+      raise ValueError(f"{arg_name}: the number of layer axes for {key!r} must be >= 1, "
+                       f"got {int(k)}.")
+
+
+def _partition_names(node: Any) -> tuple[Any, ...] | None:
+  """A Flax box's or nnx Variable's partition names (None without any)."""
+  names = getattr(node, "names", None)
+  if names is None and hasattr(node, "get_metadata"):
+    meta = node.get_metadata()
+    for key in _NNX_KEYS:
+      if meta.get(key) is not None:
+        names = meta[key]
+        break
+  if names is None:
+    return None
+  try:
+    return tuple(names)
+  except TypeError:
+    return None
+
+
+def _metadata_axes(spec: FromMetadata, tree: Any, arg_name: str) -> list[int]:
+  def is_layer(entry: Any) -> bool:
+    if isinstance(entry, (tuple, list)):
+      return bool(entry) and all(e in spec.names for e in entry)
+    return entry in spec.names
+
+  out = []
+  flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=masks._is_box)
+  for path, node in flat:
+    if not masks._is_box(node):
+      out.append(0)
+      continue
+    names = _partition_names(node) or ()
+    k = 0
+    while k < len(names) and is_layer(names[k]):
+      k += 1
+    later = [i for i in range(k, len(names)) if is_layer(names[i])]
+    name = masks.path_to_name(path)
+    if later:
+      raise ValueError(
+          f"{arg_name}: leaf {name!r} has the layer axis {names[later[0]]!r} at position "
+          f"{later[0]} of its partition names {names}; layer axes must lead (scan or "
+          "vmap with the layer axis at 0), or pass stacked= explicitly.")
+    out.extend([k] * len(jax.tree.leaves(node)))
+  return out
+
+
+def _check_selects(mask: Any, tree: Any, selected: list[bool], arg_name: str) -> None:
+  """A stacked rule must select some leaf (placeholders of optax.masked aside)."""
+  masks.check_matches(mask, tree, arg_name)
+  placeholders = len(masks._placeholder_names(tree)) > len(selected)
+  if selected and not any(selected) and not placeholders:
+    raise ValueError(f"{arg_name}: the rule {mask!r} selects no parameter; "
+                     "lars_optax.leaf_names(params) shows the names.")
+
+
+def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[int]:
+  """The number of leading layer axes of each leaf of ``tree`` (``jax.tree.leaves`` order).
+
+  Raises:
+    ValueError: a rule that matches no leaf, a dict key that names no leaf,
+      ``k`` >= the leaf's ndim (naming the leaf), or metadata whose layer
+      axis is not leading.
+  """
+  named = masks.named_leaves(tree)
+  if stacked is None:
+    ks = [0] * len(named)
+  elif isinstance(stacked, FromMetadata):
+    ks = _metadata_axes(stacked, tree, arg_name)
+  else:
+    check_stacked(stacked, arg_name)
+    rules = _as_rules(stacked)
+    if rules is None:
+      selected = masks.resolve_mask(stacked, tree, arg_name)
+      _check_selects(stacked, tree, selected, arg_name)
+      ks = [1 if s else 0 for s in selected]
+    elif isinstance(rules, dict):
+      names = [n for n, _ in named]
+      unknown = [key for key in rules if key not in set(names)]
+      if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=3)
+        raise ValueError(
+            f"{arg_name}: no parameter is named {unknown[0]!r}"
+            + (f" (did you mean {close}?)" if close else "")
+            + f". Leaf names look like {names[:3]}.")
+      ks = [int(rules.get(n, 0)) for n in names]
+    else:
+      found: list[int | None] = [None] * len(named)
+      for mask, k in rules:
+        selected = masks.resolve_mask(mask, tree, arg_name)
+        _check_selects(mask, tree, selected, arg_name)
+        found = [int(k) if (f is None and s) else f for f, s in zip(found, selected)]
+      ks = [0 if f is None else f for f in found]
+  for (name, leaf), k in zip(named, ks):
+    if k and k >= np.ndim(leaf):
+      raise ValueError(
+          f"{arg_name}: leaf {name!r} of shape {tuple(np.shape(leaf))} cannot have {k} "
+          f"layer axes: a layer needs at least one axis of its own (k < ndim = "
+          f"{np.ndim(leaf)}).")
+  return ks
+
+
+def layer_axes(params: Any, stacked: StackedLike = FROM_METADATA) -> dict[str, int]:
+  """``{leaf name: number of leading layer axes}`` as the optimizers resolve ``stacked``.
+
+  For checking what a ``stacked`` argument (or the default detection from Flax
+  metadata) selects before training.
+  """
+  ks = resolve(stacked, params)
+  return {name: k for (name, _), k in zip(masks.named_leaves(params), ks)}
+
+
+def layer_markers(tree: Any, ks: Sequence[int]) -> tuple[Any, ...]:
+  """What a state keeps of the layer axes: ``()`` when nothing is stacked, else per
+  leaf None (not stacked) or an int8 array of shape ``shape[:k]`` (its layer grid)."""
+  if not any(ks):
+    return ()
+  return tuple(jnp.zeros(np.shape(leaf)[:k], jnp.int8) if k else None
+               for leaf, k in zip(jax.tree.leaves(tree), ks))
+
+
+def axes_from_markers(markers: Sequence[Any], n: int) -> list[int]:
+  """The layer axes kept by :func:`layer_markers` (or per-layer arrays): their ndims."""
+  if not markers:
+    return [0] * n
+  return [0 if m is None else jnp.ndim(m) for m in markers]
+
+
+def sq_norm(x: jax.Array, k: int = 0) -> jax.Array:
+  """Per-layer sum of squares (over all axes but the first ``k``), in float32 or wider."""
+  x = x.astype(utils.norm_dtype(x.dtype))
+  return jnp.sum(jnp.square(x), axis=tuple(range(k, x.ndim)))
+
+
+def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],
+                   axis_name: str | None = None) -> list[Any]:
+  """Per leaf, the per-layer squared norms of each array in its group.
+
+  ``groups[i]`` is a tuple of arrays of leaf ``i``'s shape (e.g. the weight and
+  its update), or None for a skipped leaf (which costs nothing). Each array's
+  squares are summed over all axes but the first ``ks[i]`` (the layer axes),
+  in float32 (float64 for float64 leaves), giving arrays of shape
+  ``shape[:k]`` (scalars for unstacked leaves). With ``axis_name`` the sums of
+  all leaves are added over that mesh axis in one collective: a layer split
+  over it gets its whole norm. A stack split along its *layer* axis needs no
+  sum (each device holds whole layers), so leave ``axis_name`` None there.
+
+  This is the one place the layer-wise rules (LARS, TF LARS, LAMB, LANS and
+  :func:`~lars_optax.normalize_per_leaf`) take their norms.
+  """
+  squares = [None if g is None else tuple(sq_norm(x, k) for x in g)
+             for g, k in zip(groups, ks)]
+  return utils.psum(squares, axis_name)
+
+
+def per_layer(value: Any, x: jax.Array) -> Any:
+  """A per-layer array (shape ``shape[:k]``) shaped to broadcast against ``x``."""
+  nd = jnp.ndim(value)
+  if nd == 0:
+    return value
+  return jnp.reshape(value, jnp.shape(value) + (1,) * (x.ndim - nd))
