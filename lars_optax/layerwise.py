@@ -188,9 +188,12 @@ def _layer_ratios(params: Any, ks: Sequence[int], ratios: Sequence[Any] | None =
     return ()
   dt = _ratio_dtype(params)
   it = iter(zip(jax.tree.leaves(params), ks, ratios if ratios is not None else [None] * len(ks)))
-  out = []
+  out: list[Any] = []
   for real in _slots(params):  # one entry per slot, MaskedNode placeholders included
-    p, k, r = next(it) if real else (None, 0, None)
+    if not real:
+      out.append(None)
+      continue
+    p, k, r = next(it)
     out.append(None if not k else jnp.ones(np.shape(p)[:k], dt) if r is None else r.astype(dt))
   return tuple(out)
 

@@ -588,6 +588,13 @@ argument accepts (a :class:`Mask`, a preset name, ...) and the first rule that
 selects a leaf gives its value; a rule's mask built from names must match some
 leaf, as a ``skip`` mask must (checked in ``init``). Leaves that no entry names keep the default
 (1 for a multiplier). None: every leaf keeps the default.
+
+For a stacked leaf (a stack of L layers, see :mod:`lars_optax.stacked`), the
+layer-wise optimizers (``lars``, ``lamb``, ``lans``) and the per-leaf
+transformations also take a numpy array of L values (shape ``shape[:k]`` for
+``k`` layer axes): one value per layer, as if each layer of the unrolled
+model had its own (layer-wise learning-rate decay), e.g.
+``lr_mult={"blocks/kernel": 0.8 ** np.arange(L)[::-1]}``.
 """
 
 
@@ -640,7 +647,7 @@ def _check_per_layer(arg_name: str, name: str, value: Any, leaf: Any, k: int | N
         f"the leaf (shape {shape}) has {shape[0]} layers.")
 
 
-def _rules(spec: LeafValues, arg_name: str) -> list[tuple[Any, float]] | dict[str, float]:
+def _rules(spec: LeafValues, arg_name: str) -> list[tuple[Any, Any]] | dict[str, Any]:
   """Validates ``spec`` and returns it as a dict or a list of (mask, value)."""
   if isinstance(spec, Mapping):
     out = {}

@@ -329,11 +329,11 @@ def test_stacked_bad_forms_are_rejected_at_construction():
 def test_per_layer_multiplier_of_the_wrong_length_names_both_lengths():
   p0 = stacked_params()
   tx = lars_optax.lamb(stacked=STACK, lr_mult={"blocks/kernel": np.ones(3)})
-  with pytest.raises(ValueError, match="lr_mult: .*'blocks/kernel' has 3 per-layer entries, "
-                                       "but the leaf \\(shape \\(4, 8, 8\\)\\) has 4 layers"):
+  with pytest.raises(ValueError, match=r"lr_mult: .*'blocks/kernel' has 3 per-layer entries, "
+                                       r"but the leaf \(shape \(4, 8, 8\)\) has 4 layers"):
     tx.init(p0)
   tx = lars_optax.lars(stacked=STACK, wd=0.1, wd_mult={"head/kernel": np.ones(8)})
-  with pytest.raises(ValueError, match="wd_mult: .*'head/kernel'.*is not stacked"):
+  with pytest.raises(ValueError, match=r"wd_mult: .*'head/kernel'.*is not stacked"):
     tx.init(p0)
   with pytest.raises(ValueError, match="lr_mult: the per-layer values for 'b' must be finite"):
     lars_optax.lamb(lr_mult={"b": np.array([1.0, -1.0])})
@@ -341,8 +341,8 @@ def test_per_layer_multiplier_of_the_wrong_length_names_both_lengths():
 
 def test_per_layer_multiplier_on_an_unstacked_leaf_is_a_clear_error():
   p0 = stacked_params()
-  with pytest.raises(ValueError, match="lr_mult: the value for 'blocks/kernel' has 4 per-layer "
-                                       "entries, but the leaf .* is not stacked"):
+  with pytest.raises(ValueError, match=r"lr_mult: the value for 'blocks/kernel' has 4 per-layer "
+                                       r"entries, but the leaf .* is not stacked"):
     lars_optax.adamw(lr_mult={"blocks/kernel": np.ones(L)}).init(p0)
 
 
