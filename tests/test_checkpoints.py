@@ -34,8 +34,8 @@ import pytest
 
 import lars_optax
 
-ocp = pytest.importorskip("orbax.checkpoint")
-serialization = pytest.importorskip("flax.serialization")
+ocp = pytest.importorskip("orbax.checkpoint", reason="orbax-checkpoint is not installed")
+serialization = pytest.importorskip("flax.serialization", reason="flax is not installed")
 
 STEPS = 6
 RESUME_AT = 3  # the checkpoint is written after steps 0, 1 and 2

@@ -12,10 +12,10 @@ import pytest
 
 import lars_optax
 
-pytest.importorskip("flax")
-pytest.importorskip("sklearn")
-pytest.importorskip("matplotlib")
-pytest.importorskip("tqdm")
+pytest.importorskip("flax", reason="flax is not installed (the demo extra)")
+pytest.importorskip("sklearn", reason="scikit-learn is not installed (the demo extra)")
+pytest.importorskip("matplotlib", reason="matplotlib is not installed (the demo extra)")
+pytest.importorskip("tqdm", reason="tqdm is not installed (the demo extra)")
 
 from lars_optax import demo
 
