@@ -225,7 +225,6 @@ def train(run: Run, tx: optax.GradientTransformation, model: Any, params: Any,
   def accuracy(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean(jnp.argmax(model.apply(params, x), -1) == y)
 
-  names = [name for name, _ in lars_optax.named_leaves(params)]
   ratios: list[jax.Array] = []
   rng = np.random.default_rng(seed)
   run.steps_per_epoch = steps = len(x_tr) // run.batch_size  # the remainder is dropped
@@ -241,15 +240,29 @@ def train(run: Run, tx: optax.GradientTransformation, model: Any, params: Any,
       params, opt_state, loss = train_step(params, opt_state, x_tr[idx], y_tr[idx])
       losses.append(loss)
       if run.record_trust_ratios:
-        ratios.append(lars_optax.trust_ratios(opt_state))  # a vector, leaf order
+        ratios.append(lars_optax.trust_ratios(opt_state))  # a vector, leaf (layer) order
     run.train_loss.append(float(jnp.mean(jnp.stack(losses))))
     run.test_accuracy.append(float(accuracy(params, x_te, y_te)))
     bar.set_postfix(loss=f"{run.train_loss[-1]:.4f}", test_acc=f"{run.test_accuracy[-1]:.3f}")
   bar.close()
   run.wall_time = time.perf_counter() - start
   if run.record_trust_ratios:
+    # The vector holds one entry per layer of a stacked leaf: name them per layer.
+    names = layer_names(lars_optax.trust_ratios(opt_state, params))
     stacked = np.asarray(jnp.stack(ratios))
     run.trust_ratios = {name: stacked[:, i] for i, name in enumerate(names)}
+
+
+def layer_names(ratios: dict) -> list[str]:
+  """The names of the entries of ``trust_ratios(state)``'s vector, from the dict
+  ``trust_ratios(state, params)``: a stacked (scanned) leaf has one entry per layer,
+  ``blocks/kernel[3]`` for its layer 3."""
+  out = []
+  for name, r in ratios.items():
+    shape = np.shape(r)
+    out += [name] if not shape else [f"{name}[{','.join(map(str, i))}]"
+                                      for i in np.ndindex(shape)]
+  return out
 
 
 def format_table(runs: Sequence[Run]) -> str:

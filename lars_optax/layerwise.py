@@ -861,10 +861,12 @@ def scale_by_lans(
     utils.warn_float16(params, name, utils.DEGRADES)
     v.check_representable("weight_decay", weight_decay, params, compute=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
-    ones, layer_ones = _ratio_vector(params), _layer_ratios(params, ks)
+    # (Separate buffers for the two ratios: a step that donates the state
+    # cannot donate one buffer twice.)
     return ScaleByLansState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
-                            jax.tree.map(jnp.zeros_like, params), ones, ones,
-                            layer_ones, layer_ones)
+                            jax.tree.map(jnp.zeros_like, params), _ratio_vector(params),
+                            _ratio_vector(params), _layer_ratios(params, ks),
+                            _layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import lars_optax
@@ -167,3 +168,11 @@ def test_plot_clips_a_diverged_loss_and_marks_it(tmp_path):
   assert ax_loss.get_ylim()[1] < 100  # not 1e30
   assert all(ax.get_ylabel() for ax in fig.axes[:3])
   assert (tmp_path / "p.png").exists()
+
+
+def test_layer_names_give_a_stacked_leaf_one_name_per_layer():
+  from lars_optax import demo
+
+  ratios = {"blocks/kernel": np.array([0.1, 0.2, 0.3]), "head/kernel": np.float32(0.5)}
+  assert demo.layer_names(ratios) == ["blocks/kernel[0]", "blocks/kernel[1]",
+                                      "blocks/kernel[2]", "head/kernel"]
