@@ -47,3 +47,13 @@ def test_train_step_time_quick_run_times_the_three_optimizers():
   assert [r["optimizer"] for r in result["rows"]] == [
       "optax.sgd(momentum=0.9)", "optax.lars", "lars_optax.lars"]
   assert all(r["train_ms"] > 0 and r["alone_ms"] > 0 for r in result["rows"])
+
+
+def test_stacked_layers_quick_run_compares_stacked_with_unrolled():
+  import stacked_layers
+
+  result = stacked_layers.main(["--quick"])
+  variants = {r["variant"] for r in result["rows"]}
+  assert variants == {"unrolled", "stacked", "one norm per stack"}
+  assert result["leaves"] == {"unrolled": 3 * 12 + 3, "stacked": 12 + 3}
+  assert "| `lars` |" in stacked_layers.format_table(result)
