@@ -182,10 +182,13 @@ def one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
 
 
 def safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
-  """``x / denom``, 0 where ``denom`` is 0 (no 0/0 is formed: ``jax_debug_nans``).
+  """``x / denom``, 0 where ``denom`` is exactly 0 (no 0/0 is formed: ``jax_debug_nans``).
 
   A zero denominator means a zero step (e.g. ``epsilon=0`` and every gradient so
-  far 0), where MXNet and optax divide 0 by 0.
+  far 0), where MXNet and optax divide 0 by 0. Only that case is guarded: a NaN
+  or infinite denominator divides as usual, so a NaN gradient shows in the
+  update (as in optax and MXNet) instead of becoming a silent zero step that
+  freezes the weight.
   """
-  nonzero = denom > 0
-  return jnp.where(nonzero, x / jnp.where(nonzero, denom, jnp.ones_like(denom)), 0)
+  zero = denom == 0
+  return jnp.where(zero, 0, x / jnp.where(zero, jnp.ones_like(denom), denom))

@@ -333,8 +333,7 @@ def ftrl_proximal(
       l2 = utils.cast(weight_decay if wm == 1 else weight_decay * wm, dt)
       denom = (utils.cast(beta, dt) + sqrt_n) / a + l2
       shrunk = jnp.sign(new_z) * jnp.maximum(jnp.abs(new_z) - utils.cast(lamda1, dt), 0)
-      safe = denom > 0
-      new_w = jnp.where(safe, -shrunk / jnp.where(safe, denom, 1), 0).astype(dt)
+      new_w = -utils.safe_divide(shrunk, denom).astype(dt)  # (NaN shows; only 0 is guarded)
       out_u.append(jnp.where(live, new_w - w, 0).astype(dt))
       out_z.append(jnp.where(live, new_z, z).astype(z.dtype))
       out_n.append(jnp.where(live, new_n, n).astype(n.dtype))

@@ -545,7 +545,9 @@ def scale_by_ftml(
       d_new = c1 / alpha * (jnp.sqrt(vv.astype(dt) / c2) + utils.cast(eps, dt))
       sigma = d_new - utils.cast(b1, dt) * d.astype(dt)
       z_new = (utils.cast(b1, dt) * z.astype(dt) + utils.cast(1 - b1, dt) * u32 - sigma * w32)
-      w_new = jnp.where(d_new > 0, -utils.safe_divide(z_new, d_new), w32)
+      # d = 0 only when eps = 0 and every gradient so far was 0: keep the weight.
+      # (A NaN d divides, so a NaN gradient shows in the update.)
+      w_new = jnp.where(d_new == 0, w32, -utils.safe_divide(z_new, d_new))
       out.append((w_new - w32).astype(u.dtype))
       ds.append(d_new.astype(d.dtype))
       vs.append(vv)

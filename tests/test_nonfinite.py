@@ -295,3 +295,37 @@ def test_zero_layer_with_zero_gradient_forms_no_nan(name, jit):
     for _ in range(2):
       updates, state = update(jax.tree.map(jnp.zeros_like, params), state, params)
   chex.assert_tree_all_finite((updates, state))
+
+
+# --------------------------------------------------------------------------
+# A NaN gradient shows in the update, in every registered optimizer.
+# --------------------------------------------------------------------------
+
+_LAYER_WISE = {"lars", "lamb", "lans"}
+
+
+@pytest.mark.parametrize("name", lars_optax.registered())
+def test_nan_gradient_element_shows_in_the_update_of_every_registered_optimizer(name):
+  """One NaN gradient element gives a non-finite update there (in that leaf for the
+  layer-wise rules), never a silent zero step that freezes the weight for good."""
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+            "v": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}
+  grads = jax.tree.map(lambda p: 0.1 * p + 0.05, params)
+  tx = lars_optax.create(name)
+  state = tx.init(params)
+  _, state = tx.update(grads, state, params)  # one clean step first: state is not fresh
+  bad = {"w": grads["w"].at[1, 2].set(jnp.nan), "v": grads["v"]}
+  updates, state = tx.update(bad, state, params)
+  if name in _LAYER_WISE:
+    assert not np.all(np.isfinite(updates["w"])), name
+  else:
+    assert not np.isfinite(updates["w"][1, 2]), name
+  if name in _STATISTICS:  # the NaN in the state stays visible, not a silent zero step
+    updates, _ = tx.update(grads, state, params)
+    assert not np.isfinite(updates["w"][1, 2]), name
+
+
+# Rules whose state keeps gradient statistics (where the old zero-step froze the weight).
+_STATISTICS = {"adam", "adamw", "nadam", "adamax", "adabelief", "ftml", "lamb", "lans",
+               "adagrad", "groupadagrad", "ftrl", "rmsprop", "adadelta"}
