@@ -139,7 +139,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
                 why=v.COUNT_WHY)
   offset = int(begin_num_update) + 1
-  replay = _Replay(lr_scheduler, offset)  # copies it before anything calls it
+  # Copied before anything calls it (a traced call below never reaches the host).
+  replay = None if hasattr(lr_scheduler, "as_optax") else _Replay(lr_scheduler, offset)
 
   def lr_dtype():
     # float64 when x64 is on (as MXNet's Python-float rate), else float32; checked at call time.
@@ -155,6 +156,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     traceable = False
   if traceable:
     return traced
+  if replay is None:
+    replay = _Replay(lr_scheduler, offset)
 
   def on_host(count):
     dtype = lr_dtype()
@@ -311,7 +314,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
 def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   """MXNet's rule: a scheduler object's ``base_lr`` becomes the learning rate."""
-  if not hasattr(lr_scheduler, "base_lr"):
+  if not hasattr(lr_scheduler, "base_lr") and not hasattr(lr_scheduler, "with_base_lr"):
     if lr is not _UNSET and lr is not None:
       raise ValueError("learning_rate: give either learning_rate or a plain "
                        "lr_scheduler callable, not both (the scheduler returns the "
@@ -323,6 +326,11 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
   old_lr = lr_scheduler.base_lr
+  if hasattr(lr_scheduler, "with_base_lr"):  # lars_optax.schedules: immutable, returns a copy
+    if old_lr != lr:
+      warnings.warn(f"lr_scheduler: base_lr {old_lr} is replaced by "
+                    f"learning_rate {lr}, as MXNet does.", stacklevel=3)
+    return lr_scheduler.with_base_lr(lr)
   try:
     lr_scheduler = copy.deepcopy(lr_scheduler)
   except Exception as e:  # any failure to copy gets the same advice
