@@ -38,8 +38,9 @@ BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_schedul
              "begin_num_update", "multi_precision", "lr_mult", "wd_mult")
 """MXNet optimizer-base arguments that :func:`create` accepts for every name."""
 
-# Accepted for compatibility; they choose between MXNet code paths that give
-# the same numbers, so they have no effect here.
+# Accepted for compatibility and ignored: we follow MXNet's default path (fused,
+# multi-tensor where it has one); its other paths give the same numbers except
+# LAMB's single-tensor kernels (see create's docstring).
 _NO_OP_ARGS = ("use_fused_step", "aggregate_num")
 
 # MXNet flags that a built-in optimizer takes only at MXNet's default (which
@@ -116,8 +117,9 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   that stops growing at ``2**31 - 1`` (so ``begin_num_update`` is at most
   ``2**31 - 2``).
 
-  ``lr_scheduler`` may be a JAX-traceable function of the count (an optax
-  schedule, a ``lambda n: ...`` with ``jnp`` ops), used as is under ``jit``.
+  ``lr_scheduler`` may be a JAX-traceable function of the count (one of
+  :mod:`lars_optax.schedules`, an optax schedule, a ``lambda n: ...`` with
+  ``jnp`` ops), used as is under ``jit``.
   A Python scheduler that cannot be traced (one that branches on the count or
   keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
   host through :func:`jax.pure_callback` with the concrete count.
@@ -243,7 +245,19 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
   plus each optimizer's own (e.g. ``momentum``, ``eta``, ``beta1``,
   ``lazy_update``, ``wd_lh``). ``use_fused_step`` and ``aggregate_num`` are
-  accepted and ignored (they select MXNet code paths with the same results).
+  accepted and change nothing: every optimizer follows MXNet's default path
+  (``use_fused_step=True`` with MXNet's default ``aggregate_num``; the
+  multi-tensor kernels where MXNet has them). Where MXNet's paths agree
+  (to the tolerances of the reference tests) that is the only choice; where
+  they do not, the default path is the one matched. MXNet 2.0's LAMB is such a
+  case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ from its
+  default multi-tensor path (see :func:`lars_optax.lamb`), and ``create("lamb",
+  aggregate_num=1)`` still gives the default path's numbers.
+
+  ``lr_scheduler`` may be one of :mod:`lars_optax.schedules` (MXNet's
+  ``FactorScheduler``, ``MultiFactorScheduler``, ``PolyScheduler``,
+  ``CosineScheduler``): it is traced, with no host call, and its ``base_lr`` is
+  set through its ``with_base_lr`` (a copy), with MXNet's effect on each.
 
   Raises:
     ValueError: an unknown name or argument (the message lists the valid

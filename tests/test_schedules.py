@@ -42,19 +42,17 @@ def _rate_errors(ours, expected):
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("jit", [True, False], ids=["jit", "eager"])
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-def test_schedule_matches_mxnet_over_the_whole_run(name, jit):
+def test_schedule_matches_mxnet_over_the_whole_run(name):
   case = SCHEDULES[name]
   sched = _scheduler(case["scheduler"], case["kwargs"])
   counts = jnp.arange(1, len(case["rates"]) + 1, dtype=jnp.int32)
-  if jit:
-    ours = jax.jit(jax.vmap(sched))(counts)
-  else:
-    ours = [sched(int(n)) for n in counts[: min(len(counts), 80)]]
-  assert all(jnp.asarray(r).dtype == jnp.float32 for r in ours)
-  err = _rate_errors(ours, case["rates"][: len(ours)])
-  assert err.max() <= RATE_RTOL, (name, int(err.argmax()) + 1, float(err.max()))
+  jitted = jax.jit(jax.vmap(sched))(counts)  # the whole run
+  eager = [sched(n) for n in range(1, min(len(counts), 60) + 1)]  # Python ints, no jit
+  for ours in (jitted, eager):
+    assert all(jnp.asarray(r).dtype == jnp.float32 for r in ours)
+    err = _rate_errors(ours, case["rates"][: len(ours)])
+    assert err.max() <= RATE_RTOL, (name, int(err.argmax()) + 1, float(err.max()))
 
 
 @pytest.mark.parametrize("name", ["factor_warmup_linear", "poly_warmup_constant",
