@@ -245,14 +245,13 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
   plus each optimizer's own (e.g. ``momentum``, ``eta``, ``beta1``,
   ``lazy_update``, ``wd_lh``). ``use_fused_step`` and ``aggregate_num`` are
-  accepted and change nothing: every optimizer follows MXNet's default path
-  (``use_fused_step=True`` with MXNet's default ``aggregate_num``; the
-  multi-tensor kernels where MXNet has them). Where MXNet's paths agree
-  (to the tolerances of the reference tests) that is the only choice; where
-  they do not, the default path is the one matched. MXNet 2.0's LAMB is such a
-  case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ from its
-  default multi-tensor path (see :func:`lars_optax.lamb`), and ``create("lamb",
-  aggregate_num=1)`` still gives the default path's numbers.
+  accepted and change nothing: every optimizer follows MXNet's path at its
+  default ``use_fused_step`` and ``aggregate_num`` (the multi-tensor kernels
+  where MXNet has them), which is what the reference tests compare with.
+  Where MXNet's paths disagree, the default one is matched. MXNet 2.0's LAMB
+  is such a case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ
+  from its default multi-tensor path (see :func:`lars_optax.lamb`), and
+  ``create("lamb", aggregate_num=1)`` still gives the default path's numbers.
 
   ``lr_scheduler`` may be one of :mod:`lars_optax.schedules` (MXNet's
   ``FactorScheduler``, ``MultiFactorScheduler``, ``PolyScheduler``,

@@ -139,8 +139,11 @@ class _Scheduler:
   _ARGS: tuple[str, ...] = ()
 
   def __repr__(self) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
-    return f"{type(self).__name__}({args})"
+    # As built: the constructor's base_lr, then with_base_lr(...) if it was replaced.
+    fields = dict(self._fields(), base_lr=self.warmup_final_lr)
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    replaced = "" if self.base_lr == self.warmup_final_lr else f".with_base_lr({self.base_lr!r})"
+    return f"{type(self).__name__}({args}){replaced}"
 
   def __eq__(self, other: object) -> bool:
     return (isinstance(other, _Scheduler) and type(other) is type(self)

@@ -149,6 +149,8 @@ def test_with_base_lr_returns_a_copy_and_keeps_the_warmup_target():
   assert sched == schedules.FactorScheduler(step=2, factor=0.5, base_lr=0.1, warmup_steps=4,
                                             warmup_begin_lr=0.02)
   assert sched != other and hash(sched) != hash(other)
+  assert repr(other) == repr(sched) + ".with_base_lr(1.0)"
+  assert eval(repr(other), vars(schedules)) == other  # the repr rebuilds it
 
 
 @pytest.mark.parametrize("optimizer", ["lars", "lamb", "sgd"])
