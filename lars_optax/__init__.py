@@ -6,7 +6,7 @@ of TensorFlow's LARS, reproduced number for number, built from small public
 transformations that compose with the rest of optax.
 """
 
-from lars_optax import layerwise, masks, stacked
+from lars_optax import layerwise, masks, schedules, stacked
 from lars_optax.adagrad_family import (
     FtrlProximalState,
     ScaleByGroupAdagradState,
@@ -202,6 +202,7 @@ __all__ = [
     "scale_by_mxnet_belief",
     "scale_by_mxnet_nadam",
     "scale_per_leaf",
+    "schedules",
     "sgd",
     "sgld",
     "signsgd",

@@ -690,6 +690,17 @@ def lamb(
   correction and ``clip_gradient=None``, this is :func:`optax.lamb` (whose
   ``weight_decay`` is ``wd``), apart from the zero denominator below.
 
+  MXNet 2.0's LAMB disagrees with itself: its default multi-tensor path
+  (``aggregate_num=4``: ``multi_lamb_update``, ``multi_mp_lamb_update``) and
+  its single-tensor kernels (``aggregate_num`` 0 or 1:
+  ``lamb_update_phase1``/``phase2``) give different weights. On the data of
+  ``tests/reference/make_mxnet_schedules.py`` (``wd=0.01``, bias correction)
+  the single-tensor weights differ from the default ones by up to 1.4e-4
+  (relative) in float32 and 12% with float16 masters on ordinary leaves, and
+  by 26% on a zero-initialised one. This function follows MXNet's default
+  path, as does :func:`lars_optax.create` for every ``aggregate_num`` (which it
+  accepts and ignores); ``tests/test_schedules.py`` pins that.
+
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
     beta1: :math:`\beta_1` in [0, 1).

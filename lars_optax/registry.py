@@ -38,8 +38,9 @@ BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_schedul
              "begin_num_update", "multi_precision", "lr_mult", "wd_mult")
 """MXNet optimizer-base arguments that :func:`create` accepts for every name."""
 
-# Accepted for compatibility; they choose between MXNet code paths that give
-# the same numbers, so they have no effect here.
+# Accepted for compatibility and ignored: we follow MXNet's default path (fused,
+# multi-tensor where it has one); its other paths give the same numbers except
+# LAMB's single-tensor kernels (see create's docstring).
 _NO_OP_ARGS = ("use_fused_step", "aggregate_num")
 
 # MXNet flags that a built-in optimizer takes only at MXNet's default (which
@@ -116,8 +117,9 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   that stops growing at ``2**31 - 1`` (so ``begin_num_update`` is at most
   ``2**31 - 2``).
 
-  ``lr_scheduler`` may be a JAX-traceable function of the count (an optax
-  schedule, a ``lambda n: ...`` with ``jnp`` ops), used as is under ``jit``.
+  ``lr_scheduler`` may be a JAX-traceable function of the count (one of
+  :mod:`lars_optax.schedules`, an optax schedule, a ``lambda n: ...`` with
+  ``jnp`` ops), used as is under ``jit``.
   A Python scheduler that cannot be traced (one that branches on the count or
   keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
   host through :func:`jax.pure_callback` with the concrete count.
@@ -139,7 +141,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
                 why=v.COUNT_WHY)
   offset = int(begin_num_update) + 1
-  replay = _Replay(lr_scheduler, offset)  # copies it before anything calls it
+  # Copied before anything calls it (a traced call below never reaches the host).
+  replay = None if hasattr(lr_scheduler, "as_optax") else _Replay(lr_scheduler, offset)
 
   def lr_dtype():
     # float64 when x64 is on (as MXNet's Python-float rate), else float32; checked at call time.
@@ -155,6 +158,8 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     traceable = False
   if traceable:
     return traced
+  if replay is None:
+    replay = _Replay(lr_scheduler, offset)
 
   def on_host(count):
     dtype = lr_dtype()
@@ -240,7 +245,18 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
   plus each optimizer's own (e.g. ``momentum``, ``eta``, ``beta1``,
   ``lazy_update``, ``wd_lh``). ``use_fused_step`` and ``aggregate_num`` are
-  accepted and ignored (they select MXNet code paths with the same results).
+  accepted and change nothing: every optimizer follows MXNet's path at its
+  default ``use_fused_step`` and ``aggregate_num`` (the multi-tensor kernels
+  where MXNet has them), which is what the reference tests compare with.
+  Where MXNet's paths disagree, the default one is matched. MXNet 2.0's LAMB
+  is such a case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ
+  from its default multi-tensor path (see :func:`lars_optax.lamb`), and
+  ``create("lamb", aggregate_num=1)`` still gives the default path's numbers.
+
+  ``lr_scheduler`` may be one of :mod:`lars_optax.schedules` (MXNet's
+  ``FactorScheduler``, ``MultiFactorScheduler``, ``PolyScheduler``,
+  ``CosineScheduler``): it is traced, with no host call, and its ``base_lr`` is
+  set through its ``with_base_lr`` (a copy), with MXNet's effect on each.
 
   Raises:
     ValueError: an unknown name or argument (the message lists the valid
@@ -311,7 +327,7 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
 
 def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
   """MXNet's rule: a scheduler object's ``base_lr`` becomes the learning rate."""
-  if not hasattr(lr_scheduler, "base_lr"):
+  if not hasattr(lr_scheduler, "base_lr") and not hasattr(lr_scheduler, "with_base_lr"):
     if lr is not _UNSET and lr is not None:
       raise ValueError("learning_rate: give either learning_rate or a plain "
                        "lr_scheduler callable, not both (the scheduler returns the "
@@ -323,6 +339,11 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
   old_lr = lr_scheduler.base_lr
+  if hasattr(lr_scheduler, "with_base_lr"):  # lars_optax.schedules: immutable, returns a copy
+    if old_lr != lr:
+      warnings.warn(f"lr_scheduler: base_lr {old_lr} is replaced by "
+                    f"learning_rate {lr}, as MXNet does.", stacklevel=3)
+    return lr_scheduler.with_base_lr(lr)
   try:
     lr_scheduler = copy.deepcopy(lr_scheduler)
   except Exception as e:  # any failure to copy gets the same advice
