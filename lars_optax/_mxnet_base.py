@@ -3,7 +3,7 @@ the chain every MXNet-flavoured optimizer ends with (``finish``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,26 @@ def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
     v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
   masks.check_leaf_values(lr_mult, "lr_mult")
   masks.check_leaf_values(wd_mult, "wd_mult")
+
+
+def wd_mult_with_skip(wd_mult: masks.LeafValues,
+                      wd_skip: masks.MaskLike) -> masks.LeafValues:
+  """``wd_mult`` with a first rule ``(wd_skip, 0.0)``: ``wd_skip`` wins.
+
+  A dict ``wd_mult`` becomes rules that match its keys as whole leaf names
+  (its keys are still checked against the params as given, in ``init``).
+  """
+  masks.check_mask_like(wd_skip, "wd_skip")
+  if wd_skip is None:
+    return wd_mult
+  if wd_mult is None:
+    rules: list[tuple[masks.MaskLike, Any]] = []
+  elif isinstance(wd_mult, Mapping):
+    rules = [(masks.by_predicate(lambda name, _, key=key: name == key, f"name == {key!r}"),
+              value) for key, value in wd_mult.items()]
+  else:
+    rules = list(wd_mult)
+  return [(wd_skip, 0.0), *rules]
 
 
 def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
