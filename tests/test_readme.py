@@ -71,3 +71,37 @@ def test_readme_python_block_runs(line, code):
   namespace = {"__name__": "__readme__"}
   with contextlib.redirect_stdout(io.StringIO()):
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
+
+
+def printed_lines_claimed(code: str) -> list[str]:
+  """The comment lines that end a block, ``# `` removed: what the block prints.
+
+  A ``...`` in a line stands for the part of the printed line left out.
+  """
+  lines = code.rstrip().splitlines()
+  claimed = []
+  while lines and lines[-1].startswith("# "):
+    claimed.insert(0, lines.pop()[2:])
+  return claimed
+
+
+def _quick_start() -> tuple[int, str]:
+  text = README.read_text(encoding="utf-8")
+  heading = text[:text.index("\n## Quick start\n")].count("\n") + 2
+  return next((line, code) for line, code in RUN if line > heading)
+
+
+def test_quick_start_prints_what_its_comment_says():
+  line, code = _quick_start()
+  claimed = printed_lines_claimed(code)
+  assert claimed, "the Quick Start block should end with the line it prints, as a comment"
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+  printed = out.getvalue().splitlines()
+  assert len(printed) >= len(claimed), printed
+  for want, got in zip(claimed, printed):
+    head, _, tail = want.partition("...")
+    # The numbers are printed at the precision shown, so the text must agree.
+    assert got.startswith(head) and got.endswith(tail), (
+        f"README.md:{line}: the comment says\n  # {want}\nbut the block prints\n  {got}")
