@@ -356,6 +356,7 @@ def _check_positive_learning_rate(learning_rate: Any) -> None:
 # Optimizers
 # --------------------------------------------------------------------------
 
+@v.mxnet_names
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     epsilon: float = 1e-6,
@@ -468,6 +469,7 @@ def groupadagrad(
                                                   rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     rho: float = 0.9,
@@ -566,6 +568,7 @@ def rmsprop(
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def adadelta(
     learning_rate: optax.ScalarOrSchedule = 1.0,
     rho: float = 0.9,
@@ -628,6 +631,7 @@ def adadelta(
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def ftrl(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     lamda1: float = 0.01,

@@ -104,6 +104,7 @@ from lars_optax.transforms import (
 __all__ = ["adam", "lamb", "lans", "lars", "sgd", "signsgd", "signum", "tf_lars"]
 
 
+@v.lars_names
 def lars(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -232,6 +233,7 @@ def lars(
                    ("eta", eta, True), ("epsilon", epsilon, True)])
 
 
+@v.tf_names
 def tf_lars(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -357,6 +359,7 @@ def tf_lars(
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
 
 
+@v.mxnet_names
 def signum(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     momentum: float = 0.9,
@@ -461,6 +464,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   return optax.GradientTransformation(ema.init, update_fn)
 
 
+@v.mxnet_names
 def signsgd(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     wd_lh: float = 0.0,
@@ -516,6 +520,7 @@ def signsgd(
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
 
 
+@v.mxnet_names
 def adam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -598,6 +603,7 @@ def adam(
                                           rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def sgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -649,6 +655,7 @@ def sgd(
                                           rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -786,6 +793,7 @@ def lamb(
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,

@@ -51,6 +51,7 @@ __all__ = [
 _SEED_MAX = 2**32 - 1
 
 
+@v.mxnet_names
 def nag(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.9,
@@ -181,6 +182,7 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.mxnet_names
 def dcasgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -379,6 +381,7 @@ def add_langevin_noise(
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.mxnet_names
 def sgld(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     wd: float = 0.0,

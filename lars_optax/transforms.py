@@ -467,6 +467,7 @@ def check_inputs(
       masks.check_unique_names(params)
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
+      masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, a callable's bools
     for arg, spec in leaf_values:
       masks.resolve_leaf_values(spec, params, arg, check_names=True, check_layers=False)
     return optax.EmptyState()
