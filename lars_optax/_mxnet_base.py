@@ -92,10 +92,15 @@ def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_ME
 def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
             leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[Any, ...]] = ()):
-  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
+            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False):
+  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
+
+  ``complex_params``: the rule is defined on complex params (see
+  :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`).
+  """
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
-                                hyperparams=hyperparams), *parts)
+                                hyperparams=hyperparams, complex_params=complex_params),
+                   *parts)
   if lazy:
     tx = _lazy_update(tx)
   if multi_precision:

@@ -153,8 +153,17 @@ def check_representable(name: str, value: Any, params: Any, *, compute: bool = F
           f">= {float(info.tiny):g}.")
 
 
-def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
-  """Rejects integer, boolean and complex leaves (they can't be trained).
+COMPLEX_OPTIMIZERS = ("sgd", "nag", "adam", "lars", "tf_lars", "lamb")
+"""The optimizers that take complex params (as :func:`optax.sgd` and
+:func:`optax.adam` do): their rules are defined with :math:`|g|^2` and norms of
+:math:`|w|`, :math:`|g|`. Sign-based rules, the AdaGrad family, FTRL and the
+rest have no agreed complex form."""
+
+
+def check_float_params(tree: Any, where: str, what: str = "parameter", *,
+                       allow_complex: bool = False) -> None:
+  """Rejects integer and boolean leaves (they can't be trained), and complex
+  ones unless ``allow_complex``.
 
   ``what`` names the tree's leaves in the message (``"parameter"``,
   ``"gradient"``).
@@ -168,10 +177,30 @@ def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
             f"pass arrays (e.g. jnp.asarray({leaf!r}, jnp.float32)) so that its dtype "
             "is known.")
       dtype = np.asarray(leaf).dtype
+    if allow_complex and jnp.issubdtype(dtype, jnp.complexfloating):
+      continue
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+      names = ", ".join(f"lars_optax.{n}" for n in COMPLEX_OPTIMIZERS)
+      raise TypeError(
+          f"{where}: {what} {name!r} has dtype {dtype}; this optimizer takes only real "
+          "floating point leaves (float16, bfloat16, float32, float64). Complex "
+          f"params are taken by {names} (without clip_gradient or multi_precision), "
+          "whose rules use "
+          "|g|^2 and the norms of |w| and |g|.")
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(
           f"{where}: {what} {name!r} has dtype {dtype}; only real floating "
           "point leaves (float16, bfloat16, float32, float64) are supported.")
+
+
+def check_complex_gradients(updates: Any, params: Any, where: str) -> None:
+  """A complex gradient needs a complex parameter (casting would drop its imaginary part)."""
+  for (name, g), (_, p) in zip(masks.named_leaves(updates), masks.named_leaves(params)):
+    if (jnp.iscomplexobj(g) and getattr(p, "dtype", None) is not None
+        and not jnp.issubdtype(p.dtype, jnp.complexfloating)):
+      raise TypeError(f"{where}: gradient {name!r} is complex ({g.dtype}) but its "
+                      f"parameter is real ({p.dtype}); take the gradient of a real "
+                      "loss with respect to real parameters.")
 
 
 def check_same_structure(updates: Any, params: Any, where: str) -> None:

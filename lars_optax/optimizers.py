@@ -226,7 +226,7 @@ def lars(
           rescale=rescale_grad, wd_mult=decay_mult, axis_name=axis_name, stacked=stacked),
       *base.lr_mult_part(lr_mult, stacked),
       mxnet_momentum(learning_rate, momentum),
-  ], "lars", multi_precision=multi_precision,
+  ], "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
@@ -354,7 +354,7 @@ def tf_lars(
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name, stacked=stacked),
       base.learning_rate_part(learning_rate),
-  ], "tf_lars", names=names,
+  ], "tf_lars", names=names, complex_params=True,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
 
@@ -598,6 +598,7 @@ def adam(
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
@@ -650,6 +651,7 @@ def sgd(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
   return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
@@ -787,6 +789,7 @@ def lamb(
                                       skip=skip, axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   return base.finish(parts, "lamb", multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,

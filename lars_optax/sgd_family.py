@@ -113,6 +113,7 @@ def nag(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum, nesterov=True)]
   return base.finish(parts, "nag", multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad))

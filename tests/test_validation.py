@@ -790,12 +790,34 @@ def test_params_optional_where_not_read(make):
   chex.assert_trees_all_equal(with_params, without)
 
 
+# The variants whose rule is defined on complex params (see tests/test_dtypes.py).
+COMPLEX_OK = {"lars", "tf_lars", "adam", "adam_lazy", "sgd"}
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
 def test_non_float_params_rejected_at_init(name, dtype):
   params = {"w": jnp.ones((2, 3)), "layer": {"bad": jnp.ones((2,), dtype)}}
+  if dtype == jnp.complex64 and name in COMPLEX_OK:
+    VARIANTS[name]().init(params)
+    return
   with pytest.raises(TypeError, match=r"parameter 'layer/bad' has dtype .*only real floating"):
     VARIANTS[name]().init(params)
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - COMPLEX_OK))
+def test_complex_params_rejected_naming_the_optimizers_that_take_them(name):
+  params = {"w": jnp.ones((2, 3), jnp.complex64)}
+  with pytest.raises(TypeError, match=r"Complex params are taken by lars_optax.sgd, "
+                                      r"lars_optax.nag, lars_optax.adam, lars_optax.lars, "
+                                      r"lars_optax.tf_lars, lars_optax.lamb \(without "
+                                      r"clip_gradient or multi_precision\)"):
+    VARIANTS[name]().init(params)
+
+
+def test_complex_params_with_clip_gradient_rejected():
+  with pytest.raises(TypeError, match="Complex params are taken by"):
+    lars_optax.sgd(0.1, clip_gradient=1.0).init({"w": jnp.ones(2, jnp.complex64)})
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -804,7 +826,10 @@ def test_non_float_gradients_rejected(name, dtype):
   tx = VARIANTS[name]()
   params = _params()
   grads = {"w": jnp.ones((2, 3), dtype), "fc_bias": jnp.ones(3)}
-  with pytest.raises(TypeError, match=r"gradient 'w' has dtype .*only real floating"):
+  match = r"gradient 'w' has dtype .*only real floating"
+  if dtype == jnp.complex64 and name in COMPLEX_OK:
+    match = r"gradient 'w' is complex \(complex64\) but its parameter is real \(float32\)"
+  with pytest.raises(TypeError, match=match):
     tx.update(grads, tx.init(params), params)
 
 
