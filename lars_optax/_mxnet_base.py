@@ -35,6 +35,11 @@ def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   masks.check_leaf_values(wd_mult, "wd_mult")
 
 
+def _exact_name(key: str) -> masks.Mask:
+  """The leaf named exactly ``key`` (a dict key of ``lr_mult``/``wd_mult``)."""
+  return masks.by_predicate(lambda name, _: name == key, f"name == {key!r}")
+
+
 def wd_mult_with_skip(wd_mult: masks.LeafValues,
                       wd_skip: masks.MaskLike) -> masks.LeafValues:
   """``wd_mult`` with a first rule ``(wd_skip, 0.0)``: ``wd_skip`` wins.
@@ -48,8 +53,7 @@ def wd_mult_with_skip(wd_mult: masks.LeafValues,
   if wd_mult is None:
     rules: list[tuple[masks.MaskLike, Any]] = []
   elif isinstance(wd_mult, Mapping):
-    rules = [(masks.by_predicate(lambda name, _, key=key: name == key, f"name == {key!r}"),
-              value) for key, value in wd_mult.items()]
+    rules = [(_exact_name(key), value) for key, value in wd_mult.items()]
   else:
     rules = list(wd_mult)
   return [(wd_skip, 0.0), *rules]

@@ -311,7 +311,7 @@ def format_table(runs: Sequence[Run]) -> str:
                    f"diverged at {where}: its training loss became NaN or infinite, or went "
                    f"above {top:.3g} ({LOSS_CLIP:g} times the largest first-epoch loss); its "
                    "test accuracy is not that of a trained model.")
-  return "\n".join([header, *rows, *([""] + notes if notes else [])])
+  return "\n".join([header, *rows, *(["", *notes] if notes else [])])
 
 
 def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> Any:

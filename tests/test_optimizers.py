@@ -970,7 +970,7 @@ def test_create_passes_wd_skip(name):
 
 
 def test_create_rejects_wd_skip_where_the_optimizer_has_none():
-  with pytest.raises(ValueError, match="^wd_skip: not an argument of 'adam'"):
+  with pytest.raises(ValueError, match=r"^wd_skip: not an argument of 'adam'"):
     lars_optax.create("adam", wd=0.1, wd_skip="flax")
 
 
@@ -988,5 +988,6 @@ def test_wd_skip_rejects_what_skip_rejects(name, wd_skip, error, match):
 @pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
 def test_wd_skip_names_that_match_no_leaf_raise_at_init(name):
   tx = WD_SKIP_OPTIMIZERS[name](wd_skip=masks.by_leaf_name("bais"))
-  with pytest.raises(ValueError, match="^wd_skip: no parameter name has the last component 'bais'"):
+  with pytest.raises(ValueError,
+                     match=r"^wd_skip: no parameter name has the last component 'bais'"):
     tx.init(_flax_params())

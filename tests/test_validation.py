@@ -956,7 +956,7 @@ def test_lr_keyword_names_learning_rate(name):
 
 
 def test_lars_weight_decay_also_points_to_tf_lars():
-  with pytest.raises(TypeError, match="lars_optax.tf_lars, is the one that takes weight_decay"):
+  with pytest.raises(TypeError, match=r"lars_optax\.tf_lars, is the one that takes weight_decay"):
     lars_optax.lars(0.1, momentum=0.9, weight_decay=1e-4)
 
 
@@ -983,5 +983,5 @@ def test_keyword_hints_leave_a_taken_keyword_alone():
     return wd
 
   assert f(wd=2.0) == 2.0
-  with pytest.raises(TypeError, match="^other: f\\(\\) has no argument 'other'; use x.$"):
+  with pytest.raises(TypeError, match=r"^other: f\(\) has no argument 'other'; use x\.$"):
     f(other=1)
