@@ -3,7 +3,7 @@ the chain every MXNet-flavoured optimizer ends with (``finish``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,30 @@ def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
     v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
   masks.check_leaf_values(lr_mult, "lr_mult")
   masks.check_leaf_values(wd_mult, "wd_mult")
+
+
+def _exact_name(key: str) -> masks.Mask:
+  """The leaf named exactly ``key`` (a dict key of ``lr_mult``/``wd_mult``)."""
+  return masks.by_predicate(lambda name, _: name == key, f"name == {key!r}")
+
+
+def wd_mult_with_skip(wd_mult: masks.LeafValues,
+                      wd_skip: masks.MaskLike) -> masks.LeafValues:
+  """``wd_mult`` with a first rule ``(wd_skip, 0.0)``: ``wd_skip`` wins.
+
+  A dict ``wd_mult`` becomes rules that match its keys as whole leaf names
+  (its keys are still checked against the params as given, in ``init``).
+  """
+  masks.check_mask_like(wd_skip, "wd_skip")
+  if wd_skip is None:
+    return wd_mult
+  if wd_mult is None:
+    rules: list[tuple[masks.MaskLike, Any]] = []
+  elif isinstance(wd_mult, Mapping):
+    rules = [(_exact_name(key), value) for key, value in wd_mult.items()]
+  else:
+    rules = list(wd_mult)
+  return [(wd_skip, 0.0), *rules]
 
 
 def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
@@ -72,10 +96,15 @@ def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_ME
 def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
             leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[Any, ...]] = ()):
-  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights."""
+            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False):
+  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
+
+  ``complex_params``: the rule is defined on complex params (see
+  :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`).
+  """
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
-                                hyperparams=hyperparams), *parts)
+                                hyperparams=hyperparams, complex_params=complex_params),
+                   *parts)
   if lazy:
     tx = _lazy_update(tx)
   if multi_precision:

@@ -16,8 +16,23 @@ from lars_optax import masks
 
 
 def norm_dtype(dtype: Any) -> jnp.dtype:
-  """Norms accumulate in float32 or wider (float64 for float64 params)."""
+  """Norms accumulate in float32 or wider (float64 for float64 params).
+
+  Complex params stay complex (complex64 or wider); :func:`real_dtype` gives
+  the real dtype of their norms.
+  """
   return jnp.promote_types(dtype, jnp.float32)
+
+
+def real_dtype(dtype: Any) -> jnp.dtype:
+  """The real dtype of a dtype's values: float32 for complex64, float64 for
+  complex128, the dtype itself for a real one."""
+  return jnp.dtype(jnp.finfo(dtype).dtype)
+
+
+def abs_sq(x: jax.Array) -> jax.Array:
+  """:math:`|x|^2`, real: :math:`x^2` for real ``x``, :math:`\\mathrm{Re}(x\\bar x)` for complex."""
+  return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else jnp.square(x)
 
 
 def is_const(x: Any, value: float) -> bool:

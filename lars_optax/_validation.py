@@ -7,8 +7,11 @@ leaf) and says what is accepted.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -150,8 +153,17 @@ def check_representable(name: str, value: Any, params: Any, *, compute: bool = F
           f">= {float(info.tiny):g}.")
 
 
-def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
-  """Rejects integer, boolean and complex leaves (they can't be trained).
+COMPLEX_OPTIMIZERS = ("sgd", "nag", "adam", "lars", "tf_lars", "lamb")
+"""The optimizers that take complex params (as :func:`optax.sgd` and
+:func:`optax.adam` do): their rules are defined with :math:`|g|^2` and norms of
+:math:`|w|`, :math:`|g|`. Sign-based rules, the AdaGrad family, FTRL and the
+rest have no agreed complex form."""
+
+
+def check_float_params(tree: Any, where: str, what: str = "parameter", *,
+                       allow_complex: bool = False) -> None:
+  """Rejects integer and boolean leaves (they can't be trained), and complex
+  ones unless ``allow_complex``.
 
   ``what`` names the tree's leaves in the message (``"parameter"``,
   ``"gradient"``).
@@ -165,10 +177,30 @@ def check_float_params(tree: Any, where: str, what: str = "parameter") -> None:
             f"pass arrays (e.g. jnp.asarray({leaf!r}, jnp.float32)) so that its dtype "
             "is known.")
       dtype = np.asarray(leaf).dtype
+    if allow_complex and jnp.issubdtype(dtype, jnp.complexfloating):
+      continue
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+      names = ", ".join(f"lars_optax.{n}" for n in COMPLEX_OPTIMIZERS)
+      raise TypeError(
+          f"{where}: {what} {name!r} has dtype {dtype}; this optimizer takes only real "
+          "floating point leaves (float16, bfloat16, float32, float64). Complex "
+          f"params are taken by {names} (without clip_gradient or multi_precision), "
+          "whose rules use "
+          "|g|^2 and the norms of |w| and |g|.")
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(
           f"{where}: {what} {name!r} has dtype {dtype}; only real floating "
           "point leaves (float16, bfloat16, float32, float64) are supported.")
+
+
+def check_complex_gradients(updates: Any, params: Any, where: str) -> None:
+  """A complex gradient needs a complex parameter (casting would drop its imaginary part)."""
+  for (name, g), (_, p) in zip(masks.named_leaves(updates), masks.named_leaves(params)):
+    if (jnp.iscomplexobj(g) and getattr(p, "dtype", None) is not None
+        and not jnp.issubdtype(p.dtype, jnp.complexfloating)):
+      raise TypeError(f"{where}: gradient {name!r} is complex ({g.dtype}) but its "
+                      f"parameter is real ({p.dtype}); take the gradient of a real "
+                      "loss with respect to real parameters.")
 
 
 def check_same_structure(updates: Any, params: Any, where: str) -> None:
@@ -235,3 +267,58 @@ def align_params(updates: Any, params: Any) -> Any:
 MAX_INITIAL_COUNT = INT32_MAX - 1
 COUNT_WHY = (" (the step count is int32, and the count of the first update, this + 1, "
               "must fit in it)")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
+  """A decorator: a keyword of ``hints`` that the function does not take raises
+  a TypeError that starts with the keyword and says which one to use.
+
+  ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
+  message. The function keeps its signature (:func:`functools.wraps`), so
+  :func:`inspect.signature`, :func:`lars_optax.create` and
+  ``optax.inject_hyperparams`` see its own arguments.
+  """
+
+  def decorate(fn: _F) -> _F:
+    taken = set(inspect.signature(fn).parameters)
+    wrong = {k: why for k, why in hints.items() if k not in taken}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      for k in kwargs:
+        if k in wrong:
+          raise TypeError(f"{k}: {fn.__name__}() has no argument {k!r}; {wrong[k]}")
+      return fn(*args, **kwargs)
+
+    return cast(_F, wrapper)
+
+  return decorate
+
+
+_MXNET_HINTS = {
+    "weight_decay": "it takes MXNet's name for weight decay, wd (e.g. wd=1e-4).",
+    "lr": "it takes learning_rate (MXNet's name).",
+}
+
+mxnet_names = renamed_keywords(_MXNET_HINTS)
+"""For the MXNet-flavoured optimizers: ``weight_decay=`` and ``lr=`` name ``wd``
+and ``learning_rate``."""
+
+lars_names = renamed_keywords({
+    **_MXNET_HINTS,
+    "weight_decay": _MXNET_HINTS["weight_decay"] + " TensorFlow's LARS, lars_optax.tf_lars, "
+                    "is the one that takes weight_decay.",
+})
+"""For :func:`lars_optax.lars`: as :data:`mxnet_names`, and names ``tf_lars``."""
+
+tf_names = renamed_keywords({
+    "wd": "it takes TensorFlow's name for weight decay, weight_decay (e.g. "
+          "weight_decay=1e-4). MXNet's LARS, lars_optax.lars, is the one that takes wd.",
+    "eta": "it takes TensorFlow's name for the LARS coefficient, eeta.",
+    "lr": "it takes learning_rate (TensorFlow's name).",
+})
+"""For :func:`lars_optax.tf_lars`: MXNet's ``wd=`` and ``eta=`` name TensorFlow's
+``weight_decay`` and ``eeta``."""

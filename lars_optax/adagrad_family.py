@@ -355,6 +355,7 @@ def _check_positive_learning_rate(learning_rate: Any) -> None:
 # Optimizers
 # --------------------------------------------------------------------------
 
+@v.mxnet_names
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     epsilon: float = 1e-6,
@@ -467,6 +468,7 @@ def groupadagrad(
                                                   rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     rho: float = 0.9,
@@ -565,6 +567,7 @@ def rmsprop(
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def adadelta(
     learning_rate: optax.ScalarOrSchedule = 1.0,
     rho: float = 0.9,
@@ -627,6 +630,7 @@ def adadelta(
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def ftrl(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     lamda1: float = 0.01,

@@ -578,6 +578,7 @@ def _hyperparams(learning_rate, wd, rescale_grad):
   return base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad)
 
 
+@v.mxnet_names
 def adamw(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -663,6 +664,7 @@ def adamw(
                      hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
 
 
+@v.mxnet_names
 def adamax(
     learning_rate: optax.ScalarOrSchedule = 0.002,
     beta1: float = 0.9,
@@ -729,6 +731,7 @@ def adamax(
                      hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
 
 
+@v.mxnet_names
 def nadam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -805,6 +808,7 @@ def nadam(
                      hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
 
 
+@v.mxnet_names
 def adabelief(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -878,6 +882,7 @@ def adabelief(
                      hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
 
 
+@v.mxnet_names
 def ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
     beta1: float = 0.6,

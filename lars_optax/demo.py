@@ -87,6 +87,7 @@ class Run:
   # {leaf name: trust ratio after every step} when recorded; steps per epoch.
   trust_ratios: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
   steps_per_epoch: int = 1
+  step_loss: list[float] = dataclasses.field(default_factory=list)  # every step's
 
 
 class _Parser(argparse.ArgumentParser):
@@ -241,7 +242,9 @@ def train(run: Run, tx: optax.GradientTransformation, model: Any, params: Any,
       losses.append(loss)
       if run.record_trust_ratios:
         ratios.append(lars_optax.trust_ratios(opt_state))  # a vector, leaf (layer) order
-    run.train_loss.append(float(jnp.mean(jnp.stack(losses))))
+    epoch_losses = np.asarray(jnp.stack(losses), np.float64)
+    run.step_loss += epoch_losses.tolist()
+    run.train_loss.append(float(epoch_losses.mean()))
     run.test_accuracy.append(float(accuracy(params, x_te, y_te)))
     bar.set_postfix(loss=f"{run.train_loss[-1]:.4f}", test_acc=f"{run.test_accuracy[-1]:.3f}")
   bar.close()
@@ -265,13 +268,50 @@ def layer_names(ratios: dict) -> list[str]:
   return out
 
 
+def loss_top(runs: Sequence[Run]) -> float:
+  """The loss above which a run counts as diverged: :data:`LOSS_CLIP` times the
+  largest finite first-epoch loss (the top of the loss plot)."""
+  first = [r.train_loss[0] for r in runs if r.train_loss and math.isfinite(r.train_loss[0])]
+  return LOSS_CLIP * max(first, default=1.0)
+
+
+def divergence(run: Run, top: float = math.inf) -> str | None:
+  """Where ``run`` diverged, or None if it did not.
+
+  A run diverged in the first epoch whose mean loss is NaN, infinite or above
+  ``top`` (as the loss plot marks it), at the first step of that epoch whose
+  loss is: ``"step 37 (epoch 2)"``, or ``"epoch 2"`` when the steps' losses
+  were not recorded.
+  """
+  def bad(x: float) -> bool:
+    return not (math.isfinite(x) and x <= top)
+
+  epoch = next((i for i, x in enumerate(run.train_loss, 1) if bad(x)), None)
+  if epoch is None:
+    return None
+  n = run.steps_per_epoch
+  steps = run.step_loss[(epoch - 1) * n:epoch * n]
+  step = next((i for i, x in enumerate(steps, (epoch - 1) * n + 1) if bad(x)), None)
+  return f"epoch {epoch}" if step is None else f"step {step} (epoch {epoch})"
+
+
 def format_table(runs: Sequence[Run]) -> str:
-  """The results as a Markdown table."""
+  """The results as a Markdown table, with a note under it for each diverged run."""
   header = ("| batch size | optimizer | peak lr | final train loss | test accuracy | wall time |\n"
             "|---:|---|---:|---:|---:|---:|")
-  rows = [f"| {r.batch_size} | {r.optimizer} | {r.peak_lr:g} | {r.train_loss[-1]:.4f} | "
-          f"{r.test_accuracy[-1]:.4f} | {r.wall_time:.1f} s |" for r in runs]
-  return "\n".join([header, *rows])
+  top = loss_top(runs)
+  rows, notes = [], []
+  for r in runs:
+    where = divergence(r, top)
+    loss = f"{r.train_loss[-1]:.4f}" + (f", diverged at {where}" if where else "")
+    rows.append(f"| {r.batch_size} | {r.optimizer} | {r.peak_lr:g} | {loss} | "
+                f"{r.test_accuracy[-1]:.4f} | {r.wall_time:.1f} s |")
+    if where:
+      notes.append(f"Note: {r.label} at batch size {r.batch_size} (peak lr {r.peak_lr:g}) "
+                   f"diverged at {where}: its training loss became NaN or infinite, or went "
+                   f"above {top:.3g} ({LOSS_CLIP:g} times the largest first-epoch loss); its "
+                   "test accuracy is not that of a trained model.")
+  return "\n".join([header, *rows, *(["", *notes] if notes else [])])
 
 
 def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> Any:
@@ -285,8 +325,7 @@ def plot(runs: Sequence[Run], path: str, skipped: Sequence[str]) -> Any:
   ax_loss, ax_acc, ax_ratio = fig.subplots(1, 3)
   # A diverging run's loss reaches 1e30 or inf; clip the log axis to a few times
   # the largest first-epoch loss and mark where each run leaves it.
-  first = [r.train_loss[0] for r in runs if r.train_loss and math.isfinite(r.train_loss[0])]
-  top = LOSS_CLIP * max(first, default=1.0)
+  top = loss_top(runs)
   for r in runs:
     epochs = np.arange(1, len(r.train_loss) + 1)
     label = f"{r.label} (batch {r.batch_size})"

@@ -157,7 +157,8 @@ def _leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scal
 def _ratio_dtype(params: Any) -> jnp.dtype:
   """float32, or float64 when a leaf is float64: the dtype of the ratio vector."""
   return functools.reduce(jnp.promote_types,
-                          (utils.norm_dtype(p.dtype) for p in jax.tree.leaves(params)),
+                          (utils.real_dtype(utils.norm_dtype(p.dtype))
+                           for p in jax.tree.leaves(params)),
                           jnp.dtype(jnp.float32))
 
 
@@ -331,7 +332,7 @@ def scale_by_lars_trust_ratio(
   name = "scale_by_lars_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
-    v.check_float_params(params, name)
+    v.check_float_params(params, name, allow_complex=True)
     for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
       v.check_representable(arg, value, params, compute=True)
     v.check_representable("rescale", rescale, params)
@@ -348,7 +349,7 @@ def scale_by_lars_trust_ratio(
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
     v.check_same_structure(updates, params, name)
-    v.check_float_params(params, name)
+    v.check_float_params(params, name, allow_complex=True)
     ks = _layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     flat_g, treedef = jax.tree.flatten(updates)
@@ -475,9 +476,10 @@ def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
 
 
 def _check_ratio_params(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
-                        upper_bound: Any, stacked: stacked_mod.StackedLike) -> list[int]:
+                        upper_bound: Any, stacked: stacked_mod.StackedLike, *,
+                        allow_complex: bool = False) -> list[int]:
   """The ``init`` checks of LAMB's and LANS's ratios; returns the layer axes."""
-  v.check_float_params(params, name)
+  v.check_float_params(params, name, allow_complex=allow_complex)
   for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
     if value is not None:
       v.check_representable(arg, value, params, compute=True)
@@ -568,7 +570,8 @@ def scale_by_lamb_trust_ratio(
   name = "scale_by_lamb_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
-    ks = _check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked)
+    ks = _check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked,
+                             allow_complex=True)
     return ScaleByLambTrustRatioState(_ratio_vector(params), _layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
@@ -594,7 +597,7 @@ def _moments(updates, mu, nu, b1, b2):
   mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
                     mu, updates)
   nu = jax.tree.map(
-      lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
+      lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
       nu, updates)
   return mu, nu
 
@@ -666,7 +669,7 @@ def scale_by_lamb_adam(
   name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, name)
+    v.check_float_params(params, name, allow_complex=True)
     v.check_representable("eps", eps, params, compute=True)
     utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
@@ -681,11 +684,12 @@ def scale_by_lamb_adam(
 
     def step(m, n):
       dt = utils.norm_dtype(m.dtype)
-      m, n_ = m.astype(dt), n.astype(dt)
+      rt = utils.real_dtype(dt)  # v holds |u|^2: real also for complex params
+      m, n_ = m.astype(dt), jnp.real(n).astype(rt)
       if bias_correction:
-        c1, c2 = corrections(dt)
+        c1, c2 = corrections(rt)
         m, n_ = m / c1, n_ / c2
-      return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, dt)).astype(n.dtype)
+      return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, rt)).astype(n.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 

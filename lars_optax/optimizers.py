@@ -104,6 +104,7 @@ from lars_optax.transforms import (
 __all__ = ["adam", "lamb", "lans", "lars", "sgd", "signsgd", "signum", "tf_lars"]
 
 
+@v.lars_names
 def lars(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -116,6 +117,7 @@ def lars(
     *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
+    wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -136,8 +138,17 @@ def lars(
 
   (with :math:`\mu = 0`: :math:`w_t = w_{t-1} - \alpha_t\rho u`, no state). The
   ratio is taken from the rescaled, *unclipped* gradient; weight decay is
-  added after clipping and also applies to skipped leaves. By default leaves
-  whose name ends in ``gamma``, ``beta`` or ``bias`` are skipped, as in MXNet.
+  added after clipping. By default leaves whose name ends in ``gamma``,
+  ``beta`` or ``bias`` are skipped, as in MXNet.
+
+  ``skip`` covers the trust ratio only: a skipped leaf keeps
+  :math:`\rho = 1` but still gets the weight decay :math:`\lambda w` (as in
+  MXNet). ``wd_skip`` covers the weight decay: its leaves get
+  :math:`\lambda = 0`, in the update and in the ratio. The usual recipe
+  exempts biases and norm parameters from both:
+
+  >>> import lars_optax
+  >>> tx = lars_optax.lars(1.0, momentum=0.9, wd=1e-4, skip="flax", wd_skip="flax")
 
   The chain is ``scale_by_lars_trust_ratio(chain(clip, add_decayed_weights_per_leaf),
   rescale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
@@ -167,6 +178,12 @@ def lars(
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
     wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
+    wd_skip: leaves that get no weight decay (in the update and in the
+      ratio): anything ``skip`` takes, default None (every leaf decays, as in
+      MXNet). It is ``wd_mult`` 0 on those leaves, a rule ``(wd_skip, 0.0)``
+      put before ``wd_mult``'s, so it wins where both name a leaf. A mask
+      built from names must match some leaf (``init`` raises a ValueError
+      naming ``wd_skip``).
     multi_precision: keep float32 master weights and state for float16 and
       bfloat16 params (:func:`lars_optax.multi_precision`). The ratio's
       :math:`\|w\|` is then taken from the master (MXNet takes it from the
@@ -197,23 +214,26 @@ def lars(
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = base.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
+  decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   # The ratio is taken from the rescaled gradient before clipping, so the
   # rescale is the ratio transformation's own and the rest runs inside it.
-  inner = base.preprocess(1.0, clip_gradient, wd, wd_mult, stacked)
+  inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
   return base.finish([
       scale_by_lars_trust_ratio(
           optax.chain(*inner) if inner else None,
           eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
-          rescale=rescale_grad, wd_mult=wd_mult, axis_name=axis_name, stacked=stacked),
+          rescale=rescale_grad, wd_mult=decay_mult, axis_name=axis_name, stacked=stacked),
       *base.lr_mult_part(lr_mult, stacked),
       mxnet_momentum(learning_rate, momentum),
-  ], "lars", multi_precision=multi_precision, names=[("skip", skip, None)],
+  ], "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
+      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
                    ("eta", eta, True), ("epsilon", epsilon, True)])
 
 
+@v.tf_names
 def tf_lars(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.9,
@@ -242,8 +262,12 @@ def tf_lars(
     w_t = w_{t-1} - \alpha_t\,\rho\,(g + \mu\,a_t).
 
   Weight decay enters only the ratio: it is not added to the gradient (as in
-  the original and its test). The learning rate multiplies the accumulated
-  momentum, not its inputs. The chain is
+  the original and its test). So ``skip`` (or ``skip_list``) covers both the
+  ratio and the weight decay: a skipped leaf gets :math:`\rho = 1`, and with
+  it :math:`\lambda` has no effect on that leaf, which takes plain momentum
+  steps :math:`w_t = w_{t-1} - \alpha_t a_t`. There is no ``wd_skip``, as
+  there is no decay term outside the ratio. The learning rate multiplies the
+  accumulated momentum, not its inputs. The chain is
   ``scale_by_lars_trust_ratio(optax.trace(momentum, use_nesterov))`` followed
   by :func:`optax.scale_by_learning_rate`.
 
@@ -330,11 +354,12 @@ def tf_lars(
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name, stacked=stacked),
       base.learning_rate_part(learning_rate),
-  ], "tf_lars", names=names,
+  ], "tf_lars", names=names, complex_params=True,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
 
 
+@v.mxnet_names
 def signum(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     momentum: float = 0.9,
@@ -439,6 +464,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   return optax.GradientTransformation(ema.init, update_fn)
 
 
+@v.mxnet_names
 def signsgd(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     wd_lh: float = 0.0,
@@ -494,6 +520,7 @@ def signsgd(
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
 
 
+@v.mxnet_names
 def adam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -571,11 +598,13 @@ def adam(
   parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def sgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -622,11 +651,13 @@ def sgd(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
   return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                  hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                           rescale_grad=rescale_grad))
 
 
+@v.mxnet_names
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -642,6 +673,7 @@ def lamb(
     *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
+    wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -672,13 +704,15 @@ def lamb(
   (MXNet would give NaN), and for skipped leaves.
 
   MXNet applies the ratio to every parameter, and so does the default
-  ``skip=None``. To exclude biases and normalisation parameters, as BERT
-  recipes do, pass a preset (``skip="flax"``, ``"haiku"``, ``"equinox"`` or
-  ``"mxnet"``) or a mask (``skip=lars_optax.by_ndim(1)``); skipped leaves
-  still get Adam's step and the weight decay:
+  ``skip=None``. To exclude biases and normalisation parameters, pass a
+  preset (``skip="flax"``, ``"haiku"``, ``"equinox"`` or ``"mxnet"``) or a
+  mask (``skip=lars_optax.by_ndim(1)``). ``skip`` covers the trust ratio
+  only: skipped leaves still get Adam's step and the weight decay.
+  ``wd_skip`` (the same kinds of mask) covers the weight decay: its leaves
+  get :math:`\lambda = 0`. BERT recipes exempt biases and norms from both:
 
   >>> import lars_optax
-  >>> tx = lars_optax.lamb(1e-3, wd=0.01, skip="flax")  # BERT-style: no ratio on biases/norms
+  >>> tx = lars_optax.lamb(1e-3, wd=0.01, skip="flax", wd_skip="flax")
 
   The chain is ``scale(s), clip(c)``,
   :func:`~lars_optax.scale_by_lamb_adam` ``(beta1, beta2, epsilon,
@@ -720,6 +754,11 @@ def lamb(
       bool pytree, or a bool pytree.
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
+    wd_skip: leaves that get no weight decay: anything ``skip`` takes,
+      default None (every leaf decays, as in MXNet). It is ``wd_mult`` 0 on
+      those leaves, a rule ``(wd_skip, 0.0)`` put before ``wd_mult``'s, so it
+      wins where both name a leaf. A mask built from names must match some
+      leaf (``init`` raises a ValueError naming ``wd_skip``).
     multi_precision: float32 master weights and state for float16/bfloat16
       (the ratio's :math:`\|w\|` is the master's, as in MXNet). Without it,
       ``init`` warns (:class:`lars_optax.LowPrecisionWarning`) for float16
@@ -751,21 +790,24 @@ def lamb(
   bias_correction = base.check_flag("bias_correction", bias_correction)
   multi_precision = base.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
+  decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts.append(scale_by_lamb_adam(beta1, beta2, epsilon, bias_correction=bias_correction))
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult",
+    parts.append(add_decayed_weights_per_leaf(wd, decay_mult, arg_name="wd_mult",
                                               stacked=stacked))
   parts += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
                                       skip=skip, axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   return base.finish(parts, "lamb", multi_precision=multi_precision,
-                     names=[("skip", skip, None)],
+                     complex_params=clip_gradient is None,
+                     names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
 
 
+@v.mxnet_names
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     beta1: float = 0.9,
@@ -780,6 +822,7 @@ def lans(
     *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
+    wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -806,6 +849,10 @@ def lans(
 
   Each ratio is 1 where its norms are 0 or not finite, and for skipped
   leaves (default: none, as in MXNet; see :func:`lamb` for the presets).
+  ``skip`` covers the two ratios only: a skipped leaf still gets
+  :math:`\lambda w_{t-1}` in :math:`c_m` and :math:`c_g`. ``wd_skip`` covers
+  the weight decay (:math:`\lambda = 0` on its leaves); pass the same mask
+  to both to exempt biases and norms from each.
   ``rescale_grad`` (> 0) cancels in :math:`g_t / \|g_t\|`: it is accepted
   and checked, and has no effect (as in MXNet). Bias correction is always on.
 
@@ -835,6 +882,10 @@ def lans(
     skip: leaves whose ratios are 1 (default None: none).
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
+    wd_skip: leaves that get no weight decay: anything ``skip`` takes,
+      default None. It is ``wd_mult`` 0 on those leaves, a rule
+      ``(wd_skip, 0.0)`` put before ``wd_mult``'s, so it wins where both
+      name a leaf. A mask built from names must match some leaf.
     multi_precision: float32 master weights and state for float16/bfloat16.
       Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
       for float16 params: :math:`v_t` underflows in float16.
@@ -864,14 +915,15 @@ def lans(
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = base.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
+  decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   parts = [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
            *base.preprocess(1.0, clip_gradient, 0.0, None),
-           scale_by_lans(beta1, beta2, epsilon, weight_decay=wd, wd_mult=wd_mult,
+           scale_by_lans(beta1, beta2, epsilon, weight_decay=wd, wd_mult=decay_mult,
                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
                          axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   return base.finish(parts, "lans", multi_precision=multi_precision,
-                     names=[("skip", skip, None)],
+                     names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad))

@@ -218,10 +218,30 @@ class _Replay:
       return self._last
 
 
-_UNSET = object()
+class _Unset:
+  """The default of :func:`create`'s base arguments: not given (the optimizer's default)."""
+
+  def __repr__(self) -> str:
+    return "unset"
 
 
-def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
+_UNSET: Any = _Unset()
+
+
+def create(
+    name: str,
+    *,
+    learning_rate: Any = _UNSET,
+    wd: Any = _UNSET,
+    rescale_grad: Any = _UNSET,
+    clip_gradient: Any = _UNSET,
+    lr_scheduler: Any = _UNSET,
+    begin_num_update: Any = _UNSET,
+    multi_precision: Any = _UNSET,
+    lr_mult: Any = _UNSET,
+    wd_mult: Any = _UNSET,
+    **kwargs: Any,
+) -> optax.GradientTransformation:
   """Builds an optimizer by name with MXNet's arguments (``mx.optimizer.create``).
 
   Names (case-insensitive): MXNet's names of the optimizers this library
@@ -233,7 +253,9 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
     (``learning_rate=None`` means the scheduler's, or 0.01 without one, as in
     MXNet);
   * ``lr_scheduler``: called with the update count, 1 at the first update
-    (``begin_num_update`` shifts it), see :func:`mxnet_schedule`. As in MXNet,
+    (``begin_num_update`` shifts it), see :func:`mxnet_schedule`. An optax
+    schedule given as ``learning_rate`` instead is called with the number of
+    updates done, 0 at the first update (optax's convention). As in MXNet,
     a scheduler object with a ``base_lr`` attribute gets ``base_lr`` set to
     the learning rate (the optimizer's default when none is given), on a copy:
     the object passed in is not changed. A plain callable takes the place of
@@ -258,12 +280,37 @@ def create(name: str, **kwargs: Any) -> optax.GradientTransformation:
   ``CosineScheduler``): it is traced, with no host call, and its ``base_lr`` is
   set through its ``with_base_lr`` (a copy), with MXNet's effect on each.
 
+  A base argument left out (``unset`` in the signature) takes the optimizer's
+  default.
+
+  Under :func:`optax.inject_hyperparams`, bind the name with
+  :func:`functools.partial`: the numeric base arguments (``learning_rate``,
+  ``wd``, ...) become hyperparameters in the state, which you may change
+  between steps; an optimizer's own arguments are passed as they are (to
+  inject those too, wrap the optimizer's function, e.g.
+  ``optax.inject_hyperparams(lars_optax.adam)``):
+
+  >>> import functools
+  >>> import optax
+  >>> import lars_optax
+  >>> tx = optax.inject_hyperparams(functools.partial(lars_optax.create, "adam"))(
+  ...     learning_rate=0.1, beta1=0.8)
+
   Raises:
     ValueError: an unknown name or argument (the message lists the valid
       ones), or an argument the optimizer rejects.
   """
   if not isinstance(name, str):
     raise TypeError(f"name: expected a string, got {name!r}.")
+  # optax.inject_hyperparams binds its call to this signature and passes the
+  # bound ``**kwargs`` back as one keyword argument, ``kwargs``: unpack it.
+  if isinstance(kwargs.get("kwargs"), dict):
+    kwargs = {**kwargs.pop("kwargs"), **kwargs}
+  given = {"learning_rate": learning_rate, "wd": wd, "rescale_grad": rescale_grad,
+           "clip_gradient": clip_gradient, "lr_scheduler": lr_scheduler,
+           "begin_num_update": begin_num_update, "multi_precision": multi_precision,
+           "lr_mult": lr_mult, "wd_mult": wd_mult}
+  kwargs.update({k: x for k, x in given.items() if x is not _UNSET})
   key = name.lower()
   if key not in _REGISTRY:
     close = difflib.get_close_matches(key, list(_REGISTRY), n=1)

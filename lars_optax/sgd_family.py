@@ -51,6 +51,7 @@ __all__ = [
 _SEED_MAX = 2**32 - 1
 
 
+@v.mxnet_names
 def nag(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.9,
@@ -112,6 +113,7 @@ def nag(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum, nesterov=True)]
   return base.finish(parts, "nag", multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad))
@@ -181,6 +183,7 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.mxnet_names
 def dcasgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     momentum: float = 0.0,
@@ -379,6 +382,7 @@ def add_langevin_noise(
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.mxnet_names
 def sgld(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     wd: float = 0.0,

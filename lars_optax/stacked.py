@@ -288,9 +288,12 @@ def axes_from_markers(markers: Sequence[Any], n: int) -> list[int]:
 
 
 def sq_norm(x: jax.Array, k: int = 0) -> jax.Array:
-  """Per-layer sum of squares (over all axes but the first ``k``), in float32 or wider."""
+  """Per-layer sum of squares (over all axes but the first ``k``), in float32 or wider.
+
+  For complex ``x`` the sum of :math:`|x|^2`, real (float32 for complex64).
+  """
   x = x.astype(utils.norm_dtype(x.dtype))
-  return jnp.sum(jnp.square(x), axis=tuple(range(k, x.ndim)))
+  return jnp.sum(utils.abs_sq(x), axis=tuple(range(k, x.ndim)))
 
 
 def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],

@@ -132,7 +132,7 @@ def mxnet_momentum(
   use_buffer = not utils.is_const(momentum, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
-    v.check_float_params(params, "mxnet_momentum")
+    v.check_float_params(params, "mxnet_momentum", allow_complex=True)
     v.check_representable("learning_rate", learning_rate, params)
     buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
     return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
@@ -280,7 +280,7 @@ def add_decayed_weights_per_leaf(
   name = "add_decayed_weights_per_leaf"
 
   def init_fn(params):
-    v.check_float_params(params, name)
+    v.check_float_params(params, name, allow_complex=True)
     v.check_representable("weight_decay", weight_decay, params)
     return _per_leaf_init(params, multipliers, arg_name, stacked)[1]
 
@@ -364,7 +364,7 @@ def scale_by_mxnet_adam(
   v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, "scale_by_mxnet_adam")
+    v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
     v.check_representable("eps", eps, params, compute=True)
     utils.warn_float16(params, "scale_by_mxnet_adam")
     return optax.ScaleByAdamState(
@@ -377,7 +377,7 @@ def scale_by_mxnet_adam(
     mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
                       state.mu, updates)
     nu = jax.tree.map(
-        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
+        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
         state.nu, updates)
     count = optax.safe_int32_increment(state.count)
     scales = {}  # dtype -> bias-correction factor
@@ -390,8 +390,9 @@ def scale_by_mxnet_adam(
 
     def step(m, n):
       dt = utils.norm_dtype(m.dtype)
-      denom = jnp.sqrt(n.astype(dt)) + utils.cast(eps, dt)
-      out = bias_correction(dt) * utils.safe_divide(m.astype(dt), denom)
+      rt = utils.real_dtype(dt)  # v holds |u|^2: real also for complex params
+      denom = jnp.sqrt(jnp.real(n).astype(rt)) + utils.cast(eps, rt)
+      out = bias_correction(rt) * utils.safe_divide(m.astype(dt), denom)
       return out.astype(m.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
@@ -417,6 +418,7 @@ def check_inputs(
     names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
     leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
     hyperparams: Sequence[tuple[Any, ...]] = (),
+    complex_params: bool = False,
 ) -> GradientTransformationExtraArgs:
   """Checks params and gradients; casts each gradient to its param's dtype.
 
@@ -444,6 +446,10 @@ def check_inputs(
     hyperparams: ``(argument, value)`` for scalars that meet values in the
       parameter dtype, ``(argument, value, True)`` for scalars used in the
       float32-or-wider dtype of norms (a LARS ``eta``).
+    complex_params: accept complex params and gradients too (for the
+      optimizers whose rule is defined on them, see
+      :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`); a complex gradient
+      of a real parameter is still rejected.
 
   Returns:
     A stateless :class:`optax.GradientTransformationExtraArgs`.
@@ -459,7 +465,7 @@ def check_inputs(
     masks.check_leaf_values(spec, arg)
 
   def init_fn(params):
-    v.check_float_params(params, name)
+    v.check_float_params(params, name, allow_complex=complex_params)
     for arg, value, *compute in hyperparams:
       v.check_representable(arg, value, params, compute=bool(compute and compute[0]))
     if any(mask is not None for _, mask, _ in names) or any(
@@ -467,6 +473,7 @@ def check_inputs(
       masks.check_unique_names(params)
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
+      masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, a callable's bools
     for arg, spec in leaf_values:
       masks.resolve_leaf_values(spec, params, arg, check_names=True, check_layers=False)
     return optax.EmptyState()
@@ -480,11 +487,13 @@ def check_inputs(
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
     _sparse.reject_row_sparse(updates, params, name)
-    v.check_float_params(updates, name, "gradient")
+    v.check_float_params(updates, name, "gradient", allow_complex=complex_params)
     if params is not None:
       params = v.align_params(updates, params)
       v.check_same_structure(updates, params, name)
-      v.check_float_params(params, name)
+      v.check_float_params(params, name, allow_complex=complex_params)
+      if complex_params:
+        v.check_complex_gradients(updates, params, name)
       updates = jax.tree.map(cast, updates, params)
     return updates, state
 

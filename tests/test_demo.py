@@ -176,3 +176,45 @@ def test_layer_names_give_a_stacked_leaf_one_name_per_layer():
   ratios = {"blocks/kernel": np.array([0.1, 0.2, 0.3]), "head/kernel": np.float32(0.5)}
   assert demo.layer_names(ratios) == ["blocks/kernel[0]", "blocks/kernel[1]",
                                       "blocks/kernel[2]", "head/kernel"]
+
+
+def test_table_says_where_a_run_diverged():
+  nan = float("nan")
+  runs = [demo.Run("SGD", "sgd", 32, 0.1, train_loss=[2.3, 0.5], test_accuracy=[0.5, 0.9]),
+          demo.Run("SGD", "sgd", 512, 1.6, train_loss=[2.0, nan], test_accuracy=[0.2, 0.1],
+                   step_loss=[2.1, 1.9, 3.0, nan], steps_per_epoch=2),
+          demo.Run("LARS", "lars", 512, 1.6, train_loss=[2.0, nan],
+                   test_accuracy=[0.2, 0.1])]
+  out = demo.format_table(runs)
+  rows = _table_rows(out)
+  assert rows[0][3] == "0.5000"
+  assert rows[1][3] == "nan, diverged at step 4 (epoch 2)"
+  assert rows[2][3] == "nan, diverged at epoch 2"  # the steps' losses were not recorded
+  notes = [line for line in out.splitlines() if line.startswith("Note:")]
+  assert len(notes) == 2
+  assert notes[0].startswith(
+      "Note: SGD at batch size 512 (peak lr 1.6) diverged at step 4 (epoch 2):")
+  assert "test accuracy is not that of a trained model" in notes[0]
+
+
+def test_table_counts_a_huge_finite_loss_as_diverged_as_the_plot_does():
+  runs = [demo.Run("SGD", "sgd", 32, 0.1, train_loss=[2.3, 0.5], test_accuracy=[0.5, 0.9]),
+          demo.Run("SGD", "sgd", 512, 8.0, train_loss=[2.0, 2.6e8, 1e9],
+                   test_accuracy=[0.2, 0.1, 0.14], step_loss=[2.0, 5.0, 5e8, 1e9, 1e9],
+                   steps_per_epoch=2)]
+  rows = _table_rows(demo.format_table(runs))
+  assert rows[1][3] == "1000000000.0000, diverged at step 3 (epoch 2)"
+  assert "diverged" not in rows[0][3]
+
+
+def test_train_records_every_steps_loss_and_a_diverged_run_is_named():
+  data = demo.load_digits()
+  model = demo.make_cnn()
+  params = model.init(jax.random.key(0), data[0][0][:1])
+  run = demo.Run("SGD", "sgd", 256, 1e8)
+  demo.train(run, lars_optax.sgd(1e8, momentum=0.9), model, params, data, epochs=2, seed=0,
+             quiet=True)
+  assert len(run.step_loss) == 2 * run.steps_per_epoch
+  assert run.step_loss[0] == pytest.approx(2.3, abs=0.3)  # the first step is fine
+  assert re.fullmatch(r"step \d+ \(epoch [12]\)", demo.divergence(run, top=7.0) or "")
+  assert "diverged at step" in demo.format_table([run])

@@ -377,3 +377,83 @@ def test_float16_trust_ratio_above_the_float16_maximum_does_not_overflow(make):
   assert updates["w"].dtype == jnp.float16
   np.testing.assert_allclose(np.asarray(updates["w"], np.float64), -0.1 * ratio * g,
                              rtol=1e-3)
+
+
+# --------------------------------------------------------------------------
+# Complex params, where the rule is defined (as optax.sgd and optax.adam take them)
+# --------------------------------------------------------------------------
+
+
+def _complex_params(dtype):
+  k = jax.random.split(jax.random.key(0), 3)
+  real = jnp.float64 if dtype == jnp.complex128 else jnp.float32
+  w = jax.random.normal(k[0], (3, 4), real) + 1j * jax.random.normal(k[1], (3, 4), real)
+  return {"w": w.astype(dtype), "b": jax.random.normal(k[2], (4,), real)}
+
+
+def _real_view(tree):
+  return jax.tree.map(
+      lambda x: jnp.stack([x.real, x.imag], -1) if jnp.iscomplexobj(x) else x, tree)
+
+
+def _grads(params, i):
+  """Gradients that depend on the real and imaginary parts alike (same on the real view)."""
+  def g(x):
+    if jnp.iscomplexobj(x):
+      r = g(jnp.stack([x.real, x.imag], -1))
+      return (r[..., 0] + 1j * r[..., 1]).astype(x.dtype)
+    return jnp.sin(x + i) + 0.3 * x
+
+  return jax.tree.map(g, params)
+
+
+def _train_complex(tx, params, steps=4):
+  state = tx.init(params)
+  for i in range(steps):
+    grads = _grads(params, i)
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    chex.assert_trees_all_equal_dtypes(updates, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+COMPLEX_VS_OPTAX = {
+    "sgd": (lambda: lars_optax.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1, momentum=0.9)),
+    "nag": (lambda: lars_optax.nag(0.1, momentum=0.9),
+            lambda: optax.sgd(0.1, momentum=0.9, nesterov=True)),
+    # MXNet's epsilon sits outside the bias correction (optax's inside): 0 for both.
+    "adam": (lambda: lars_optax.adam(0.1, epsilon=0.0), lambda: optax.adam(0.1, eps=0.0)),
+    "adam_lazy": (lambda: lars_optax.adam(0.1, epsilon=0.0, lazy_update=True),
+                  lambda: optax.adam(0.1, eps=0.0)),
+    "lamb": (lambda: lars_optax.lamb(0.1, wd=1e-2),
+             lambda: optax.lamb(0.1, eps=1e-6, weight_decay=1e-2)),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.complex64, jnp.complex128])
+@pytest.mark.parametrize("name", list(COMPLEX_VS_OPTAX))
+def test_complex_params_match_optax(name, dtype):
+  ours, theirs = COMPLEX_VS_OPTAX[name]
+  with x64():
+    params = _complex_params(dtype)
+    got = _train_complex(ours(), params)
+    assert got["w"].dtype == dtype
+    rtol = 1e-5 if dtype == jnp.complex64 else 1e-10
+    chex.assert_trees_all_close(got, _train_complex(theirs(), params), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, eta=0.01, skip="flax"),
+    lambda: lars_optax.tf_lars(0.5, momentum=0.9, weight_decay=1e-3, eeta=0.01),
+], ids=["lars", "tf_lars"])
+def test_lars_on_complex_params_takes_norms_of_abs(make):
+  """||w|| of a complex leaf is the norm of its real and imaginary parts together, and
+  the rest of the rule is linear: the step equals the step on the real view."""
+  params = _complex_params(jnp.complex64)
+  got = _train_complex(make(), params)
+  want = _train_complex(make(), _real_view(params))
+  chex.assert_trees_all_close(_real_view(got), want, rtol=1e-5, atol=1e-6)
+  tx = make()
+  _, state = tx.update(_grads(params, 0), tx.init(params), params)
+  ratio = lars_optax.trust_ratios(state, params)["w"]
+  assert ratio.dtype == jnp.float32 and ratio != 1.0

@@ -2,17 +2,40 @@
 
 Each is executed with ``nbclient`` in a fresh ``python3`` kernel (so a
 notebook's own device setup, e.g. 8 virtual CPU devices, takes effect), in a
-temporary directory. Outputs must be stripped in git.
+temporary directory. Outputs must be stripped in git, and every notebook
+starts with the same install cell (:data:`INSTALL_CELL`).
 """
 
 import json
 import pathlib
+import re
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+ROOT = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+# The first code cell of every notebook. lars_optax is on no package index, so
+# the cell installs a wheel uploaded next to the notebook (Colab) and otherwise
+# says how to get one; it does nothing where lars_optax is installed.
+INSTALL_CELL = """\
+# Install lars_optax when it is missing (e.g. on Colab). It is not on a package
+# index: build a wheel in a clone (python -m build), upload it next to this
+# notebook, or run the notebook from a clone after pip install ".[notebooks]".
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+if importlib.util.find_spec("lars_optax") is None:
+  wheels = sorted(pathlib.Path(".").glob("lars_optax-*.whl"))
+  if not wheels:
+    raise RuntimeError("lars_optax is not installed: upload lars_optax-0.1.0-py3-none-any.whl "
+                       "(built by python -m build in a clone) next to this notebook, "
+                       'or pip install ".[notebooks]" in a clone.')
+  subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"{wheels[-1]}[demo]"])"""
 
 
 def test_there_are_notebooks():
@@ -26,6 +49,21 @@ def test_outputs_are_stripped(path):
   for cell in nb["cells"]:
     if cell["cell_type"] == "code":
       assert not cell.get("outputs") and cell.get("execution_count") is None, path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_first_code_cell_is_the_install_cell(path):
+  nb = nbformat.read(path, as_version=4)
+  first = next(cell for cell in nb.cells if cell.cell_type == "code")
+  assert first.source == INSTALL_CELL, (
+      f"{path.name}: the first code cell must be tests/test_notebooks.py's INSTALL_CELL")
+
+
+def test_install_cell_names_the_packages_wheel():
+  version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+  assert version is not None
+  assert f"lars_optax-{version.group(1)}-py3-none-any.whl" in INSTALL_CELL
+  assert "pip\", \"install\", \"-q\", \"lars_optax\"" not in INSTALL_CELL
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

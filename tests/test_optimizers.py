@@ -894,3 +894,100 @@ def test_default_skip_does_not_warn_on_flat_names():
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     lars_optax.lars(0.1).init(params)
+
+
+# --------------------------------------------------------------------------
+# wd_skip: leaves without weight decay (lars, lamb, lans)
+# --------------------------------------------------------------------------
+
+
+def _flax_params():
+  k = jax.random.split(jax.random.key(0), 5)
+  return {"Dense_0": {"kernel": jax.random.normal(k[0], (4, 3)),
+                      "bias": jax.random.normal(k[1], (3,))},
+          "LayerNorm_0": {"scale": 1.0 + 0.1 * jax.random.normal(k[2], (3,))},
+          "Dense_1": {"kernel": jax.random.normal(k[3], (3, 2)),
+                      "bias": jax.random.normal(k[4], (2,))}}
+
+
+WD_SKIP_OPTIMIZERS = {
+    "lars": lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=0.05, eta=0.01, skip=None, **kw),
+    "lamb": lambda **kw: lars_optax.lamb(0.05, wd=0.1, **kw),
+    "lans": lambda **kw: lars_optax.lans(0.05, wd=0.1, **kw),
+}
+
+
+def _train(tx, params, steps=3):
+  state = tx.init(params)
+  for i in range(steps):
+    grads = jax.tree.map(
+        lambda p, i=i: jnp.cos(p * (i + 1.0)) + 0.1 * p, params)
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+@pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
+@pytest.mark.parametrize("wd_skip, wd_mult, same_as", [
+    ("flax", None, [("flax", 0.0)]),
+    (masks.by_leaf_name("bias"), None, [(masks.by_leaf_name("bias"), 0.0)]),
+    ({"Dense_0": {"kernel": False, "bias": True}, "LayerNorm_0": {"scale": True},
+      "Dense_1": {"kernel": False, "bias": False}}, None,
+     {"Dense_0/bias": 0.0, "LayerNorm_0/scale": 0.0}),
+    # With wd_mult as well, wd_skip wins: its leaves get 0 whatever wd_mult says.
+    (masks.by_leaf_name("bias"), {"Dense_0/kernel": 0.5, "Dense_1/bias": 2.0},
+     {"Dense_0/kernel": 0.5, "Dense_0/bias": 0.0, "Dense_1/bias": 0.0}),
+    ("flax", [(masks.by_ndim(1), 3.0)], [("flax", 0.0), (masks.by_ndim(1), 3.0)]),
+])
+def test_wd_skip_equals_wd_mult_zero_on_its_leaves(name, wd_skip, wd_mult, same_as):
+  make = WD_SKIP_OPTIMIZERS[name]
+  params = _flax_params()
+  got = _train(make(wd_skip=wd_skip, wd_mult=wd_mult), params)
+  chex.assert_trees_all_close(got, _train(make(wd_mult=same_as), params), rtol=1e-6)
+  # ... and it changes something: the skipped leaves decay without it.
+  plain = _train(make(wd_mult=wd_mult), params)
+  assert not np.allclose(got["Dense_0"]["bias"], plain["Dense_0"]["bias"])
+
+
+@pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
+def test_wd_skip_judges_one_layer_of_a_stacked_leaf(name):
+  make = WD_SKIP_OPTIMIZERS[name]
+  k = jax.random.split(jax.random.key(1), 2)
+  params = {"blocks": {"kernel": jax.random.normal(k[0], (3, 4, 4)),
+                       "bias": jax.random.normal(k[1], (3, 4))}}
+  stacked = masks.by_substring("blocks")
+  got = _train(make(wd_skip=masks.by_ndim(1), stacked=stacked), params)
+  want = _train(make(wd_mult=[(masks.by_ndim(1), 0.0)], stacked=stacked), params)
+  chex.assert_trees_all_close(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
+def test_create_passes_wd_skip(name):
+  params = _flax_params()
+  kw = {"learning_rate": 0.05, "wd": 0.1, "skip": "flax", "wd_skip": "flax"}
+  got = _train(lars_optax.create(name, **kw), params)
+  chex.assert_trees_all_close(got, _train(getattr(lars_optax, name)(**kw), params))
+
+
+def test_create_rejects_wd_skip_where_the_optimizer_has_none():
+  with pytest.raises(ValueError, match=r"^wd_skip: not an argument of 'adam'"):
+    lars_optax.create("adam", wd=0.1, wd_skip="flax")
+
+
+@pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
+@pytest.mark.parametrize("wd_skip, error, match", [
+    ("flaxx", ValueError, "^wd_skip: unknown preset 'flaxx'"),
+    (3, TypeError, "^wd_skip: expected a mask"),
+    (["bias"], TypeError, "^wd_skip: expected a mask"),
+])
+def test_wd_skip_rejects_what_skip_rejects(name, wd_skip, error, match):
+  with pytest.raises(error, match=match):
+    WD_SKIP_OPTIMIZERS[name](wd_skip=wd_skip)
+
+
+@pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
+def test_wd_skip_names_that_match_no_leaf_raise_at_init(name):
+  tx = WD_SKIP_OPTIMIZERS[name](wd_skip=masks.by_leaf_name("bais"))
+  with pytest.raises(ValueError,
+                     match=r"^wd_skip: no parameter name has the last component 'bais'"):
+    tx.init(_flax_params())

@@ -71,3 +71,57 @@ def test_readme_python_block_runs(line, code):
   namespace = {"__name__": "__readme__"}
   with contextlib.redirect_stdout(io.StringIO()):
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
+
+
+def printed_lines_claimed(code: str) -> list[str]:
+  """The comment lines that end a block, ``# `` removed: what the block prints.
+
+  A ``...`` in a line stands for the part of the printed line left out.
+  """
+  lines = code.rstrip().splitlines()
+  claimed = []
+  while lines and lines[-1].startswith("# "):
+    claimed.insert(0, lines.pop()[2:])
+  return claimed
+
+
+def _quick_start() -> tuple[int, str]:
+  text = README.read_text(encoding="utf-8")
+  heading = text[:text.index("\n## Quick start\n")].count("\n") + 2
+  return next((line, code) for line, code in RUN if line > heading)
+
+
+def test_quick_start_prints_what_its_comment_says():
+  line, code = _quick_start()
+  claimed = printed_lines_claimed(code)
+  assert claimed, "the Quick Start block should end with the line it prints, as a comment"
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+  printed = out.getvalue().splitlines()
+  assert len(printed) >= len(claimed), printed
+  for want, got in zip(claimed, printed):
+    head, _, tail = want.partition("...")
+    # The numbers are printed at the precision shown, so the text must agree.
+    assert got.startswith(head) and got.endswith(tail), (
+        f"README.md:{line}: the comment says\n  # {want}\nbut the block prints\n  {got}")
+
+
+def test_first_screen_writes_out_the_quick_test_command():
+  """The quick check is a whole command, in the venv the test command makes."""
+  text = README.read_text(encoding="utf-8")
+  first_screen = text[:text.index("\n## Quick start\n")]
+  assert ".venv/bin/python -m pytest -q\n" in first_screen
+  assert "\n.venv/bin/python -m pytest -q -m quick\n" in first_screen
+
+
+def test_readme_and_create_say_how_each_schedule_counts():
+  import lars_optax
+
+  text = " ".join(README.read_text(encoding="utf-8").split())
+  assert ("MXNet's 1-based update count (shifted by `begin_num_update`, which also starts "
+          "Adam's `t`), while an optax schedule given as `learning_rate` counts from 0") in text
+  doc = " ".join(lars_optax.create.__doc__.split())
+  assert "1 at the first update" in doc
+  assert ("given as ``learning_rate`` instead is called with the number of updates done, "
+          "0 at the first update") in doc

@@ -6,6 +6,8 @@ The numbers of every built-in name are checked against MXNet itself in
 ``register`` and the errors.
 """
 
+import functools
+import inspect
 import warnings
 
 import chex
@@ -17,6 +19,7 @@ import pytest
 
 import lars_optax
 from conftest import x64
+from lars_optax.registry import BASE_ARGS
 
 
 def _params():
@@ -449,3 +452,48 @@ def test_uncopyable_host_scheduler_warns_on_rollback():
   schedule(jnp.asarray(1))
   with pytest.warns(UserWarning, match="^lr_scheduler: the optimizer went back"):
     schedule(jnp.asarray(0))
+
+
+# --------------------------------------------------------------------------
+# create under optax.inject_hyperparams
+# --------------------------------------------------------------------------
+
+
+def test_create_works_under_inject_hyperparams():
+  tx = optax.inject_hyperparams(functools.partial(lars_optax.create, "adam"))(learning_rate=0.1)
+  params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5])}
+  state = tx.init(params)
+  assert set(state.hyperparams) == {"learning_rate"}
+  ref = optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.1)
+  ref_state = ref.init(params)
+  step = jax.jit(lambda g, s, p: tx.update(g, s, p))
+  for i in range(3):
+    grads = jax.tree.map(lambda p, i=i: jnp.sin(p + i), params)
+    updates, state = step(grads, state, params)
+    ref_updates, ref_state = ref.update(grads, ref_state, params)
+    chex.assert_trees_all_close(updates, ref_updates)
+  # The learning rate is a hyperparameter in the state: 0 stops the updates.
+  state.hyperparams["learning_rate"] = jnp.zeros([])
+  updates, _ = step(params, state, params)
+  chex.assert_trees_all_equal(updates, jax.tree.map(jnp.zeros_like, params))
+
+
+def test_create_under_inject_hyperparams_passes_the_optimizers_own_arguments():
+  factory = functools.partial(lars_optax.create, "lars")
+  tx = optax.inject_hyperparams(factory)(learning_rate=0.5, wd=1e-3, momentum=0.9,
+                                         skip="flax", wd_skip="flax")
+  want = lars_optax.lars(0.5, momentum=0.9, wd=1e-3, skip="flax", wd_skip="flax")
+  params = {"Dense_0": {"kernel": jnp.ones((2, 3)), "bias": jnp.ones(3)}}
+  state, want_state = tx.init(params), want.init(params)
+  assert set(state.hyperparams) == {"learning_rate", "wd"}
+  for _ in range(2):
+    grads = jax.tree.map(lambda p: 0.1 * p + 0.2, params)
+    updates, state = tx.update(grads, state, params)
+    want_updates, want_state = want.update(grads, want_state, params)
+    chex.assert_trees_all_close(updates, want_updates, rtol=1e-6)
+
+
+def test_create_signature_names_the_base_arguments():
+  params = inspect.signature(lars_optax.create).parameters
+  assert [p for p in params if p in BASE_ARGS] == list(BASE_ARGS)
+  assert repr(params["learning_rate"].default) == "unset"

@@ -14,6 +14,7 @@ Three tables, each run over every public optimizer (and over ``create``):
   gradients of another float dtype than their params.
 """
 
+import inspect
 import math
 import re
 
@@ -27,6 +28,7 @@ import pytest
 from conftest import x64
 
 import lars_optax
+from lars_optax import _validation as v
 from lars_optax import masks
 
 # --------------------------------------------------------------------------
@@ -445,9 +447,10 @@ def _tree():
     (["bias"], TypeError, r"skip: expected a mask.*got the strings \['bias'\].*by_substring"),
     (("gamma", "beta"), TypeError, "skip: expected a mask.*by_suffix"),
 ])
-def test_lars_bad_skip_at_construction(skip, exc, msg):
-  with pytest.raises(exc, match=msg):
-    lars_optax.lars(skip=skip)
+@pytest.mark.parametrize("arg", ["skip", "wd_skip"])
+def test_lars_bad_skip_at_construction(skip, exc, msg, arg):
+  with pytest.raises(exc, match=re.sub(r"^(\^?)skip:", rf"\1{arg}:", msg)):
+    lars_optax.lars(**{arg: skip})
 
 
 @pytest.mark.parametrize("skip, exc, msg", [
@@ -465,9 +468,10 @@ def test_lars_bad_skip_at_construction(skip, exc, msg):
     (~lars_optax.by_substring("bn") & lars_optax.by_suffix("wieght"), ValueError,
      "skip: no parameter name contains 'bn', and none ends with 'wieght'"),
 ])
-def test_lars_bad_skip_at_init(skip, exc, msg):
-  tx = lars_optax.lars(skip=skip)  # decided on the params, at init
-  with pytest.raises(exc, match=msg):
+@pytest.mark.parametrize("arg", ["skip", "wd_skip"])
+def test_lars_bad_skip_at_init(skip, exc, msg, arg):
+  tx = lars_optax.lars(**{arg: skip})  # decided on the params, at init
+  with pytest.raises(exc, match=re.sub(r"^(\^?)skip:", rf"\1{arg}:", msg)):
     tx.init(_tree())
 
 
@@ -786,12 +790,34 @@ def test_params_optional_where_not_read(make):
   chex.assert_trees_all_equal(with_params, without)
 
 
+# The variants whose rule is defined on complex params (see tests/test_dtypes.py).
+COMPLEX_OK = {"lars", "tf_lars", "adam", "adam_lazy", "sgd"}
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
 def test_non_float_params_rejected_at_init(name, dtype):
   params = {"w": jnp.ones((2, 3)), "layer": {"bad": jnp.ones((2,), dtype)}}
+  if dtype == jnp.complex64 and name in COMPLEX_OK:
+    VARIANTS[name]().init(params)
+    return
   with pytest.raises(TypeError, match=r"parameter 'layer/bad' has dtype .*only real floating"):
     VARIANTS[name]().init(params)
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - COMPLEX_OK))
+def test_complex_params_rejected_naming_the_optimizers_that_take_them(name):
+  params = {"w": jnp.ones((2, 3), jnp.complex64)}
+  with pytest.raises(TypeError, match=r"Complex params are taken by lars_optax.sgd, "
+                                      r"lars_optax.nag, lars_optax.adam, lars_optax.lars, "
+                                      r"lars_optax.tf_lars, lars_optax.lamb \(without "
+                                      r"clip_gradient or multi_precision\)"):
+    VARIANTS[name]().init(params)
+
+
+def test_complex_params_with_clip_gradient_rejected():
+  with pytest.raises(TypeError, match="Complex params are taken by"):
+    lars_optax.sgd(0.1, clip_gradient=1.0).init({"w": jnp.ones(2, jnp.complex64)})
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -800,7 +826,10 @@ def test_non_float_gradients_rejected(name, dtype):
   tx = VARIANTS[name]()
   params = _params()
   grads = {"w": jnp.ones((2, 3), dtype), "fc_bias": jnp.ones(3)}
-  with pytest.raises(TypeError, match=r"gradient 'w' has dtype .*only real floating"):
+  match = r"gradient 'w' has dtype .*only real floating"
+  if dtype == jnp.complex64 and name in COMPLEX_OK:
+    match = r"gradient 'w' is complex \(complex64\) but its parameter is real \(float32\)"
+  with pytest.raises(TypeError, match=match):
     tx.update(grads, tx.init(params), params)
 
 
@@ -900,3 +929,59 @@ def test_lr_mult_beyond_the_params_dtype_is_rejected_at_init():
   with pytest.raises(ValueError, match=r"^lr_mult: 100000 is beyond the range of float16 "
                      r".*parameter 'w'"):
     tx.init({"w": jnp.ones(2, jnp.float16), "z": jnp.ones(2)})
+
+
+# --------------------------------------------------------------------------
+# Another library's keyword names the one to use
+# --------------------------------------------------------------------------
+
+_MXNET_FLAVOURED = ["lars", "lamb", "lans", "sgd", "adam", "signum", "signsgd", "adamw",
+                    "adamax", "nadam", "adabelief", "ftml", "nag", "dcasgd", "sgld",
+                    "adagrad", "rmsprop", "adadelta", "ftrl"]
+
+
+@pytest.mark.parametrize("name", _MXNET_FLAVOURED)
+def test_weight_decay_keyword_names_mxnets_wd(name):
+  with pytest.raises(TypeError, match=rf"^weight_decay: {name}\(\) has no argument "
+                                      r"'weight_decay'; it takes MXNet's name for weight "
+                                      r"decay, wd \(e\.g\. wd=1e-4\)\."):
+    getattr(lars_optax, name)(weight_decay=1e-4)
+
+
+@pytest.mark.parametrize("name", _MXNET_FLAVOURED)
+def test_lr_keyword_names_learning_rate(name):
+  with pytest.raises(TypeError, match=rf"^lr: {name}\(\) has no argument 'lr'; it takes "
+                                      "learning_rate"):
+    getattr(lars_optax, name)(lr=0.1)
+
+
+def test_lars_weight_decay_also_points_to_tf_lars():
+  with pytest.raises(TypeError, match=r"lars_optax\.tf_lars, is the one that takes weight_decay"):
+    lars_optax.lars(0.1, momentum=0.9, weight_decay=1e-4)
+
+
+@pytest.mark.parametrize("kwarg, right", [("wd", "weight_decay"), ("eta", "eeta"),
+                                          ("lr", "learning_rate")])
+def test_tf_lars_names_tensorflows_keywords(kwarg, right):
+  with pytest.raises(TypeError, match=rf"^{kwarg}: tf_lars\(\) has no argument '{kwarg}'; "
+                                      rf"it takes .*{right}"):
+    lars_optax.tf_lars(0.1, **{kwarg: 1e-4})
+
+
+@pytest.mark.parametrize("name", [*_MXNET_FLAVOURED, "tf_lars"])
+def test_keyword_hints_keep_the_signature(name):
+  fn = getattr(lars_optax, name)
+  params = inspect.signature(fn).parameters
+  assert "wd" in params or "weight_decay" in params
+  assert "kwargs" not in params and fn.__name__ == name and fn.__doc__
+  lars_optax.create("sgd", wd=1e-4)  # create still reads the arguments
+
+
+def test_keyword_hints_leave_a_taken_keyword_alone():
+  @v.renamed_keywords({"wd": "unused", "other": "use x."})
+  def f(wd=0.0):
+    return wd
+
+  assert f(wd=2.0) == 2.0
+  with pytest.raises(TypeError, match=r"^other: f\(\) has no argument 'other'; use x\.$"):
+    f(other=1)
