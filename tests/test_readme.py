@@ -1,12 +1,13 @@
-"""Every Python block of the README runs as written.
+"""Every Python block of the README and of the docs' pages runs as written.
 
 Each ```python block is run on its own, in a fresh namespace, with nothing
 but what the block itself imports and sets up: a reader can paste any one
 block into a fresh interpreter. Blocks in another language (```bash,
 ```text for MXNet or TensorFlow code) are not run, and neither is a
 ```python block that the line before marks with ``<!-- skip: why -->``
-(a fragment of a longer program that a notebook runs in full). The Python
-block of the docs' front page (docs/index.rst) is run the same way.
+(a fragment of a longer program that a notebook runs in full). The Markdown
+pages of ``docs/`` are run the same way, and so is the Python block of the
+docs' front page (docs/index.rst).
 """
 
 from __future__ import annotations
@@ -48,10 +49,15 @@ def python_blocks(text: str) -> list[tuple[int, str, bool]]:
 
 BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
 RUN = [(line, code) for line, code, skipped in BLOCKS if not skipped]
+DOCS = README.parent / "docs"
+DOC_PAGES = sorted(DOCS.glob("*.md"))
+DOC_RUN = [(f"docs/{page.name}", line, code) for page in DOC_PAGES
+           for line, code, skipped in python_blocks(page.read_text(encoding="utf-8"))
+           if not skipped]
 
 
 def test_readme_python_blocks_are_found():
-  assert len(RUN) >= 4
+  assert len(RUN) >= 1
 
 
 def rst_python_blocks(text: str) -> list[str]:
@@ -72,6 +78,26 @@ def test_readme_python_block_runs(line, code):
   with contextlib.redirect_stdout(io.StringIO()):
     exec(compile(code, f"README.md:{line}", "exec"), namespace)
 
+
+def test_docs_python_blocks_are_found():
+  assert len(DOC_RUN) >= 7
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("page,line,code", DOC_RUN,
+                         ids=[f"{page[5:-3]}-line{line}" for page, line, _ in DOC_RUN])
+def test_docs_python_block_runs(page, line, code):
+  namespace = {"__name__": "__docs__"}
+  with contextlib.redirect_stdout(io.StringIO()):
+    exec(compile(code, f"{page}:{line}", "exec"), namespace)
+
+
+def test_readme_is_a_front_door():
+  """At most 350 lines; the reference lives in docs/, and each page it links exists."""
+  text = README.read_text(encoding="utf-8")
+  assert len(text.splitlines()) <= 350
+  for link in re.findall(r"\]\((docs/[^)#]+)", text):
+    assert (README.parent / link).exists(), link
 
 def printed_lines_claimed(code: str) -> list[str]:
   """The comment lines that end a block, ``# `` removed: what the block prints.
@@ -118,7 +144,7 @@ def test_first_screen_writes_out_the_quick_test_command():
 def test_readme_and_create_say_how_each_schedule_counts():
   import lars_optax
 
-  text = " ".join(README.read_text(encoding="utf-8").split())
+  text = " ".join((DOCS / "optimizers.md").read_text(encoding="utf-8").split())
   assert ("MXNet's 1-based update count (shifted by `begin_num_update`, which also starts "
           "Adam's `t`), while an optax schedule given as `learning_rate` counts from 0") in text
   doc = " ".join(lars_optax.create.__doc__.split())
