@@ -1,6 +1,8 @@
 """Sphinx configuration: the API reference is generated from the docstrings."""
 
 import importlib.metadata
+import pathlib
+import shutil
 
 project = "lars_optax"
 author = "lars_optax developers"
@@ -21,10 +23,20 @@ extensions = [
     # the docs' math renders offline.
     "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
-    "myst_parser",
+    # Markdown pages and the notebooks (myst-nb includes myst-parser).
+    "myst_nb",
 ]
-source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
+
+# The notebooks are rendered from the outputs stored in them, never run here
+# (notebooks/store_outputs.py stores them; tests/test_notebooks.py runs them).
+# They are copied next to the pages, since Sphinx reads only this directory.
+nb_execution_mode = "off"
+_NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+_COPY = pathlib.Path(__file__).resolve().parent / "notebooks"
+_COPY.mkdir(exist_ok=True)
+for _nb in sorted(_NOTEBOOKS.glob("*.ipynb")):
+  shutil.copyfile(_nb, _COPY / _nb.name)
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
