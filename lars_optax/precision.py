@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.sparse import reject_row_sparse
@@ -30,6 +31,7 @@ def _is_low(x: Any) -> bool:
   return jnp.dtype(getattr(x, "dtype", jnp.float32)) in LOW_PRECISION
 
 
+@_row_wise.row_wise("master")
 class MultiPrecisionState(NamedTuple):
   """State of :func:`multi_precision`.
 

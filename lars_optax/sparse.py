@@ -87,6 +87,7 @@ import optax
 from jax.experimental.sparse import BCOO
 from jax.extend import core as _jcore
 
+from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import masks
 
@@ -343,9 +344,6 @@ def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
 
 def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
   """The params-shaped fields of the states this library knows, by state type."""
-  from lars_optax.precision import MultiPrecisionState
-  from lars_optax.transforms import MXNetMomentumState
-
   return {
       optax.ScaleByAdamState: ("mu", "nu"),
       optax.TraceState: ("trace",),
@@ -353,8 +351,7 @@ def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
       optax.ScaleByRmsState: ("nu",),
       optax.ScaleByRStdDevState: ("mu", "nu"),
       optax.ScaleByBeliefState: ("mu", "nu"),
-      MXNetMomentumState: ("momentum",),
-      MultiPrecisionState: ("master",),
+      **_row_wise.row_wise_fields(),  # this library's states declare theirs
   }
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax._utils import LowPrecisionWarning
 from lars_optax import _validation as v
@@ -77,6 +78,7 @@ __all__ = [
 
 
 
+@_row_wise.row_wise("momentum")
 class MXNetMomentumState(NamedTuple):
   """State of :func:`mxnet_momentum`.
 
