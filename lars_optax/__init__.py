@@ -54,7 +54,7 @@ from lars_optax.masks import (
     named_leaves,
 )
 from lars_optax.nonfinite import skip_nonfinite
-from lars_optax.optimizers import adam, lamb, lans, lars, sgd, signsgd, signum, tf_lars
+from lars_optax.optimizers import adam, lamb, lans, lars, sgd, tf_lars
 from lars_optax.precision import (
     LOW_PRECISION,
     MultiPrecisionState,
@@ -71,6 +71,7 @@ from lars_optax.sgd_family import (
     nag,
     sgld,
 )
+from lars_optax.sign import signsgd, signum
 from lars_optax.sparse import (
     RowSparseUpdate,
     is_row_sparse,
