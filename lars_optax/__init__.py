@@ -26,6 +26,7 @@ from lars_optax.adam_family import (
     ScaleByFTMLState,
     ScaleByNadamState,
     adabelief,
+    adam,
     adamax,
     adamw,
     ftml,
@@ -33,6 +34,7 @@ from lars_optax.adam_family import (
     scale_by_adam_moments,
     scale_by_bias_correction,
     scale_by_ftml,
+    scale_by_mxnet_adam,
     scale_by_mxnet_adamax,
     scale_by_mxnet_belief,
     scale_by_mxnet_nadam,
@@ -54,7 +56,7 @@ from lars_optax.masks import (
     named_leaves,
 )
 from lars_optax.nonfinite import skip_nonfinite
-from lars_optax.optimizers import adam, lamb, lans, lars, sgd, tf_lars
+from lars_optax.optimizers import lamb, lans, lars, sgd, tf_lars
 from lars_optax.precision import (
     LOW_PRECISION,
     MultiPrecisionState,
@@ -109,7 +111,6 @@ from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
     check_inputs,
     mxnet_momentum,
-    scale_by_mxnet_adam,
     scale_per_leaf,
 )
 

@@ -1,5 +1,7 @@
-r"""MXNet 2.0's Adam relatives, as ``optax.chain``\ s of small transformations.
+r"""The Adam family of MXNet 2.0, as ``optax.chain``\ s of small transformations.
 
+* :func:`adam` -- ``mx.optimizer.Adam``: epsilon outside the bias correction,
+  optional lazy updates;
 * :func:`adamw` -- ``mx.optimizer.AdamW``: decoupled weight decay, multiplied
   by the bias-corrected learning rate; optional bias correction.
 * :func:`adamax` -- ``mx.optimizer.Adamax``: Adam with the infinity norm.
@@ -14,6 +16,8 @@ equivalent (MXNet places epsilon outside the bias correction, so
 :func:`optax.scale_by_adam`, :func:`optax.scale_by_adamax` and
 :func:`optax.scale_by_belief` compute other numbers):
 
+* :func:`scale_by_mxnet_adam` -- Adam's scaling with MXNet's placement of
+  epsilon (outside the bias correction);
 * :func:`scale_by_adam_moments` -- :math:`m_t / (\sqrt{v_t} + \epsilon)`,
   without bias correction;
 * :func:`scale_by_bias_correction` -- the factor
@@ -63,6 +67,7 @@ __all__ = [
     "ScaleByFTMLState",
     "ScaleByNadamState",
     "adabelief",
+    "adam",
     "adamax",
     "adamw",
     "ftml",
@@ -70,6 +75,7 @@ __all__ = [
     "scale_by_adam_moments",
     "scale_by_bias_correction",
     "scale_by_ftml",
+    "scale_by_mxnet_adam",
     "scale_by_mxnet_adamax",
     "scale_by_mxnet_belief",
     "scale_by_mxnet_nadam",
@@ -79,6 +85,103 @@ __all__ = [
 # --------------------------------------------------------------------------
 # Transformations
 # --------------------------------------------------------------------------
+
+def scale_by_mxnet_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    *,
+    initial_count: int = 0,
+) -> GradientTransformation:
+  r"""Adam's scaling with epsilon outside the bias correction (MXNet's rule).
+
+  .. math::
+
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
+    \text{update} &= \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t} \cdot
+      \frac{m_t}{\sqrt{v_t} + \epsilon}
+
+  Follow it with :func:`optax.scale_by_learning_rate`. This is
+  :func:`optax.scale_by_adam` except for where :math:`\epsilon` sits: optax
+  divides by :math:`\sqrt{\hat v_t} + \epsilon`, i.e. MXNet's formula with
+  :math:`\epsilon` replaced by :math:`\epsilon \sqrt{1-\beta_2^t}`. The
+  two differ while :math:`\sqrt{v_t}` is comparable to :math:`\epsilon`
+  (small gradients, early steps).
+
+  ``m`` and ``v`` are kept in the parameter dtype; the division is done in
+  float32 or wider, so float16 states with ``eps=1e-8`` (which is 0 in
+  float16) do not divide 0 by 0. Where the denominator is 0 (``eps=0`` and
+  :math:`v_t = 0`: every gradient of that entry so far was 0, or its square
+  underflowed) the update is 0, not NaN.
+
+  float16 without master weights: :math:`v_t` holds squared gradients, which
+  underflow to 0 in float16 below about 2.4e-4 (and 6e-8 for subnormals), so
+  the step :math:`m_t / \sqrt{v_t}` blows up on ordinary data (so does
+  :func:`optax.adam`'s). ``init`` warns (:class:`LowPrecisionWarning`) when a
+  parameter is float16; run it under :func:`lars_optax.multi_precision`
+  (``adam(..., multi_precision=True)``), or use bfloat16.
+
+  Args:
+    b1: :math:`\beta_1` in [0, 1).
+    b2: :math:`\beta_2` in [0, 1).
+    eps: :math:`\epsilon` >= 0.
+    initial_count: updates already done before the first one (MXNet's
+      ``begin_num_update``): :math:`t` is ``initial_count + 1`` at the first
+      update. At most ``2**31 - 2``: :math:`t` is an int32 count (it stops
+      growing at ``2**31 - 1``, as optax's counts do).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with an
+    :class:`optax.ScaleByAdamState`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.Adam``.
+  """
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  # (an integer array passes: inject_hyperparams)
+  v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
+
+  def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
+    v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
+    v.check_representable("eps", eps, params, compute=True)
+    utils.warn_float16(params, "scale_by_mxnet_adam")
+    return optax.ScaleByAdamState(
+        count=jnp.zeros([], jnp.int32),
+        mu=jax.tree.map(jnp.zeros_like, params),
+        nu=jax.tree.map(jnp.zeros_like, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
+                      state.mu, updates)
+    nu = jax.tree.map(
+        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
+        state.nu, updates)
+    count = optax.safe_int32_increment(state.count)
+    scales = {}  # dtype -> bias-correction factor
+
+    def bias_correction(dt):  # float32, or float64 for float64 leaves
+      if dt not in scales:
+        t = utils.saturating_add(count, initial_count).astype(dt)
+        scales[dt] = jnp.sqrt(utils.one_minus_pow(b2, t)) / utils.one_minus_pow(b1, t)
+      return scales[dt]
+
+    def step(m, n):
+      dt = utils.norm_dtype(m.dtype)
+      rt = utils.real_dtype(dt)  # v holds |u|^2: real also for complex params
+      denom = jnp.sqrt(jnp.real(n).astype(rt)) + utils.cast(eps, rt)
+      out = bias_correction(rt) * utils.safe_divide(m.astype(dt), denom)
+      return out.astype(m.dtype)
+
+    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
+
+  return GradientTransformation(init_fn, update_fn)
+
 
 class ScaleByAdamMomentsState(NamedTuple):
   """State of :func:`scale_by_adam_moments`, :func:`scale_by_mxnet_adamax` and
@@ -576,6 +679,90 @@ def _check_betas(beta1: Any, beta2: Any, epsilon: Any) -> None:
 
 def _hyperparams(learning_rate, wd, rescale_grad):
   return base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad)
+
+
+@v.mxnet_names
+def adam(
+    learning_rate: optax.ScalarOrSchedule = 0.001,
+    beta1: float = 0.9,
+    beta2: float = 0.999,
+    epsilon: float = 1e-8,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    lazy_update: bool = False,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    begin_num_update: int = 0,
+) -> optax.GradientTransformation:
+  r"""Adam as Apache MXNet implements it (``mx.optimizer.Adam``).
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
+    m_t &= \beta_1 m_{t-1} + (1 - \beta_1) u_t, \qquad
+    v_t = \beta_2 v_{t-1} + (1 - \beta_2) u_t^2 \\
+    w_t &= w_{t-1} - \alpha_t \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
+      \cdot \frac{m_t}{\sqrt{v_t} + \epsilon}
+
+  Epsilon is added to :math:`\sqrt{v_t}`, not to the bias-corrected
+  :math:`\sqrt{\hat v_t}` as in :func:`optax.adam`, and ``wd`` is coupled (L2,
+  as in MXNet; not AdamW). With ``lazy_update=True`` only the rows (axis 0)
+  with a non-zero gradient entry update :math:`w`, :math:`m` and :math:`v`
+  (:func:`lars_optax.lazy_update`); :math:`t` counts every step.
+
+  The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
+  scale_by_mxnet_adam(beta1, beta2, epsilon),
+  optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    beta1: in [0, 1).
+    beta2: in [0, 1).
+    epsilon: >= 0. With ``epsilon=0``, an entry whose gradient has been 0 at
+      every step so far (:math:`v_t = 0`) gets a zero update rather than
+      MXNet's 0/0 = NaN.
+    wd: coupled weight decay >= 0.
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    lazy_update: update only the rows present in the gradient.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16.
+      Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
+      for float16 params: :math:`v_t` underflows in float16 and the steps
+      blow up (``optax.adam`` does the same).
+    begin_num_update: updates done before the first (MXNet's argument): the
+      bias correction's :math:`t` starts at ``begin_num_update + 1``. An int
+      in [0, 2**31 - 2]: :math:`t` is an int32 count (it stops growing at
+      2**31 - 1, as optax's counts do).
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+
+  References:
+    Kingma and Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
+    ``mxnet.optimizer.Adam``.
+  """
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  lazy_update = base.check_flag("lazy_update", lazy_update)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
+                why=v.COUNT_WHY)
+  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+  return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                          rescale_grad=rescale_grad))
 
 
 @v.mxnet_names

@@ -87,6 +87,7 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
+from lars_optax.adam_family import adam
 from lars_optax.sign import signsgd, signum
 from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
@@ -96,7 +97,6 @@ from lars_optax.transforms import (
     scale_by_lamb_trust_ratio,
     scale_by_lans,
     scale_by_lars_trust_ratio,
-    scale_by_mxnet_adam,
 )
 
 __all__ = ["adam", "lamb", "lans", "lars", "sgd", "signsgd", "signum", "tf_lars"]
@@ -355,90 +355,6 @@ def tf_lars(
   ], "tf_lars", names=names, complex_params=True,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
-
-
-@v.mxnet_names
-def adam(
-    learning_rate: optax.ScalarOrSchedule = 0.001,
-    beta1: float = 0.9,
-    beta2: float = 0.999,
-    epsilon: float = 1e-8,
-    wd: float = 0.0,
-    rescale_grad: float = 1.0,
-    clip_gradient: float | None = None,
-    lazy_update: bool = False,
-    *,
-    lr_mult: masks.LeafValues = None,
-    wd_mult: masks.LeafValues = None,
-    multi_precision: bool = False,
-    begin_num_update: int = 0,
-) -> optax.GradientTransformation:
-  r"""Adam as Apache MXNet implements it (``mx.optimizer.Adam``).
-
-  .. math::
-
-    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
-    m_t &= \beta_1 m_{t-1} + (1 - \beta_1) u_t, \qquad
-    v_t = \beta_2 v_{t-1} + (1 - \beta_2) u_t^2 \\
-    w_t &= w_{t-1} - \alpha_t \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}
-      \cdot \frac{m_t}{\sqrt{v_t} + \epsilon}
-
-  Epsilon is added to :math:`\sqrt{v_t}`, not to the bias-corrected
-  :math:`\sqrt{\hat v_t}` as in :func:`optax.adam`, and ``wd`` is coupled (L2,
-  as in MXNet; not AdamW). With ``lazy_update=True`` only the rows (axis 0)
-  with a non-zero gradient entry update :math:`w`, :math:`m` and :math:`v`
-  (:func:`lars_optax.lazy_update`); :math:`t` counts every step.
-
-  The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
-  scale_by_mxnet_adam(beta1, beta2, epsilon),
-  optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
-
-  Args:
-    learning_rate: a scalar or an optax schedule.
-    beta1: in [0, 1).
-    beta2: in [0, 1).
-    epsilon: >= 0. With ``epsilon=0``, an entry whose gradient has been 0 at
-      every step so far (:math:`v_t = 0`) gets a zero update rather than
-      MXNet's 0/0 = NaN.
-    wd: coupled weight decay >= 0.
-    rescale_grad: gradient multiplier > 0.
-    clip_gradient: element-wise clipping bound > 0, or None.
-    lazy_update: update only the rows present in the gradient.
-    lr_mult: per-leaf learning-rate multipliers by leaf name.
-    wd_mult: per-leaf multipliers of ``wd``.
-    multi_precision: float32 master weights and state for float16/bfloat16.
-      Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
-      for float16 params: :math:`v_t` underflows in float16 and the steps
-      blow up (``optax.adam`` does the same).
-    begin_num_update: updates done before the first (MXNet's argument): the
-      bias correction's :math:`t` starts at ``begin_num_update + 1``. An int
-      in [0, 2**31 - 2]: :math:`t` is an int32 count (it stops growing at
-      2**31 - 1, as optax's counts do).
-
-  Returns:
-    An :class:`optax.GradientTransformation`.
-
-  References:
-    Kingma and Ba, `Adam: A Method for Stochastic Optimization
-    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
-    ``mxnet.optimizer.Adam``.
-  """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  lazy_update = base.check_flag("lazy_update", lazy_update)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
-  v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
-                why=v.COUNT_WHY)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                          rescale_grad=rescale_grad))
 
 
 @v.mxnet_names

@@ -22,6 +22,7 @@ and its momentum is :func:`optax.ema` (without debiasing).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -52,6 +53,13 @@ from lars_optax.layerwise import (
     trust_ratios,
 )
 
+# Names that moved to their families' modules. Those modules import this one,
+# so the old paths (``lars_optax.transforms.scale_by_mxnet_adam``, ...) are
+# looked up when first used (PEP 562), not imported here.
+_MOVED = {
+    "scale_by_mxnet_adam": "adam_family",
+}
+
 __all__ = [
   "LowPrecisionWarning",
   "MXNetMomentumState",
@@ -69,13 +77,20 @@ __all__ = [
   "scale_by_lamb_trust_ratio",
   "scale_by_lans",
   "scale_by_lars_trust_ratio",
-  "scale_by_mxnet_adam",
   "scale_per_leaf",
   "trust_ratios",
 ]
+__all__.extend(sorted(_MOVED))  # the old paths of moved names still star-import
 
 
+def __getattr__(name: str) -> Any:
+  if name in _MOVED:
+    return getattr(importlib.import_module(f"lars_optax.{_MOVED[name]}"), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+  return sorted([*globals(), *_MOVED])
 
 
 @_row_wise.row_wise("momentum")
@@ -301,103 +316,6 @@ def add_decayed_weights_per_leaf(
       else:
         out.append(u + stacked_mod.per_layer(jnp.asarray(rate, u.dtype), u) * p.astype(u.dtype))
     return jax.tree.unflatten(treedef, out), state
-
-  return GradientTransformation(init_fn, update_fn)
-
-
-def scale_by_mxnet_adam(
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-8,
-    *,
-    initial_count: int = 0,
-) -> GradientTransformation:
-  r"""Adam's scaling with epsilon outside the bias correction (MXNet's rule).
-
-  .. math::
-
-    m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
-    v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
-    \text{update} &= \frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t} \cdot
-      \frac{m_t}{\sqrt{v_t} + \epsilon}
-
-  Follow it with :func:`optax.scale_by_learning_rate`. This is
-  :func:`optax.scale_by_adam` except for where :math:`\epsilon` sits: optax
-  divides by :math:`\sqrt{\hat v_t} + \epsilon`, i.e. MXNet's formula with
-  :math:`\epsilon` replaced by :math:`\epsilon \sqrt{1-\beta_2^t}`. The
-  two differ while :math:`\sqrt{v_t}` is comparable to :math:`\epsilon`
-  (small gradients, early steps).
-
-  ``m`` and ``v`` are kept in the parameter dtype; the division is done in
-  float32 or wider, so float16 states with ``eps=1e-8`` (which is 0 in
-  float16) do not divide 0 by 0. Where the denominator is 0 (``eps=0`` and
-  :math:`v_t = 0`: every gradient of that entry so far was 0, or its square
-  underflowed) the update is 0, not NaN.
-
-  float16 without master weights: :math:`v_t` holds squared gradients, which
-  underflow to 0 in float16 below about 2.4e-4 (and 6e-8 for subnormals), so
-  the step :math:`m_t / \sqrt{v_t}` blows up on ordinary data (so does
-  :func:`optax.adam`'s). ``init`` warns (:class:`LowPrecisionWarning`) when a
-  parameter is float16; run it under :func:`lars_optax.multi_precision`
-  (``adam(..., multi_precision=True)``), or use bfloat16.
-
-  Args:
-    b1: :math:`\beta_1` in [0, 1).
-    b2: :math:`\beta_2` in [0, 1).
-    eps: :math:`\epsilon` >= 0.
-    initial_count: updates already done before the first one (MXNet's
-      ``begin_num_update``): :math:`t` is ``initial_count + 1`` at the first
-      update. At most ``2**31 - 2``: :math:`t` is an int32 count (it stops
-      growing at ``2**31 - 1``, as optax's counts do).
-
-  Returns:
-    A :class:`optax.GradientTransformation` with an
-    :class:`optax.ScaleByAdamState`.
-
-  References:
-    Kingma and Ba, `Adam: A Method for Stochastic Optimization
-    <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
-    ``mxnet.optimizer.Adam``.
-  """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  # (an integer array passes: inject_hyperparams)
-  v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
-
-  def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
-    v.check_representable("eps", eps, params, compute=True)
-    utils.warn_float16(params, "scale_by_mxnet_adam")
-    return optax.ScaleByAdamState(
-        count=jnp.zeros([], jnp.int32),
-        mu=jax.tree.map(jnp.zeros_like, params),
-        nu=jax.tree.map(jnp.zeros_like, params))
-
-  def update_fn(updates, state, params=None):
-    del params
-    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
-                      state.mu, updates)
-    nu = jax.tree.map(
-        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
-        state.nu, updates)
-    count = optax.safe_int32_increment(state.count)
-    scales = {}  # dtype -> bias-correction factor
-
-    def bias_correction(dt):  # float32, or float64 for float64 leaves
-      if dt not in scales:
-        t = utils.saturating_add(count, initial_count).astype(dt)
-        scales[dt] = jnp.sqrt(utils.one_minus_pow(b2, t)) / utils.one_minus_pow(b1, t)
-      return scales[dt]
-
-    def step(m, n):
-      dt = utils.norm_dtype(m.dtype)
-      rt = utils.real_dtype(dt)  # v holds |u|^2: real also for complex params
-      denom = jnp.sqrt(jnp.real(n).astype(rt)) + utils.cast(eps, rt)
-      out = bias_correction(rt) * utils.safe_divide(m.astype(dt), denom)
-      return out.astype(m.dtype)
-
-    return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
   return GradientTransformation(init_fn, update_fn)
 
