@@ -56,7 +56,7 @@ from lars_optax.masks import (
     named_leaves,
 )
 from lars_optax.nonfinite import skip_nonfinite
-from lars_optax.optimizers import lamb, lans, lars, sgd, tf_lars
+from lars_optax.optimizers import lamb, lans, lars, tf_lars
 from lars_optax.precision import (
     LOW_PRECISION,
     MultiPrecisionState,
@@ -67,10 +67,13 @@ from lars_optax.registry import create, mxnet_schedule, register, registered
 from lars_optax.sgd_family import (
     AddLangevinNoiseState,
     DelayCompensationState,
+    MXNetMomentumState,
     add_delay_compensation,
     add_langevin_noise,
     dcasgd,
+    mxnet_momentum,
     nag,
+    sgd,
     sgld,
 )
 from lars_optax.sign import signsgd, signum
@@ -106,11 +109,9 @@ from lars_optax.layerwise import (
 from lars_optax.stacked import FROM_METADATA, from_metadata, layer_axes
 from lars_optax.transforms import (
     LowPrecisionWarning,
-    MXNetMomentumState,
     PerLeafState,
     add_decayed_weights_per_leaf,
     check_inputs,
-    mxnet_momentum,
     scale_per_leaf,
 )
 

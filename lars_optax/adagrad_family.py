@@ -46,7 +46,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.transforms import mxnet_momentum
+from lars_optax.sgd_family import mxnet_momentum
 
 __all__ = [
     "FtrlProximalState",

@@ -88,10 +88,10 @@ from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
 from lars_optax.adam_family import adam
+from lars_optax.sgd_family import mxnet_momentum, sgd
 from lars_optax.sign import signsgd, signum
 from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
-    mxnet_momentum,
     normalize_per_leaf,
     scale_by_lamb_adam,
     scale_by_lamb_trust_ratio,
@@ -355,59 +355,6 @@ def tf_lars(
   ], "tf_lars", names=names, complex_params=True,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
-
-
-@v.mxnet_names
-def sgd(
-    learning_rate: optax.ScalarOrSchedule = 0.1,
-    momentum: float = 0.0,
-    lazy_update: bool = False,
-    wd: float = 0.0,
-    rescale_grad: float = 1.0,
-    clip_gradient: float | None = None,
-    *,
-    lr_mult: masks.LeafValues = None,
-    wd_mult: masks.LeafValues = None,
-    multi_precision: bool = False,
-) -> optax.GradientTransformation:
-  r"""SGD with momentum as Apache MXNet implements it (``mx.optimizer.SGD``).
-
-  .. math::
-
-    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
-    m_t &= \mu\,m_{t-1} - \alpha_t u_t, \qquad w_t = w_{t-1} + m_t
-
-  (with :math:`\mu = 0`, :math:`w_t = w_{t-1} - \alpha_t u_t` and no state).
-  The learning rate sits inside the buffer (:func:`lars_optax.mxnet_momentum`),
-  unlike :func:`optax.sgd`, so a learning-rate change only affects new
-  contributions. With ``lazy_update=True`` only the rows with a non-zero
-  gradient entry update :math:`w` and :math:`m`.
-
-  Args:
-    learning_rate: a scalar or an optax schedule.
-    momentum: :math:`\mu` in [0, 1).
-    lazy_update: update only the rows present in the gradient.
-    wd: coupled weight decay >= 0.
-    rescale_grad: gradient multiplier > 0.
-    clip_gradient: element-wise clipping bound > 0, or None.
-    lr_mult: per-leaf learning-rate multipliers by leaf name.
-    wd_mult: per-leaf multipliers of ``wd``.
-    multi_precision: float32 master weights and state for float16/bfloat16.
-
-  Returns:
-    An :class:`optax.GradientTransformation`.
-  """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  lazy_update = base.check_flag("lazy_update", lazy_update)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
-  return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                          rescale_grad=rescale_grad))
 
 
 @v.mxnet_names

@@ -1,11 +1,13 @@
-r"""SGD variants: Nesterov momentum, delay-compensated SGD, Langevin dynamics.
+r"""The SGD family: MXNet's momentum, Nesterov, delay-compensated SGD, Langevin dynamics.
 
-Three of Apache MXNet 2.0's optimizers, with MXNet's argument names, defaults
+Four of Apache MXNet 2.0's optimizers, with MXNet's argument names, defaults
 and update rules, each a plain ``optax.chain`` of public transformations:
 
+* :func:`sgd` -- ``mx.optimizer.SGD``: SGD with momentum, the learning rate
+  inside the momentum buffer (:func:`mxnet_momentum`), optional lazy updates;
 * :func:`nag` -- ``mx.optimizer.NAG``: Nesterov's accelerated gradient with the
   learning rate inside the momentum buffer
-  (:func:`lars_optax.mxnet_momentum` with ``nesterov=True``);
+  (:func:`mxnet_momentum` with ``nesterov=True``);
 * :func:`dcasgd` -- ``mx.optimizer.DCASGD``: SGD whose gradient is corrected
   for the change of the weights since the previous step
   (:func:`add_delay_compensation`);
@@ -33,22 +35,163 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.transforms import mxnet_momentum
 
 __all__ = [
     "AddLangevinNoiseState",
     "DelayCompensationState",
+    "MXNetMomentumState",
     "add_delay_compensation",
     "add_langevin_noise",
     "dcasgd",
+    "mxnet_momentum",
     "nag",
+    "sgd",
     "sgld",
 ]
 
 _SEED_MAX = 2**32 - 1
+
+
+@_row_wise.row_wise("momentum")
+class MXNetMomentumState(NamedTuple):
+  """State of :func:`mxnet_momentum`.
+
+  Attributes:
+    count: number of updates done so far (int32); schedules are called with it.
+    momentum: the momentum buffer, like the params; ``None`` when
+      ``momentum == 0`` (MXNet keeps no state then).
+  """
+
+  # A NamedTuple field called ``count`` shadows ``tuple.count``; optax's own
+  # states use the same name, which is what schedules and tools look for.
+  count: jax.Array  # type: ignore[assignment]
+  momentum: optax.Updates | None
+
+
+def mxnet_momentum(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+) -> GradientTransformation:
+  r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
+
+  .. math::
+
+    m_t = \mu \, m_{t-1} - \alpha_t \, u_t, \qquad \text{update} = m_t
+    \qquad (m_0 = 0),
+
+  and with :math:`\mu = 0` simply :math:`\text{update} = -\alpha_t u_t` with no
+  buffer. Because :math:`\alpha_t` multiplies the incoming update before it is
+  accumulated, a change of learning rate affects only new contributions
+  (unlike :func:`optax.trace` followed by a learning rate, TensorFlow's
+  convention). The update already carries the minus sign: apply it with
+  :func:`optax.apply_updates`.
+
+  With ``nesterov=True`` the same buffer is kept and the update looks one
+  momentum step ahead, :math:`\text{update} = \mu\,m_t - \alpha_t u_t`
+  (MXNet's ``nag_mom_update``; :func:`lars_optax.nag`).
+
+  Args:
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
+      the number of updates done before this one (0 at the first update, optax's
+      convention).
+    momentum: :math:`\mu` in [0, 1).
+    nesterov: Nesterov's look-ahead update (no effect when ``momentum == 0``).
+
+  Returns:
+    A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
+  """
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  if not isinstance(nesterov, (bool, np.bool_)):
+    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
+  use_buffer = not utils.is_const(momentum, 0)
+
+  def init_fn(params: optax.Params) -> MXNetMomentumState:
+    v.check_float_params(params, "mxnet_momentum", allow_complex=True)
+    v.check_representable("learning_rate", learning_rate, params)
+    buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
+    return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
+
+  def update_fn(updates, state, params=None):
+    del params
+    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+
+    def step(u):
+      return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
+
+    if use_buffer:
+      new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
+                           state.momentum, updates)
+      if nesterov:
+        updates = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
+                               new_m, updates)
+      else:
+        updates = new_m
+    else:
+      new_m = None
+      updates = jax.tree.map(lambda u: -step(u), updates)
+    return updates, MXNetMomentumState(optax.safe_int32_increment(state.count),
+                                       new_m)
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+@v.mxnet_names
+def sgd(
+    learning_rate: optax.ScalarOrSchedule = 0.1,
+    momentum: float = 0.0,
+    lazy_update: bool = False,
+    wd: float = 0.0,
+    rescale_grad: float = 1.0,
+    clip_gradient: float | None = None,
+    *,
+    lr_mult: masks.LeafValues = None,
+    wd_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+) -> optax.GradientTransformation:
+  r"""SGD with momentum as Apache MXNet implements it (``mx.optimizer.SGD``).
+
+  .. math::
+
+    u_t &= \mathrm{clip}(s\,g_t, -c, c) + \lambda w_{t-1} \\
+    m_t &= \mu\,m_{t-1} - \alpha_t u_t, \qquad w_t = w_{t-1} + m_t
+
+  (with :math:`\mu = 0`, :math:`w_t = w_{t-1} - \alpha_t u_t` and no state).
+  The learning rate sits inside the buffer (:func:`lars_optax.mxnet_momentum`),
+  unlike :func:`optax.sgd`, so a learning-rate change only affects new
+  contributions. With ``lazy_update=True`` only the rows with a non-zero
+  gradient entry update :math:`w` and :math:`m`.
+
+  Args:
+    learning_rate: a scalar or an optax schedule.
+    momentum: :math:`\mu` in [0, 1).
+    lazy_update: update only the rows present in the gradient.
+    wd: coupled weight decay >= 0.
+    rescale_grad: gradient multiplier > 0.
+    clip_gradient: element-wise clipping bound > 0, or None.
+    lr_mult: per-leaf learning-rate multipliers by leaf name.
+    wd_mult: per-leaf multipliers of ``wd``.
+    multi_precision: float32 master weights and state for float16/bfloat16.
+
+  Returns:
+    An :class:`optax.GradientTransformation`.
+  """
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  lazy_update = base.check_flag("lazy_update", lazy_update)
+  multi_precision = base.check_flag("multi_precision", multi_precision)
+  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
+  return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+                     complex_params=clip_gradient is None,
+                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                          rescale_grad=rescale_grad))
 
 
 @v.mxnet_names

@@ -32,7 +32,6 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax._utils import LowPrecisionWarning
 from lars_optax import _validation as v
@@ -57,12 +56,13 @@ from lars_optax.layerwise import (
 # so the old paths (``lars_optax.transforms.scale_by_mxnet_adam``, ...) are
 # looked up when first used (PEP 562), not imported here.
 _MOVED = {
+    "MXNetMomentumState": "sgd_family",
+    "mxnet_momentum": "sgd_family",
     "scale_by_mxnet_adam": "adam_family",
 }
 
 __all__ = [
   "LowPrecisionWarning",
-  "MXNetMomentumState",
   "NormalizePerLeafState",
   "PerLeafState",
   "ScaleByLambTrustRatioState",
@@ -71,7 +71,6 @@ __all__ = [
   "add_decayed_weights_per_leaf",
   "check_inputs",
   "lars_trust_ratio",
-  "mxnet_momentum",
   "normalize_per_leaf",
   "scale_by_lamb_adam",
   "scale_by_lamb_trust_ratio",
@@ -91,91 +90,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
   return sorted([*globals(), *_MOVED])
-
-
-@_row_wise.row_wise("momentum")
-class MXNetMomentumState(NamedTuple):
-  """State of :func:`mxnet_momentum`.
-
-  Attributes:
-    count: number of updates done so far (int32); schedules are called with it.
-    momentum: the momentum buffer, like the params; ``None`` when
-      ``momentum == 0`` (MXNet keeps no state then).
-  """
-
-  # A NamedTuple field called ``count`` shadows ``tuple.count``; optax's own
-  # states use the same name, which is what schedules and tools look for.
-  count: jax.Array  # type: ignore[assignment]
-  momentum: optax.Updates | None
-
-
-def mxnet_momentum(
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: float = 0.0,
-    nesterov: bool = False,
-) -> GradientTransformation:
-  r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
-
-  .. math::
-
-    m_t = \mu \, m_{t-1} - \alpha_t \, u_t, \qquad \text{update} = m_t
-    \qquad (m_0 = 0),
-
-  and with :math:`\mu = 0` simply :math:`\text{update} = -\alpha_t u_t` with no
-  buffer. Because :math:`\alpha_t` multiplies the incoming update before it is
-  accumulated, a change of learning rate affects only new contributions
-  (unlike :func:`optax.trace` followed by a learning rate, TensorFlow's
-  convention). The update already carries the minus sign: apply it with
-  :func:`optax.apply_updates`.
-
-  With ``nesterov=True`` the same buffer is kept and the update looks one
-  momentum step ahead, :math:`\text{update} = \mu\,m_t - \alpha_t u_t`
-  (MXNet's ``nag_mom_update``; :func:`lars_optax.nag`).
-
-  Args:
-    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
-      the number of updates done before this one (0 at the first update, optax's
-      convention).
-    momentum: :math:`\mu` in [0, 1).
-    nesterov: Nesterov's look-ahead update (no effect when ``momentum == 0``).
-
-  Returns:
-    A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
-  """
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-  use_buffer = not utils.is_const(momentum, 0)
-
-  def init_fn(params: optax.Params) -> MXNetMomentumState:
-    v.check_float_params(params, "mxnet_momentum", allow_complex=True)
-    v.check_representable("learning_rate", learning_rate, params)
-    buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
-    return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
-
-  def update_fn(updates, state, params=None):
-    del params
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-
-    def step(u):
-      return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
-
-    if use_buffer:
-      new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
-                           state.momentum, updates)
-      if nesterov:
-        updates = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
-                               new_m, updates)
-      else:
-        updates = new_m
-    else:
-      new_m = None
-      updates = jax.tree.map(lambda u: -step(u), updates)
-    return updates, MXNetMomentumState(optax.safe_int32_increment(state.count),
-                                       new_m)
-
-  return GradientTransformation(init_fn, update_fn)
 
 
 class PerLeafState(NamedTuple):
