@@ -56,7 +56,6 @@ from lars_optax.masks import (
     named_leaves,
 )
 from lars_optax.nonfinite import skip_nonfinite
-from lars_optax.optimizers import lamb, lans, lars, tf_lars
 from lars_optax.precision import (
     LOW_PRECISION,
     MultiPrecisionState,
@@ -98,12 +97,16 @@ from lars_optax.layerwise import (
     ScaleByLambTrustRatioState,
     ScaleByLansState,
     ScaleByLarsTrustRatioState,
+    lamb,
+    lans,
+    lars,
     lars_trust_ratio,
     normalize_per_leaf,
     scale_by_lamb_adam,
     scale_by_lamb_trust_ratio,
     scale_by_lans,
     scale_by_lars_trust_ratio,
+    tf_lars,
     trust_ratios,
 )
 from lars_optax.stacked import FROM_METADATA, from_metadata, layer_axes

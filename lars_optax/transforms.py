@@ -1,24 +1,24 @@
-"""The small gradient transformations the optimizers are chained from.
+"""The small gradient transformations that several families share.
 
 Rescaling, element-wise clipping and decoupled weight decay are optax's own
 (:func:`optax.scale`, :func:`optax.clip`, :func:`optax.add_decayed_weights`):
-they compute exactly what MXNet and TensorFlow compute. This module adds what
-optax lacks:
+they compute exactly what MXNet and TensorFlow compute. This module adds the
+links that optax lacks and that optimizers of several families use:
 
-* :func:`mxnet_momentum` -- SGD momentum with the learning rate inside the
-  accumulator, as MXNet's ``sgd_mom_update`` does;
-* :func:`scale_by_mxnet_adam` -- Adam with MXNet's placement of epsilon
-  (outside the bias correction);
 * :func:`scale_per_leaf` and :func:`add_decayed_weights_per_leaf` -- a factor
   and a weight decay that differ per leaf (or per layer of a stacked leaf),
   looked up by leaf name (MXNet's ``lr_mult`` and ``wd_mult``);
 * :func:`check_inputs` -- the first link of every optimizer.
 
-The layer-wise family (LARS, LAMB and LANS trust ratios, per-leaf
-normalisation) lives in :mod:`lars_optax.layerwise` and is importable from
-here too. The sign of Signum/signSGD is optax's :func:`optax.scale_by_sign`,
-and its momentum is :func:`optax.ema` (without debiasing).
-"""
+Each family's own transformations live beside its optimizers:
+:mod:`lars_optax.layerwise` (LARS, LAMB and LANS trust ratios, per-leaf
+normalisation), :mod:`lars_optax.sgd_family` (:func:`~lars_optax.mxnet_momentum`,
+SGD momentum with the learning rate inside the accumulator),
+:mod:`lars_optax.adam_family` (:func:`~lars_optax.scale_by_mxnet_adam` and
+Adam's relatives) and :mod:`lars_optax.adagrad_family`. The names that used to
+live here are still importable from here. The sign of Signum/signSGD is
+optax's :func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema`
+(without debiasing)."""
 
 from __future__ import annotations
 
@@ -38,24 +38,22 @@ from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
 from lars_optax import stacked as stacked_mod
-from lars_optax.layerwise import (
-    NormalizePerLeafState,
-    ScaleByLambTrustRatioState,
-    ScaleByLansState,
-    ScaleByLarsTrustRatioState,
-    lars_trust_ratio,
-    normalize_per_leaf,
-    scale_by_lamb_adam,
-    scale_by_lamb_trust_ratio,
-    scale_by_lans,
-    scale_by_lars_trust_ratio,
-    trust_ratios,
-)
 
 # Names that moved to their families' modules. Those modules import this one,
 # so the old paths (``lars_optax.transforms.scale_by_mxnet_adam``, ...) are
 # looked up when first used (PEP 562), not imported here.
 _MOVED = {
+    "NormalizePerLeafState": "layerwise",
+    "ScaleByLambTrustRatioState": "layerwise",
+    "ScaleByLansState": "layerwise",
+    "ScaleByLarsTrustRatioState": "layerwise",
+    "lars_trust_ratio": "layerwise",
+    "normalize_per_leaf": "layerwise",
+    "scale_by_lamb_adam": "layerwise",
+    "scale_by_lamb_trust_ratio": "layerwise",
+    "scale_by_lans": "layerwise",
+    "scale_by_lars_trust_ratio": "layerwise",
+    "trust_ratios": "layerwise",
     "MXNetMomentumState": "sgd_family",
     "mxnet_momentum": "sgd_family",
     "scale_by_mxnet_adam": "adam_family",
@@ -63,21 +61,10 @@ _MOVED = {
 
 __all__ = [
   "LowPrecisionWarning",
-  "NormalizePerLeafState",
   "PerLeafState",
-  "ScaleByLambTrustRatioState",
-  "ScaleByLansState",
-  "ScaleByLarsTrustRatioState",
   "add_decayed_weights_per_leaf",
   "check_inputs",
-  "lars_trust_ratio",
-  "normalize_per_leaf",
-  "scale_by_lamb_adam",
-  "scale_by_lamb_trust_ratio",
-  "scale_by_lans",
-  "scale_by_lars_trust_ratio",
   "scale_per_leaf",
-  "trust_ratios",
 ]
 __all__.extend(sorted(_MOVED))  # the old paths of moved names still star-import
 
