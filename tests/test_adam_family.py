@@ -1,4 +1,6 @@
-"""adamw, adamax, nadam, adabelief and ftml: the behaviours MXNet's numbers alone do not pin.
+"""The Adam family (``lars_optax.adam_family``): adam, scale_by_mxnet_adam and the relatives.
+
+adamw, adamax, nadam, adabelief and ftml: the behaviours MXNet's numbers alone do not pin.
 
 The numbers themselves are checked against MXNet 2.0.0b1 in
 ``test_reference_mxnet_registry.py``; here each test states one rule of the
@@ -236,3 +238,182 @@ def test_adamax_on_float16_does_not_warn():
   with warnings.catch_warnings():
     warnings.simplefilter("error", lars_optax.LowPrecisionWarning)
     lars_optax.adamax().init({"w": jnp.ones(2, jnp.float16)})
+
+
+# --------------------------------------------------------------------------
+# adam (mx.optimizer.Adam)
+# --------------------------------------------------------------------------
+
+
+def _params(dtype=jnp.float32):
+  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype),
+          "fc1_bias": jnp.array([0.1, -0.2], dtype)}
+
+
+def _grads(dtype=jnp.float32, scale=1.0):
+  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * scale,
+          "fc1_bias": jnp.array([0.5, -0.5], dtype) * scale}
+
+
+def _run(tx, steps=3, dtype=jnp.float32, jit=True):
+  params = _params(dtype)
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  for k in range(steps):
+    updates, state = update(_grads(dtype, scale=1.0 + k), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def test_adam_by_hand_with_begin_num_update():
+  lr, b1, b2, eps, wd, t0 = 0.01, 0.8, 0.99, 1e-6, 1e-2, 4
+  tx = lars_optax.adam(lr, b1, b2, eps, wd=wd, begin_num_update=t0)
+  p = _params()
+  state = tx.init(p)
+  m = dict.fromkeys(p, 0.0)
+  v = dict(m)
+  w = {k: np.asarray(x, np.float64) for k, x in p.items()}
+  for step in range(1, 4):
+    g = _grads(scale=float(step))
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+    t = t0 + step
+    for k in w:
+      u = np.asarray(g[k], np.float64) + wd * w[k]
+      m[k] = b1 * m[k] + (1 - b1) * u
+      v[k] = b2 * v[k] + (1 - b2) * u * u
+      w[k] = w[k] - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m[k] / (np.sqrt(v[k]) + eps)
+      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
+
+
+def test_adam_with_inject_hyperparams():
+  tx = optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01, beta1=0.8, wd=0.01)
+  a, state = _run(tx)
+  b, _ = _run(lars_optax.adam(0.01, beta1=0.8, wd=0.01))
+  chex.assert_trees_all_close(a, b, rtol=1e-5)
+  assert float(state.hyperparams["beta1"]) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("epsilon", [0, 0.0, np.float32(0)], ids=["int", "float", "np_float32"])
+def test_adam_epsilon_zero_gives_a_zero_step_for_an_entry_whose_gradient_was_always_zero(
+    epsilon):
+  params = {"w": jnp.array([1.0, 2.0, 3.0])}
+  tx = lars_optax.adam(0.1, epsilon=epsilon)
+  state = tx.init(params)
+  for _ in range(2):
+    updates, state = tx.update({"w": jnp.array([0.0, 0.5, -0.5])}, state, params)
+    np.testing.assert_array_equal(np.asarray(updates["w"])[0], 0.0)
+    np.testing.assert_allclose(np.asarray(updates["w"])[1:], [-0.1, 0.1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.adam(0.01),
+    lambda: lars_optax.adam(0.01, lazy_update=True),
+    lambda: lars_optax.create("adam"),
+    lambda: lars_optax.scale_by_mxnet_adam(),
+], ids=["adam", "adam_lazy", "create_adam", "scale_by_mxnet_adam"])
+def test_float16_adam_without_multi_precision_warns_once_at_init(make):
+  params = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones(2, jnp.float16)}
+  tx = make()
+  with pytest.warns(lars_optax.LowPrecisionWarning, match="is float16 and there are no "
+                    "float32 master weights.*multi_precision=True") as record:
+    state = tx.init(params)
+  assert len(record) == 1
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tx.update(jax.tree.map(jnp.ones_like, params), state, params)  # update: no warning
+
+
+@pytest.mark.parametrize("make, dtype", [
+    (lambda: lars_optax.adam(0.01, multi_precision=True), jnp.float16),
+    (lambda: lars_optax.create("adam", multi_precision=True), jnp.float16),
+    (lambda: lars_optax.adam(0.01), jnp.bfloat16),
+    (lambda: lars_optax.adam(0.01), jnp.float32),
+    (lambda: lars_optax.sgd(0.1, momentum=0.9), jnp.float16),
+], ids=["multi_precision", "create_multi_precision", "bfloat16", "float32", "sgd"])
+def test_no_low_precision_warning_where_adam_is_safe(make, dtype):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    make().init({"w": jnp.ones(2, dtype)})
+
+
+# --------------------------------------------------------------------------
+# scale_by_mxnet_adam
+# --------------------------------------------------------------------------
+
+
+def _np_mxnet_adam(grads, b1, b2, eps, t0=0):
+  m = v = 0.0
+  out = []
+  for t, g in enumerate(grads, start=t0 + 1):
+    g = np.asarray(g, np.float64)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    out.append(np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps))
+  return out
+
+
+@pytest.mark.parametrize("b1, b2, eps, t0", [(0.9, 0.999, 1e-8, 0), (0.8, 0.99, 1e-3, 0),
+                                             (0.9, 0.999, 1e-8, 7), (0.0, 0.5, 0.0, 0)])
+def test_scale_by_mxnet_adam_formula(b1, b2, eps, t0):
+  rng = np.random.default_rng(0)
+  grads = [rng.normal(size=4).astype(np.float32) * 10.0**-k for k in range(6)]
+  tx = lars_optax.scale_by_mxnet_adam(b1, b2, eps, initial_count=t0)
+  state = tx.init(jnp.zeros(4))
+  update = jax.jit(tx.update)
+  for g, exp in zip(grads, _np_mxnet_adam(grads, b1, b2, eps, t0)):
+    out, state = update(jnp.asarray(g), state)
+    np.testing.assert_allclose(out, exp, rtol=2e-6)
+
+
+def test_scale_by_mxnet_adam_equals_optax_adam_without_epsilon():
+  rng = np.random.default_rng(1)
+  ours, theirs = lars_optax.scale_by_mxnet_adam(eps=0.0), optax.scale_by_adam(eps=0.0)
+  s1, s2 = ours.init(jnp.zeros(5)), theirs.init(jnp.zeros(5))
+  for _ in range(5):
+    g = jnp.asarray(rng.normal(size=5), jnp.float32)
+    u1, s1 = ours.update(g, s1)
+    u2, s2 = theirs.update(g, s2)
+    # optax forms 1 - 0.999**t directly in float32 (off by up to ~1e-5).
+    np.testing.assert_allclose(u1, u2, rtol=3e-5)
+
+
+def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
+  g = jnp.full(3, 1e-7)  # sqrt(v) comparable to eps: the placements differ
+  u1, _ = lars_optax.scale_by_mxnet_adam().update(g, lars_optax.scale_by_mxnet_adam().init(g))
+  u2, _ = optax.scale_by_adam().update(g, optax.scale_by_adam().init(g))
+  # ours: (1e-7 * 0.1) * sqrt(1e-3) / 0.1 / (sqrt(1e-3) * 1e-7 + 1e-8)
+  np.testing.assert_allclose(u1, 1e-7 / (1e-7 + 1e-8 / np.sqrt(1e-3)), rtol=1e-5)
+  np.testing.assert_allclose(u2, 1e-7 / (1e-7 + 1e-8), rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
+  tx = lars_optax.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
+  g = jnp.zeros(3, dtype)
+  out, state = tx.update(g, tx.init(g))
+  assert out.dtype == dtype and state.mu.dtype == dtype
+  np.testing.assert_array_equal(out, 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"b1": 1.0}, "b1: must be in"), ({"b2": -0.5}, "b2: must be in"),
+    ({"eps": -1.0}, "eps: must be >= 0"), ({"initial_count": -1}, "initial_count"),
+    ({"initial_count": 2.5}, "initial_count")])
+def test_scale_by_mxnet_adam_bad_input(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    lars_optax.scale_by_mxnet_adam(**kwargs)
+
+
+def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
+  from conftest import x64  # pylint: disable=g-import-not-at-top
+  with x64():
+    rng = np.random.default_rng(2)
+    grads = [rng.normal(size=4) for _ in range(5)]
+    tx = lars_optax.scale_by_mxnet_adam()
+    state = tx.init(jnp.zeros(4, jnp.float64))
+    for g, exp in zip(grads, _np_mxnet_adam(grads, 0.9, 0.999, 1e-8)):
+      out, state = tx.update(jnp.asarray(g, jnp.float64), state)
+      assert out.dtype == jnp.float64
+      np.testing.assert_allclose(out, exp, rtol=1e-12)

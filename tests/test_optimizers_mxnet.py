@@ -1,8 +1,10 @@
-"""Construction and behaviour of signum, signsgd, adam and sgd (MXNet flavour).
+"""What the MXNet-flavoured optimizers share: signum, signsgd, adam, sgd and lars.
 
 The number-for-number comparison with MXNet is in
-``test_reference_mxnet_optimizers.py``; here: argument checks, the rules on
-small hand-made cases, per-leaf multipliers, dtypes, jit and composition.
+``test_reference_mxnet_optimizers.py``, and each optimizer's rule on small
+hand-made cases in the test file of its family (``test_sign.py``,
+``test_adam_family.py``, ``test_sgd_family.py``); here: argument checks,
+per-leaf multipliers, dtypes, jit and composition.
 """
 
 import math
@@ -107,87 +109,6 @@ def test_integer_params_rejected(name):
 
 
 # --------------------------------------------------------------------------
-# The rules by hand
-# --------------------------------------------------------------------------
-
-
-def test_signum_one_step_by_hand():
-  lr, mu, wd, wd_lh, s, c = 0.1, 0.9, 0.01, 0.02, 0.5, 0.2
-  tx = lars_optax.signum(lr, mu, wd_lh=wd_lh, wd=wd, rescale_grad=s, clip_gradient=c)
-  p, g = _params(), _grads()
-  updates, _ = tx.update(g, tx.init(p), p)
-  for k in p:
-    w, gg = np.asarray(p[k], np.float64), np.asarray(g[k], np.float64)
-    m = -(1 - mu) * (np.clip(s * gg, -c, c) + wd * w)
-    expected = (1 - lr * wd_lh) * w + lr * np.sign(m)
-    np.testing.assert_allclose(p[k] + updates[k], expected, rtol=1e-6, atol=1e-7)
-
-
-def test_signum_momentum_zero_is_signsgd():
-  kw = {"learning_rate": 0.05, "wd_lh": 0.01, "wd": 0.02}
-  a, sa = _run(lars_optax.signum(momentum=0.0, rescale_grad=0.3, clip_gradient=0.1, **kw))
-  b, _ = _run(lars_optax.signsgd(**kw))
-  chex.assert_trees_all_equal(a, b)
-  assert not any(np.size(x) > 1 for x in jax.tree.leaves(sa))  # no momentum buffer
-
-
-def test_signsgd_rule_and_sign_of_zero():
-  lr, wd, wd_lh = 0.1, 0.01, 0.02
-  tx = lars_optax.signsgd(lr, wd_lh=wd_lh, wd=wd)
-  p, g = _params(), _grads()  # fc1_weight[1, 0] has a zero gradient
-  updates, _ = tx.update(g, tx.init(p), p)
-  for k in p:
-    w = np.asarray(p[k], np.float64)
-    expected = (1 - lr * (wd + wd_lh)) * w - lr * np.sign(np.asarray(g[k]))
-    np.testing.assert_allclose(p[k] + updates[k], expected, rtol=1e-6, atol=1e-7)
-  # sign(0) = 0: only the decay moves that entry.
-  np.testing.assert_allclose(updates["fc1_weight"][1, 0], -lr * (wd + wd_lh) * 0.5, rtol=1e-6)
-
-
-def test_sgd_by_hand():
-  lr, mu, wd, s, c = 0.1, 0.9, 1e-2, 0.5, 0.2
-  tx = lars_optax.sgd(lr, mu, wd=wd, rescale_grad=s, clip_gradient=c)
-  p = _params()
-  state = tx.init(p)
-  m = dict.fromkeys(p, 0.0)
-  w = {k: np.asarray(v, np.float64) for k, v in p.items()}
-  for step in range(3):
-    g = _grads(scale=1.0 + step)
-    updates, state = tx.update(g, state, p)
-    p = optax.apply_updates(p, updates)
-    for k in w:
-      m[k] = mu * m[k] - lr * (np.clip(s * np.asarray(g[k]), -c, c) + wd * w[k])
-      w[k] = w[k] + m[k]
-      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
-
-
-def test_sgd_without_momentum_keeps_no_buffer():
-  _, state = _run(lars_optax.sgd(momentum=0.0))
-  assert optax.tree_utils.tree_get(state, "momentum") is None
-
-
-def test_adam_by_hand_with_begin_num_update():
-  lr, b1, b2, eps, wd, t0 = 0.01, 0.8, 0.99, 1e-6, 1e-2, 4
-  tx = lars_optax.adam(lr, b1, b2, eps, wd=wd, begin_num_update=t0)
-  p = _params()
-  state = tx.init(p)
-  m = dict.fromkeys(p, 0.0)
-  v = dict(m)
-  w = {k: np.asarray(x, np.float64) for k, x in p.items()}
-  for step in range(1, 4):
-    g = _grads(scale=float(step))
-    updates, state = tx.update(g, state, p)
-    p = optax.apply_updates(p, updates)
-    t = t0 + step
-    for k in w:
-      u = np.asarray(g[k], np.float64) + wd * w[k]
-      m[k] = b1 * m[k] + (1 - b1) * u
-      v[k] = b2 * v[k] + (1 - b2) * u * u
-      w[k] = w[k] - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m[k] / (np.sqrt(v[k]) + eps)
-      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
-
-
-# --------------------------------------------------------------------------
 # lr_mult / wd_mult
 # --------------------------------------------------------------------------
 
@@ -216,12 +137,6 @@ def test_wd_mult_zero_equals_no_weight_decay_for_that_leaf(name):
   c, _ = _run(MXNET[name](wd=0.05))
   np.testing.assert_allclose(a["fc1_bias"], b["fc1_bias"], rtol=1e-6)
   np.testing.assert_allclose(a["fc1_weight"], c["fc1_weight"], rtol=1e-6)
-
-
-def test_wd_mult_does_not_scale_wd_lh():
-  a, _ = _run(lars_optax.signum(wd_lh=0.05, wd_mult={"fc1_bias": 0.0}))
-  b, _ = _run(lars_optax.signum(wd_lh=0.05))
-  chex.assert_trees_all_close(a, b, rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------
@@ -256,14 +171,6 @@ def test_schedule(name):
   a, _ = _run(MXNET[name](learning_rate=sched), steps=1)
   b, _ = _run(MXNET[name](learning_rate=0.1), steps=1)
   chex.assert_trees_all_close(a, b, rtol=1e-6)
-
-
-def test_adam_with_inject_hyperparams():
-  tx = optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01, beta1=0.8, wd=0.01)
-  a, state = _run(tx)
-  b, _ = _run(lars_optax.adam(0.01, beta1=0.8, wd=0.01))
-  chex.assert_trees_all_close(a, b, rtol=1e-5)
-  assert float(state.hyperparams["beta1"]) == pytest.approx(0.8)
 
 
 @pytest.mark.parametrize("name", list(MXNET))

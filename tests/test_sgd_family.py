@@ -1,4 +1,4 @@
-"""The SGD variants: nag, dcasgd and sgld (``lars_optax.sgd_family``).
+"""The SGD family: sgd, mxnet_momentum, nag, dcasgd and sgld (``lars_optax.sgd_family``).
 
 Their numbers against MXNet 2.0.0b1 are checked in
 ``test_reference_mxnet_registry.py`` (nag, dcasgd); here: what the reference
@@ -341,3 +341,87 @@ def test_sgld_by_name_takes_key():
   a = _noise_steps(lars_optax.create("sgld", learning_rate=0.1, key=12), 1, n=50, jit=False)
   b = _noise_steps(lars_optax.sgld(0.1, key=12), 1, n=50, jit=False)
   chex.assert_trees_all_equal(a, b)
+
+
+# --------------------------------------------------------------------------
+# sgd (mx.optimizer.SGD) and mxnet_momentum
+# --------------------------------------------------------------------------
+
+
+def _mxnet_params(dtype=jnp.float32):
+  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype),
+          "fc1_bias": jnp.array([0.1, -0.2], dtype)}
+
+
+def _mxnet_grads(dtype=jnp.float32, scale=1.0):
+  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * scale,
+          "fc1_bias": jnp.array([0.5, -0.5], dtype) * scale}
+
+
+def _mxnet_run(tx, steps=3, dtype=jnp.float32, jit=True):
+  params = _mxnet_params(dtype)
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  for k in range(steps):
+    updates, state = update(_mxnet_grads(dtype, scale=1.0 + k), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def test_sgd_by_hand():
+  lr, mu, wd, s, c = 0.1, 0.9, 1e-2, 0.5, 0.2
+  tx = lars_optax.sgd(lr, mu, wd=wd, rescale_grad=s, clip_gradient=c)
+  p = _mxnet_params()
+  state = tx.init(p)
+  m = dict.fromkeys(p, 0.0)
+  w = {k: np.asarray(v, np.float64) for k, v in p.items()}
+  for step in range(3):
+    g = _mxnet_grads(scale=1.0 + step)
+    updates, state = tx.update(g, state, p)
+    p = optax.apply_updates(p, updates)
+    for k in w:
+      m[k] = mu * m[k] - lr * (np.clip(s * np.asarray(g[k]), -c, c) + wd * w[k])
+      w[k] = w[k] + m[k]
+      np.testing.assert_allclose(p[k], w[k], rtol=1e-6)
+
+
+def test_sgd_without_momentum_keeps_no_buffer():
+  _, state = _mxnet_run(lars_optax.sgd(momentum=0.0))
+  assert optax.tree_utils.tree_get(state, "momentum") is None
+
+
+class MXNetMomentumTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_learning_rate_inside_the_buffer(self):
+    """m = mu m - lr_t u: a learning-rate change only affects new contributions."""
+    sched = lambda count: jnp.where(count < 2, 1.0, 0.1)
+    tx = lars_optax.mxnet_momentum(sched, momentum=0.5)
+    params = jnp.zeros(2)
+    state = tx.init(params)
+    update = self.variant(tx.update)
+    m = np.zeros(2)
+    for t in range(4):
+      u, state = update(jnp.ones(2), state, params)
+      m = 0.5 * m - (1.0 if t < 2 else 0.1) * np.ones(2)
+      np.testing.assert_allclose(u, m, rtol=1e-6)
+    self.assertEqual(int(state.count), 4)
+
+  def test_no_momentum_no_buffer(self):
+    tx = lars_optax.mxnet_momentum(0.1)
+    state = tx.init({"w": jnp.ones(3)})
+    self.assertIsNone(state.momentum)
+    u, _ = tx.update({"w": jnp.ones(3)}, state)
+    np.testing.assert_allclose(u["w"], -0.1 * np.ones(3), rtol=1e-6)
+
+  def test_dtype_kept_with_schedule(self):
+    tx = lars_optax.mxnet_momentum(optax.constant_schedule(0.1), 0.9)
+    p = jnp.ones(3, jnp.bfloat16)
+    u, state = tx.update(p, tx.init(p))
+    self.assertEqual(u.dtype, jnp.bfloat16)
+    self.assertEqual(state.momentum.dtype, jnp.bfloat16)
+
+  def test_bad_momentum(self):
+    for bad in (-0.1, 1.0, float("inf")):
+      with pytest.raises(ValueError, match="momentum"):
+        lars_optax.mxnet_momentum(0.1, bad)

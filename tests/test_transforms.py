@@ -106,43 +106,6 @@ class TrustRatioTest(chex.TestCase):
     self.assertNotEqual(float(named["params/Dense_0/kernel"]), 1.0)
 
 
-class MXNetMomentumTest(chex.TestCase):
-
-  @chex.variants(with_jit=True, without_jit=True)
-  def test_learning_rate_inside_the_buffer(self):
-    """m = mu m - lr_t u: a learning-rate change only affects new contributions."""
-    sched = lambda count: jnp.where(count < 2, 1.0, 0.1)
-    tx = lars_optax.mxnet_momentum(sched, momentum=0.5)
-    params = jnp.zeros(2)
-    state = tx.init(params)
-    update = self.variant(tx.update)
-    m = np.zeros(2)
-    for t in range(4):
-      u, state = update(jnp.ones(2), state, params)
-      m = 0.5 * m - (1.0 if t < 2 else 0.1) * np.ones(2)
-      np.testing.assert_allclose(u, m, rtol=1e-6)
-    self.assertEqual(int(state.count), 4)
-
-  def test_no_momentum_no_buffer(self):
-    tx = lars_optax.mxnet_momentum(0.1)
-    state = tx.init({"w": jnp.ones(3)})
-    self.assertIsNone(state.momentum)
-    u, _ = tx.update({"w": jnp.ones(3)}, state)
-    np.testing.assert_allclose(u["w"], -0.1 * np.ones(3), rtol=1e-6)
-
-  def test_dtype_kept_with_schedule(self):
-    tx = lars_optax.mxnet_momentum(optax.constant_schedule(0.1), 0.9)
-    p = jnp.ones(3, jnp.bfloat16)
-    u, state = tx.update(p, tx.init(p))
-    self.assertEqual(u.dtype, jnp.bfloat16)
-    self.assertEqual(state.momentum.dtype, jnp.bfloat16)
-
-  def test_bad_momentum(self):
-    for bad in (-0.1, 1.0, float("inf")):
-      with pytest.raises(ValueError, match="momentum"):
-        lars_optax.mxnet_momentum(0.1, bad)
-
-
 def test_mxnet_chain_equals_lars():
   """lars() is exactly the documented chain of public pieces."""
   params = {"fc_weight": jnp.linspace(-1, 1, 12).reshape(4, 3), "fc_bias": jnp.ones(3)}
@@ -161,7 +124,7 @@ def test_mxnet_chain_equals_lars():
 
 
 # --------------------------------------------------------------------------
-# scale_per_leaf, add_decayed_weights_per_leaf, scale_by_mxnet_adam
+# scale_per_leaf, add_decayed_weights_per_leaf
 # --------------------------------------------------------------------------
 
 _TREE = {"fc1_weight": jnp.array([1.0, -2.0]), "fc1_bias": jnp.array([0.5, 4.0])}
@@ -218,70 +181,6 @@ def test_add_decayed_weights_per_leaf_needs_params():
     tx.update(_G, tx.init(_TREE))
 
 
-def _np_mxnet_adam(grads, b1, b2, eps, t0=0):
-  m = v = 0.0
-  out = []
-  for t, g in enumerate(grads, start=t0 + 1):
-    g = np.asarray(g, np.float64)
-    m = b1 * m + (1 - b1) * g
-    v = b2 * v + (1 - b2) * g * g
-    out.append(np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps))
-  return out
-
-
-@pytest.mark.parametrize("b1, b2, eps, t0", [(0.9, 0.999, 1e-8, 0), (0.8, 0.99, 1e-3, 0),
-                                             (0.9, 0.999, 1e-8, 7), (0.0, 0.5, 0.0, 0)])
-def test_scale_by_mxnet_adam_formula(b1, b2, eps, t0):
-  rng = np.random.default_rng(0)
-  grads = [rng.normal(size=4).astype(np.float32) * 10.0**-k for k in range(6)]
-  tx = lars_optax.scale_by_mxnet_adam(b1, b2, eps, initial_count=t0)
-  state = tx.init(jnp.zeros(4))
-  update = jax.jit(tx.update)
-  for g, exp in zip(grads, _np_mxnet_adam(grads, b1, b2, eps, t0)):
-    out, state = update(jnp.asarray(g), state)
-    np.testing.assert_allclose(out, exp, rtol=2e-6)
-
-
-def test_scale_by_mxnet_adam_equals_optax_adam_without_epsilon():
-  rng = np.random.default_rng(1)
-  ours, theirs = lars_optax.scale_by_mxnet_adam(eps=0.0), optax.scale_by_adam(eps=0.0)
-  s1, s2 = ours.init(jnp.zeros(5)), theirs.init(jnp.zeros(5))
-  for _ in range(5):
-    g = jnp.asarray(rng.normal(size=5), jnp.float32)
-    u1, s1 = ours.update(g, s1)
-    u2, s2 = theirs.update(g, s2)
-    # optax forms 1 - 0.999**t directly in float32 (off by up to ~1e-5).
-    np.testing.assert_allclose(u1, u2, rtol=3e-5)
-
-
-def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
-  g = jnp.full(3, 1e-7)  # sqrt(v) comparable to eps: the placements differ
-  u1, _ = lars_optax.scale_by_mxnet_adam().update(g, lars_optax.scale_by_mxnet_adam().init(g))
-  u2, _ = optax.scale_by_adam().update(g, optax.scale_by_adam().init(g))
-  # ours: (1e-7 * 0.1) * sqrt(1e-3) / 0.1 / (sqrt(1e-3) * 1e-7 + 1e-8)
-  np.testing.assert_allclose(u1, 1e-7 / (1e-7 + 1e-8 / np.sqrt(1e-3)), rtol=1e-5)
-  np.testing.assert_allclose(u2, 1e-7 / (1e-7 + 1e-8), rtol=1e-5)
-
-
-@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
-  tx = lars_optax.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
-  g = jnp.zeros(3, dtype)
-  out, state = tx.update(g, tx.init(g))
-  assert out.dtype == dtype and state.mu.dtype == dtype
-  np.testing.assert_array_equal(out, 0)
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    ({"b1": 1.0}, "b1: must be in"), ({"b2": -0.5}, "b2: must be in"),
-    ({"eps": -1.0}, "eps: must be >= 0"), ({"initial_count": -1}, "initial_count"),
-    ({"initial_count": 2.5}, "initial_count")])
-def test_scale_by_mxnet_adam_bad_input(kwargs, match):
-  with pytest.raises(ValueError, match=match):
-    lars_optax.scale_by_mxnet_adam(**kwargs)
-
-
 def test_bias_correction_is_accurate_in_float32():
   from lars_optax._utils import one_minus_pow  # pylint: disable=g-import-not-at-top
   t = jnp.arange(1.0, 5.0)
@@ -294,19 +193,6 @@ def test_lars_wd_mult_enters_the_trust_ratio():
                                             wd_mult={"a_weight": 2.0})
   _, state = tx.update(g, tx.init(p), p)
   np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)
-
-
-def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
-  from conftest import x64  # pylint: disable=g-import-not-at-top
-  with x64():
-    rng = np.random.default_rng(2)
-    grads = [rng.normal(size=4) for _ in range(5)]
-    tx = lars_optax.scale_by_mxnet_adam()
-    state = tx.init(jnp.zeros(4, jnp.float64))
-    for g, exp in zip(grads, _np_mxnet_adam(grads, 0.9, 0.999, 1e-8)):
-      out, state = tx.update(jnp.asarray(g, jnp.float64), state)
-      assert out.dtype == jnp.float64
-      np.testing.assert_allclose(out, exp, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------
