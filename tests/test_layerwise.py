@@ -1,0 +1,205 @@
+"""The layer-wise transformations (``lars_optax.layerwise``) on their own and in new chains.
+
+The optimizers of the family are tested in ``test_lars.py`` (lars, tf_lars)
+and ``test_lamb.py`` (lamb, lans).
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+from lars_optax import masks
+
+
+def _np_ratio(w, g, eta, wd, eps):
+  wn, gn = np.linalg.norm(np.ravel(w)), np.linalg.norm(np.ravel(g))
+  if wn == 0 or gn == 0 or not np.isfinite(wn) or not np.isfinite(gn):
+    return 1.0
+  return eta * wn / (gn + wd * wn + eps)
+
+
+class TrustRatioTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_ratio_values_and_fallbacks(self):
+    ratio = self.variant(lars_optax.lars_trust_ratio)
+    w = jnp.arange(6.0).reshape(2, 3)
+    g = jnp.full((2, 3), 0.5)
+    np.testing.assert_allclose(ratio(w, g, 0.1, 0.01, 1e-3), _np_ratio(w, g, 0.1, 0.01, 1e-3),
+                               rtol=1e-6)
+    # grad_scale multiplies the gradient norm by |s|.
+    np.testing.assert_allclose(ratio(w, g, 0.1, 0.0, 0.0, -4.0), _np_ratio(w, 4 * g, 0.1, 0, 0),
+                               rtol=1e-6)
+    zeros = jnp.zeros((2, 3))
+    for bad_w, bad_g in [(zeros, g), (w, zeros), (w, g.at[0, 0].set(jnp.nan)),
+                         (w, g.at[0, 0].set(jnp.inf)), (w.at[1, 1].set(jnp.inf), g),
+                         (w.at[1, 1].set(jnp.nan), g)]:
+      self.assertEqual(float(ratio(bad_w, bad_g, 0.1, 0.01, 1e-3)), 1.0)
+
+  def test_norm_dtype_is_float32_or_wider(self):
+    w = jnp.full((300,), 300.0, jnp.float16)  # |w|^2 overflows float16
+    g = jnp.ones((300,), jnp.float16)
+    r = lars_optax.lars_trust_ratio(w, g, eta=1.0)
+    self.assertEqual(r.dtype, jnp.float32)
+    np.testing.assert_allclose(r, 300.0, rtol=1e-3)
+
+  def test_scales_inner_output_and_skips(self):
+    params = {"fc_weight": jnp.ones((4, 3)), "fc_bias": jnp.ones((3,))}
+    grads = {"fc_weight": jnp.full((4, 3), 2.0), "fc_bias": jnp.full((3,), 2.0)}
+    tx = lars_optax.scale_by_lars_trust_ratio(
+        optax.scale(3.0), eta=0.5, skip=lars_optax.MXNET_SKIP)
+    state = tx.init(params)
+    out, state = tx.update(grads, state, params)
+    r = _np_ratio(params["fc_weight"], grads["fc_weight"], 0.5, 0.0, 0.0)
+    chex.assert_trees_all_close(out["fc_weight"], 6.0 * r * jnp.ones((4, 3)), rtol=1e-6)
+    chex.assert_trees_all_close(out["fc_bias"], jnp.full((3,), 6.0))
+    named = lars_optax.trust_ratios(state, params)
+    self.assertEqual(float(named["fc_bias"]), 1.0)
+    np.testing.assert_allclose(float(named["fc_weight"]), r, rtol=1e-6)
+
+  def test_ratio_taken_before_inner(self):
+    """The ratio uses the gradient entering the transformation, not the inner's output."""
+    params = {"w": jnp.ones((4,))}
+    grads = {"w": jnp.array([10.0, 0.0, 0.0, 0.0])}
+    tx = lars_optax.scale_by_lars_trust_ratio(optax.clip(1.0), eta=1.0, rescale=0.5)
+    out, state = tx.update(grads, tx.init(params), params)
+    r = _np_ratio(params["w"], 0.5 * grads["w"], 1.0, 0.0, 0.0)
+    np.testing.assert_allclose(out["w"], r * np.array([1.0, 0, 0, 0]), rtol=1e-6)
+    np.testing.assert_allclose(lars_optax.trust_ratios(state)[0], r, rtol=1e-6)
+
+  def test_inner_state_is_kept(self):
+    params = {"w": jnp.ones((3,))}
+    tx = lars_optax.scale_by_lars_trust_ratio(optax.trace(0.9), eta=1.0)
+    state = tx.init(params)
+    for _ in range(3):
+      _, state = tx.update({"w": jnp.ones((3,))}, state, params)
+    np.testing.assert_allclose(state.inner_state.trace["w"], 1 + 0.9 + 0.81, rtol=1e-6)
+
+  def test_requires_params(self):
+    tx = lars_optax.scale_by_lars_trust_ratio()
+    with pytest.raises(ValueError, match="params"):
+      tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}))
+
+  def test_bad_hyperparameters(self):
+    for kwargs, arg in [({"eta": -1.0}, "eta"), ({"epsilon": float("nan")}, "epsilon"),
+                        ({"weight_decay": -1e-4}, "weight_decay"), ({"rescale": 0.0}, "rescale")]:
+      with pytest.raises(ValueError, match=arg):
+        lars_optax.scale_by_lars_trust_ratio(**kwargs)
+    with pytest.raises(TypeError, match="inner"):
+      lars_optax.scale_by_lars_trust_ratio(inner=lambda x: x)
+
+  def test_custom_chain_with_masked_weight_decay(self):
+    """Users build variants: a LAMB-like chain with decay off for norm/bias leaves."""
+    params = {"params": {"Dense_0": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones((2,))}}}
+    grads = jax.tree.map(lambda p: 0.1 * jnp.ones_like(p), params)
+    tx = optax.chain(
+        lars_optax.scale_by_lars_trust_ratio(
+            optax.chain(optax.scale_by_adam(),
+                        optax.add_decayed_weights(0.01, mask=~lars_optax.FLAX_SKIP)),
+            eta=1.0, skip=lars_optax.FLAX_SKIP),
+        optax.scale_by_learning_rate(0.1))
+    state = tx.init(params)
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    chex.assert_tree_all_finite(updates)
+    named = lars_optax.trust_ratios(state, params)
+    self.assertEqual(float(named["params/Dense_0/bias"]), 1.0)
+    self.assertNotEqual(float(named["params/Dense_0/kernel"]), 1.0)
+
+
+def test_mxnet_chain_equals_lars():
+  """lars() is exactly the documented chain of public pieces."""
+  params = {"fc_weight": jnp.linspace(-1, 1, 12).reshape(4, 3), "fc_bias": jnp.ones(3)}
+  grads = jax.tree.map(lambda p: 0.7 * p + 0.2, params)
+  a = lars_optax.lars(0.1, momentum=0.9, eta=0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=0.3)
+  b = optax.chain(
+      lars_optax.scale_by_lars_trust_ratio(
+          optax.chain(optax.clip(0.3), optax.add_decayed_weights(1e-3)),
+          eta=0.01, weight_decay=1e-3, epsilon=1e-8, skip=masks.MXNET_SKIP, rescale=0.5),
+      lars_optax.mxnet_momentum(0.1, 0.9))
+  sa, sb = a.init(params), b.init(params)
+  for _ in range(3):
+    ua, sa = a.update(grads, sa, params)
+    ub, sb = b.update(grads, sb, params)
+    chex.assert_trees_all_equal(ua, ub)
+
+
+def test_lars_wd_mult_enters_the_trust_ratio():
+  p, g = {"a_weight": jnp.array([3.0, 4.0])}, {"a_weight": jnp.array([0.6, 0.8])}
+  tx = lars_optax.scale_by_lars_trust_ratio(eta=1.0, weight_decay=0.1,
+                                            wd_mult={"a_weight": 2.0})
+  _, state = tx.update(g, tx.init(p), p)
+  np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# trust_ratios through optax.partition / multi_transform / masked
+# --------------------------------------------------------------------------
+
+
+def _partition_params():
+  return {"dense": {"kernel": jnp.full((3, 2), 2.0), "bias": jnp.ones(2)},
+          "emb": jnp.ones((4, 2)), "head": {"kernel": jnp.full((2, 2), 3.0)}}
+
+
+def _partition_step(tx, params, jit=False):
+  grads = jax.tree.map(lambda x: 0.25 * x, params)
+  update = jax.jit(tx.update) if jit else tx.update
+  _, state = update(grads, tx.init(params), params)
+  return state
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("combine", ["partition", "multi_transform"])
+def test_trust_ratios_through_partition_cover_the_lars_leaves(combine, jit):
+  params = _partition_params()
+  labels = {"dense": {"kernel": "lars", "bias": "lars"}, "emb": "adam",
+            "head": {"kernel": "lars"}}
+  make = optax.partition if combine == "partition" else optax.multi_transform
+  tx = make({"lars": lars_optax.lars(0.1, momentum=0.9, eta=0.5), "adam": optax.adam(1e-3)},
+            labels)
+  state = _partition_step(tx, params, jit)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert sorted(ratios) == ["dense/bias", "dense/kernel", "head/kernel"]  # no "emb"
+  # The same ratios as LARS alone on the leaves it covers.
+  sub = {"dense": params["dense"], "head": params["head"]}
+  alone = lars_optax.trust_ratios(
+      _partition_step(lars_optax.lars(0.1, momentum=0.9, eta=0.5), sub), sub)
+  for name, value in alone.items():
+    assert float(ratios[name]) == float(value), name
+  assert float(ratios["dense/bias"]) == 1.0 and float(ratios["dense/kernel"]) != 1.0
+  vec = lars_optax.trust_ratios(state)  # leaf order: dense/bias, dense/kernel, emb, head
+  assert vec.shape == (4,) and float(vec[2]) == -1.0
+
+
+def test_trust_ratios_merge_several_lars_sub_states():
+  params = _partition_params()
+  labels = {"dense": {"kernel": "a", "bias": "a"}, "emb": "sgd", "head": {"kernel": "b"}}
+  tx = optax.partition({"a": lars_optax.lars(0.1, eta=0.5), "b": lars_optax.tf_lars(0.1, eeta=2.0),
+                        "sgd": optax.sgd(0.1)}, labels)
+  ratios = lars_optax.trust_ratios(_partition_step(tx, params), params)
+  assert sorted(ratios) == ["dense/bias", "dense/kernel", "head/kernel"]
+  # head/kernel: ||w|| = 6, ||g|| = 1.5, eeta = 2 (tf_lars: weight_decay 1e-4 in the ratio).
+  np.testing.assert_allclose(float(ratios["head/kernel"]), 2.0 * 6 / (1.5 + 1e-4 * 6),
+                             rtol=1e-6)
+
+
+def test_trust_ratios_through_optax_masked():
+  params = _partition_params()
+  route = {"dense": {"kernel": True, "bias": False}, "emb": False, "head": {"kernel": True}}
+  tx = optax.masked(lars_optax.lars(0.1, momentum=0.9, skip=None), route)
+  ratios = lars_optax.trust_ratios(_partition_step(tx, params), params)
+  assert sorted(ratios) == ["dense/kernel", "head/kernel"]
+
+
+def test_trust_ratios_under_jit_keep_every_leaf():
+  params = _partition_params()
+  labels = {"dense": {"kernel": "lars", "bias": "lars"}, "emb": "sgd",
+            "head": {"kernel": "lars"}}
+  tx = optax.partition({"lars": lars_optax.lars(0.1), "sgd": optax.sgd(0.1)}, labels)
+  state = _partition_step(tx, params)
+  ratios = jax.jit(lambda s: lars_optax.trust_ratios(s, params))(state)
+  assert float(ratios["emb"]) == -1.0 and len(ratios) == 4
