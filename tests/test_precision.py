@@ -10,6 +10,7 @@ whose steps are below float16's resolution, which only moves with the wrapper.
 """
 
 import functools
+import warnings
 
 import chex
 import jax
@@ -333,3 +334,74 @@ def test_tiny_float16_steps_only_accumulate_with_master():
   # = 9.998e-6, so after 25 steps (history[i] is the weight after i steps).
   first_move = int(np.argmax(np.asarray(mp_history, np.float32) < 1.0))
   assert first_move == 25
+
+
+# --------------------------------------------------------------------------
+# float16 without master weights: every rule that keeps squares warns at init
+# --------------------------------------------------------------------------
+
+# Rules whose state keeps squared gradients in the params' dtype. In float16 the
+# second moment of the Adam family and of LAMB/LANS underflows; the sums and
+# averages of RMSProp, AdaGrad, GroupAdaGrad, AdaDelta and FTRL overflow once
+# |g| > 256, and the weight freezes.
+_KEEPS_SQUARES = {"adabelief", "adadelta", "adagrad", "adam", "adamw", "ftml", "ftrl",
+                  "groupadagrad", "lamb", "lans", "nadam", "rmsprop"}
+# No squared gradient in the state: momentum, signs, max |g| (Adamax), the
+# previous weight (DCASGD), noise (SGLD), the LARS trust ratio.
+_NO_SQUARES = {"adamax", "dcasgd", "lars", "nag", "sgd", "sgld", "signsgd", "signum"}
+_OVERFLOWS = ["adadelta", "adagrad", "ftrl", "groupadagrad", "rmsprop"]
+
+
+def _low_precision_warnings(tx, params):
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    tx.init(params)
+  return [str(r.message) for r in record
+          if issubclass(r.category, lars_optax.LowPrecisionWarning)]
+
+
+@pytest.mark.parametrize("name", lars_optax.registered())
+def test_float16_without_master_weights_warns_for_every_rule_that_keeps_squares(name):
+  assert name in _KEEPS_SQUARES | _NO_SQUARES, (
+      f"{name!r} is new: add it to _KEEPS_SQUARES or _NO_SQUARES (does its state keep "
+      "squared gradients in the params' dtype?)")
+  params = {"w": jnp.ones((2, 3), jnp.float16), "b": jnp.ones(3, jnp.float16)}
+  found = _low_precision_warnings(lars_optax.create(name), params)
+  if name in _KEEPS_SQUARES:
+    assert len(found) == 1, (name, found)
+    expected = "parameter 'b' (and 1 more) is float16 and there are no float32 master weights"
+    assert expected in found[0], found[0]
+    assert "multi_precision=True" in found[0]
+  else:
+    assert found == [], (name, found)
+  # Where the squares are safe: float32 master weights, or bfloat16's range.
+  assert _low_precision_warnings(lars_optax.create(name, multi_precision=True), params) == []
+  bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+  assert _low_precision_warnings(lars_optax.create(name), bf16) == []
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
+@pytest.mark.parametrize("name", _OVERFLOWS)
+def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(name):
+  """Why those rules warn: a gradient of 300 squares to inf in float16 (its
+  largest value is 65504). Without master weights the weight then never moves
+  again (FTRL's turns NaN); with them it trains on."""
+  params = {"w": jnp.ones(3, jnp.float16)}
+  grads = [jnp.full(3, g, jnp.float16) for g in (300.0, 1.0, 1.0, 1.0)]
+
+  def run(tx):
+    p, s = params, tx.init(params)
+    history = []
+    for g in grads:
+      u, s = tx.update({"w": g}, s, p)
+      p = optax.apply_updates(p, u)
+      history.append(np.asarray(p["w"], np.float32))
+    return history
+
+  plain = run(lars_optax.create(name))
+  after_overflow = plain[1:]
+  assert all(np.array_equal(h, plain[0]) for h in after_overflow) or not np.all(
+      np.isfinite(plain[-1])), (name, plain)
+  master = run(lars_optax.create(name, multi_precision=True))
+  assert np.all(np.isfinite(master[-1])), (name, master)
+  assert not np.array_equal(master[-1], master[0]), (name, master)
