@@ -134,6 +134,13 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   the same count again returns the same rate. A scheduler that
   :func:`copy.deepcopy` cannot copy is called as is (a UserWarning says that
   replay after a rollback then needs a fresh optimizer).
+
+  Raises:
+    TypeError: ``lr_scheduler`` is not callable, or returns anything but a
+      real scalar (``None``, an array, a complex number, a bool, a string).
+      A traceable scheduler is checked here; a host scheduler here on a copy
+      (its first rate, when it can be copied) and at every call: the error
+      then surfaces from the update as JAX's runtime error, with this text.
   """
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
@@ -149,28 +156,69 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
   def traced(count):
-    return jnp.asarray(lr_scheduler(utils.saturating_add(count, offset)), lr_dtype())
+    rate = lr_scheduler(utils.saturating_add(count, offset))
+    problem = _rate_problem(rate, "when traced")
+    if problem:
+      raise _NotARate(problem)
+    return jnp.asarray(rate, lr_dtype())
 
   try:
     out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
     traceable = out.shape == ()
+  except _NotARate as e:
+    raise TypeError(str(e)) from None
   except Exception:  # noqa: BLE001 - any failure to trace means "call it on the host"
     traceable = False
   if traceable:
     return traced
   if replay is None:
     replay = _Replay(lr_scheduler, offset)
+  replay.probe()
 
   def on_host(count):
     dtype = lr_dtype()
 
     def host(n):
       # The count saturates so that MXNet's num_update stays within int32.
-      return np.asarray(replay(min(int(n), v.INT32_MAX - offset)), dtype)
+      n = min(int(n), v.INT32_MAX - offset)
+      rate = replay(n)
+      problem = _rate_problem(rate, f"for update count {n + offset}")
+      if problem:
+        raise TypeError(problem)
+      return np.asarray(rate, dtype)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 
   return on_host
+
+
+class _NotARate(Exception):
+  """A traced scheduler returned something that is not a learning rate."""
+
+
+def _rate_problem(rate: Any, when: str) -> str | None:
+  """The error message (naming ``lr_scheduler``) unless ``rate`` is a real scalar.
+
+  (``jnp.asarray(None, float)`` is NaN: without this check a scheduler that
+  forgets to return its rate trains on NaN.)
+  """
+  dtype = getattr(rate, "dtype", None)
+  if isinstance(rate, (bool, np.bool_)):
+    ok = False
+  elif dtype is None:
+    ok = isinstance(rate, (int, float))
+  else:
+    ok = np.shape(rate) == () and bool(jnp.issubdtype(dtype, jnp.integer)
+                                       or jnp.issubdtype(dtype, jnp.floating))
+  if ok:
+    return None
+  if dtype is not None:
+    what = f"an array of shape {np.shape(rate)} and dtype {dtype}"
+  else:
+    what = "None" if rate is None else f"{rate!r:.80} ({type(rate).__name__})"
+  return (f"lr_scheduler: returned {what} {when}; it must return the learning rate as "
+          "a real scalar (a Python or NumPy number or a 0-d array). Did it forget to "
+          "return the rate?")
 
 
 class _Replay:
@@ -192,6 +240,23 @@ class _Replay:
     self._last: Any = None
     self._lock = threading.Lock()
     self._warned = False
+
+  def probe(self) -> None:
+    """Checks the first rate on a copy, so that a bad return fails at construction.
+
+    Only where the copy is a new object (a plain function is its own deep copy,
+    and calling it here could have side effects); any other failure is left to
+    the first update.
+    """
+    if self._pristine is None or self._pristine is self._working:
+      return
+    try:
+      rate = copy.deepcopy(self._pristine)(self._offset)
+    except Exception:  # noqa: BLE001 - reported by the first update, as before
+      return
+    problem = _rate_problem(rate, f"for update count {self._offset}")
+    if problem:
+      raise TypeError(problem)
 
   def __call__(self, n: int) -> Any:
     with self._lock:

@@ -8,6 +8,7 @@ The numbers of every built-in name are checked against MXNet itself in
 
 import functools
 import inspect
+import re
 import warnings
 
 import chex
@@ -452,6 +453,53 @@ def test_uncopyable_host_scheduler_warns_on_rollback():
   schedule(jnp.asarray(1))
   with pytest.warns(UserWarning, match="^lr_scheduler: the optimizer went back"):
     schedule(jnp.asarray(0))
+
+
+class _ForgetfulScheduler:
+  """An MXNet-style scheduler object that forgets to return its rate from
+  ``bad_from`` on (it branches on the count, so it runs on the host)."""
+
+  def __init__(self, bad_from):
+    self.base_lr, self.bad_from = 0.1, bad_from
+
+  def __call__(self, num_update):
+    if num_update >= self.bad_from:
+      return None
+    return self.base_lr
+
+
+@pytest.mark.parametrize("rate, shown", [
+    (None, "None when traced"),
+    (np.ones(2, np.float32), "an array of shape (2,) and dtype float32 when traced"),
+    (1j, "1j (complex) when traced"),
+    (True, "True (bool) when traced"),
+    ("0.1", "'0.1' (str) when traced"),
+], ids=["none", "vector", "complex", "bool", "str"])
+def test_traceable_scheduler_returning_no_real_scalar_raises_at_create(rate, shown):
+  # Before, None and a string became a NaN rate, a complex its real part.
+  with pytest.raises(TypeError, match=rf"^lr_scheduler: returned {re.escape(shown)}; it "
+                                      "must return the learning rate as a real scalar"):
+    lars_optax.create("sgd", learning_rate=None, lr_scheduler=lambda n: rate)
+
+
+def test_host_scheduler_returning_none_raises_at_create():
+  sched = _ForgetfulScheduler(bad_from=1)
+  with pytest.raises(TypeError, match=r"^lr_scheduler: returned None for update count 1; "
+                                      "it must return the learning rate as a real scalar"):
+    lars_optax.create("sgd", learning_rate=None, lr_scheduler=sched)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_host_scheduler_returning_none_later_raises_in_update_naming_lr_scheduler(jit):
+  tx = lars_optax.create("sgd", learning_rate=None, lr_scheduler=_ForgetfulScheduler(3))
+  update = jax.jit(tx.update) if jit else tx.update
+  params, g = _params(), _grads()
+  state = tx.init(params)
+  for _ in range(2):  # counts 1 and 2: the rate is 0.1
+    updates, state = update(g, state, params)
+    np.testing.assert_allclose(updates["fc1_bias"], -0.1 * g["fc1_bias"], rtol=1e-6)
+  with pytest.raises(Exception, match=r"lr_scheduler: returned None for update count 3"):
+    jax.block_until_ready(update(g, state, params))
 
 
 # --------------------------------------------------------------------------
