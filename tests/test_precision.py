@@ -405,3 +405,42 @@ def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(n
   master = run(lars_optax.create(name, multi_precision=True))
   assert np.all(np.isfinite(master[-1])), (name, master)
   assert not np.array_equal(master[-1], master[0]), (name, master)
+
+
+# --------------------------------------------------------------------------
+# lazy_update with multi_precision (MXNet's SGD asserts they exclude each other)
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, multi_precision=True),
+    lambda: lars_optax.create("sgd", momentum=0.9, lazy_update=True, multi_precision=True),
+], ids=["sgd", "create_sgd"])
+def test_sgd_lazy_update_with_multi_precision_raises_at_construction(make):
+  with pytest.raises(ValueError, match=r"^lazy_update: sgd takes lazy_update=True or "
+                                       r"multi_precision=True, not both, as MXNet's SGD "
+                                       r"asserts\."):
+    make()
+
+
+def test_adam_lazy_update_with_multi_precision_on_a_bcoo_says_masters_take_dense_only():
+  """MXNet's Adam takes both flags (its SGD does not); here the float32 masters take
+  dense gradients only, and the error says so instead of suggesting lazy_update=True."""
+  from jax.experimental.sparse import BCOO
+
+  tx = lars_optax.create("adam", learning_rate=0.1, lazy_update=True, multi_precision=True)
+  params = {"emb": jnp.ones((4, 2), jnp.float16)}
+  state = tx.init(params)
+  dense = jnp.zeros((4, 2), jnp.float16).at[1].set(1.0)
+  with pytest.raises(ValueError, match=r"^multi_precision: gradient 'emb' is row-sparse \(a "
+                                       r"BCOO\), but float32 master weights take dense "
+                                       r"gradients only, also with lazy_update=True\.") as err:
+    tx.update({"emb": BCOO.fromdense(dense, n_dense=1)}, state, params)
+  assert "only row-wise lazy updates can" not in str(err.value)
+  # The advice works: the dense gradient updates only its non-zero row (Adam's
+  # first step is -lr up to epsilon), and the master keeps the others.
+  updates, state = tx.update({"emb": dense}, state, params)
+  new = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(np.asarray(new["emb"], np.float32),
+                             [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-3)
+  np.testing.assert_allclose(master_params(state, new)["emb"],
+                             [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-6)
