@@ -40,14 +40,28 @@ BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_schedul
 
 # Accepted for compatibility and ignored: we follow MXNet's default path (fused,
 # multi-tensor where it has one); its other paths give the same numbers except
-# LAMB's single-tensor kernels (see create's docstring).
+# LAMB's single-tensor kernels (see create's docstring) and the plain-Python
+# steps of AdamW and LANS (rejected below).
 _NO_OP_ARGS = ("use_fused_step", "aggregate_num")
+
+_UNFUSED_WHY = ("MXNet's plain-Python step (use_fused_step=False) follows another rule than "
+                "its fused {kernel} kernel, which this optimizer reproduces: {how}")
 
 # MXNet flags that a built-in optimizer takes only at MXNet's default (which
 # changes nothing): name -> flag -> (that default, why no other value).
 _DEFAULT_ONLY: dict[str, dict[str, tuple[bool, str]]] = {
     "lars": {"lazy_update": (False, ("LARS's trust ratio is taken from the norm of the "
                                      "whole layer, so rows cannot be updated on their own"))},
+    "adamw": {"use_fused_step": (True, _UNFUSED_WHY.format(
+        kernel="adamw_update",
+        how=("the step decays the weight it has just updated, (1 - lr*wd) * (w - lr*d), "
+             "where the kernel decays the previous one, w - lr*(d + wd*w): a difference "
+             "of lr**2 * wd * d per step")))},
+    "lans": {"use_fused_step": (True, _UNFUSED_WHY.format(
+        kernel="multi_lans_update",
+        how=("the step takes the weight decay of its second half from the weight that "
+             "its first half has already moved, where the kernel uses the previous "
+             "weight: they differ whenever wd > 0")))},
 }
 
 _REGISTRY: dict[str, Factory] = {}
@@ -335,6 +349,8 @@ def create(
   accepted and change nothing: every optimizer follows MXNet's path at its
   default ``use_fused_step`` and ``aggregate_num`` (the multi-tensor kernels
   where MXNet has them), which is what the reference tests compare with.
+  ``adamw`` and ``lans`` reject ``use_fused_step=False`` (a ValueError): MXNet's
+  plain-Python step for them follows another rule when ``wd > 0``.
   Where MXNet's paths disagree, the default one is matched. MXNet 2.0's LAMB
   is such a case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ
   from its default multi-tensor path (see :func:`lars_optax.lamb`), and

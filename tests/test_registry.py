@@ -106,6 +106,22 @@ def test_fused_path_switches_are_accepted_and_ignored():
   chex.assert_trees_all_close(a, _run(lars_optax.sgd(momentum=0.9)), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name, kernel", [("adamw", "adamw_update"),
+                                          ("lans", "multi_lans_update")])
+def test_unfused_step_of_adamw_and_lans_is_rejected_naming_the_argument(name, kernel):
+  # MXNet 2.0's plain-Python step for these follows another rule than the fused
+  # kernel that create reproduces (for AdamW 2.3e-4 relative after 5 steps with
+  # lr 0.01, wd 0.1): accepting the flag and ignoring it would be a silent change.
+  with pytest.raises(ValueError, match=rf"^use_fused_step: {name!r} takes only "
+                                       r"use_fused_step=True \(MXNet's default\), got False: "
+                                       rf"MXNet's plain-Python step .* fused {kernel} kernel"):
+    lars_optax.create(name, wd=0.01, use_fused_step=False)
+  # MXNet's default, given explicitly (as a Python or NumPy bool), is its fused path.
+  for flag in (True, np.bool_(True)):
+    chex.assert_trees_all_close(_run(lars_optax.create(name, wd=0.01, use_fused_step=flag)),
+                                _run(lars_optax.create(name, wd=0.01)), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name, kwargs, match", [
     ("adam", {"beta1": 1.0}, "beta1: must be in"),
     ("adam", {"beta2": -0.1}, "beta2: must be in"),
