@@ -93,18 +93,39 @@ def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_ME
                                                     stacked=stacked)]
 
 
+def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
+                         name: str) -> optax.GradientTransformationExtraArgs:
+  """``tx`` whose ``init`` warns (``LowPrecisionWarning``) for float16 params.
+
+  For the rules that accumulate squared gradients in the params' dtype
+  (RMSProp, AdaGrad, AdaDelta, FTRL): in float16 the squares overflow and the
+  weight freezes. The state is ``tx``'s own (nothing is added to it).
+  """
+  def init_fn(params):
+    utils.warn_float16(params, name, problem=utils.OVERFLOWS)
+    return tx.init(params)
+
+  return optax.GradientTransformationExtraArgs(init_fn, tx.update)
+
+
 def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
             leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False):
+            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False,
+            squares: bool = False):
   """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
 
   ``complex_params``: the rule is defined on complex params (see
-  :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`).
+  :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`). ``squares``: the rule
+  accumulates squared gradients in the params' dtype, so ``init`` warns for
+  float16 params (without ``multi_precision``, whose master weights are
+  float32).
   """
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
                                 hyperparams=hyperparams, complex_params=complex_params),
                    *parts)
+  if squares:
+    tx = warn_float16_squares(tx, name)
   if lazy:
     tx = _lazy_update(tx)
   if multi_precision:

@@ -149,9 +149,12 @@ def find_state(node: Any, cls: type) -> Any:
 class LowPrecisionWarning(UserWarning):
   """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
 
-  Adam (:func:`lars_optax.adam`, :func:`scale_by_mxnet_adam`) on float16
-  params without float32 master weights: its second moment holds squared
-  gradients, which underflow to 0 in float16, and the steps then blow up.
+  Every rule that keeps squared gradients in its state, on float16 params
+  without float32 master weights: the Adam family (:func:`lars_optax.adam`,
+  :func:`scale_by_mxnet_adam`, ...), LAMB and LANS, whose second moment
+  underflows to 0 in float16 so that the steps blow up, and RMSProp, AdaGrad,
+  GroupAdaGrad, AdaDelta and FTRL, whose accumulated squares overflow to inf
+  once a gradient exceeds 256 in magnitude, so that the weight stops moving.
   Pass ``multi_precision=True`` (or wrap the optimizer in
   :func:`lars_optax.multi_precision`), or use bfloat16. To silence it:
   ``warnings.filterwarnings("ignore", category=lars_optax.LowPrecisionWarning)``.
@@ -161,19 +164,29 @@ class LowPrecisionWarning(UserWarning):
 BLOW_UP = "the updates blow up on ordinary data"
 DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "
              "ratio then only fixes its length)")
+OVERFLOWS = ("its accumulated squared gradients overflow to inf in float16 once a gradient "
+             "exceeds 256 in magnitude (and tiny ones underflow to 0), and the weight then "
+             "stops moving")
 
 
-def warn_float16(params: Any, where: str, effect: str = BLOW_UP) -> None:
-  """Warns once per ``init`` when an adaptive optimizer meets float16 params."""
+def warn_float16(params: Any, where: str, effect: str = BLOW_UP, *,
+                 problem: str | None = None) -> None:
+  """Warns once per ``init`` when an adaptive optimizer meets float16 params.
+
+  ``problem`` replaces the default text (Adam's second moment underflows and
+  ``effect``) for rules that keep squares in another way (e.g. ``OVERFLOWS``).
+  """
   low = [n for n, p in masks.named_leaves(params)
          if getattr(p, "dtype", None) == jnp.float16]
   if low:
     which = f"parameter {low[0]!r}" if low[0] else "the parameter"
     more = f" (and {len(low) - 1} more)" if len(low) > 1 else ""
+    if problem is None:
+      problem = ("Adam's second moment (squared gradients) underflows in float16 and "
+                 f"{effect}")
     warnings.warn(
         f"{where}: {which}{more} is float16 and there are no float32 master weights: "
-        f"Adam's second moment (squared gradients) underflows in float16 and {effect}. "
-        "Pass multi_precision=True (or wrap the optimizer in "
+        f"{problem}. Pass multi_precision=True (or wrap the optimizer in "
         "lars_optax.multi_precision), or use bfloat16 params.",
         LowPrecisionWarning, stacklevel=3)
 

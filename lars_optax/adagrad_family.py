@@ -407,7 +407,7 @@ def adagrad(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adagrad", multi_precision=multi_precision,
+  return base.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad))
@@ -462,7 +462,7 @@ def groupadagrad(
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "groupadagrad", multi_precision=multi_precision,
+  return base.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate,
                                                   rescale_grad=rescale_grad))
@@ -561,7 +561,7 @@ def rmsprop(
               base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   if clip_weights is not None:
     parts.append(clip_params(clip_weights))
-  return base.finish(parts, "rmsprop", multi_precision=multi_precision,
+  return base.finish(parts, "rmsprop", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
@@ -624,7 +624,7 @@ def adadelta(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adadelta", multi_precision=multi_precision,
+  return base.finish(parts, "adadelta", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad, epsilon=epsilon))
@@ -690,7 +690,7 @@ def ftrl(
   multi_precision = base.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [ftrl_proximal(learning_rate, lamda1, beta, wd, lr_mult=lr_mult, wd_mult=wd_mult)]
-  return base.finish(parts, "ftrl", multi_precision=multi_precision,
+  return base.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad, lamda1=lamda1,

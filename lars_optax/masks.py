@@ -582,7 +582,9 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask",
 LeafValues = Mapping[str, float] | Iterable[tuple[MaskLike, float]] | None
 """Per-leaf numbers (MXNet's ``lr_mult`` / ``wd_mult``), looked up by leaf name.
 
-Either a dict ``{leaf name: value}`` (every key must name a leaf), or a
+Either a dict ``{leaf name: value}`` (every key must name a leaf; inside
+:func:`optax.masked`, a leaf that the mask hides from the optimizer counts,
+as it keeps its name), or a
 sequence of ``(mask, value)`` rules, where ``mask`` is anything a ``skip``
 argument accepts (a :class:`Mask`, a preset name, ...) and the first rule that
 selects a leaf gives its value; a rule's mask built from names must match some
@@ -713,9 +715,14 @@ def _leaf_values(spec: LeafValues, tree: Any, names: list[str], arg_name: str,
                  layer_axes: Sequence[int] | None) -> list[Any]:
   rules = _rules(spec, arg_name)
   if isinstance(rules, dict):
-    unknown = [k for k in rules if k not in set(names)]
+    known = set(names)
+    # Inside optax.masked the masked-out leaves (or subtrees) are MaskedNode
+    # placeholders that keep their paths: a key may name them, as a mask may.
+    hidden = [n for n in _placeholder_names(tree) if n not in known]
+    unknown = [k for k in rules if k not in known
+               and not any(k == h or k.startswith(h + "/") for h in hidden)]
     if unknown:
-      hints = {k: difflib.get_close_matches(k, names, n=3) for k in unknown}
+      hints = {k: difflib.get_close_matches(k, [*names, *hidden], n=3) for k in unknown}
       raise ValueError(
           f"{arg_name}: no parameter is named {unknown[0]!r}"
           + (f" (did you mean {hints[unknown[0]]}?)" if hints[unknown[0]] else "")

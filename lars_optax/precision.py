@@ -19,7 +19,8 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax.sparse import reject_row_sparse
+from lars_optax import masks
+from lars_optax.sparse import is_row_sparse, reject_row_sparse
 
 __all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
 
@@ -97,6 +98,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
+    _reject_row_sparse_with_master(updates)
     reject_row_sparse(updates, params, name)
     v.check_same_structure(updates, params, name)
     v.check_float_params(updates, name, "gradient")
@@ -120,6 +122,21 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
     return new_updates, MultiPrecisionState(master, inner_state)
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _reject_row_sparse_with_master(updates: Any) -> None:
+  """A BCOO gradient here: the masters take dense gradients only (say so, also
+  when the inner optimizer is lazy, as under ``adam(lazy_update=True,
+  multi_precision=True)``)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_row_sparse)
+  for path, g in flat:
+    if is_row_sparse(g):
+      raise ValueError(
+          f"multi_precision: gradient {masks.path_to_name(path)!r} is row-sparse (a BCOO), "
+          "but float32 master weights take dense gradients only, also with "
+          "lazy_update=True. Pass grad.todense() (lazy_update=True still skips its "
+          "all-zero rows), or drop multi_precision and keep float32 or bfloat16 params "
+          "for row-sparse updates.")
 
 
 def master_params(state: optax.OptState, params: Any) -> Any:

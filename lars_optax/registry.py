@@ -40,14 +40,28 @@ BASE_ARGS = ("learning_rate", "wd", "rescale_grad", "clip_gradient", "lr_schedul
 
 # Accepted for compatibility and ignored: we follow MXNet's default path (fused,
 # multi-tensor where it has one); its other paths give the same numbers except
-# LAMB's single-tensor kernels (see create's docstring).
+# LAMB's single-tensor kernels (see create's docstring) and the plain-Python
+# steps of AdamW and LANS (rejected below).
 _NO_OP_ARGS = ("use_fused_step", "aggregate_num")
+
+_UNFUSED_WHY = ("MXNet's plain-Python step (use_fused_step=False) follows another rule than "
+                "its fused {kernel} kernel, which this optimizer reproduces: {how}")
 
 # MXNet flags that a built-in optimizer takes only at MXNet's default (which
 # changes nothing): name -> flag -> (that default, why no other value).
 _DEFAULT_ONLY: dict[str, dict[str, tuple[bool, str]]] = {
     "lars": {"lazy_update": (False, ("LARS's trust ratio is taken from the norm of the "
                                      "whole layer, so rows cannot be updated on their own"))},
+    "adamw": {"use_fused_step": (True, _UNFUSED_WHY.format(
+        kernel="adamw_update",
+        how=("the step decays the weight it has just updated, (1 - lr*wd) * (w - lr*d), "
+             "where the kernel decays the previous one, w - lr*(d + wd*w): a difference "
+             "of lr**2 * wd * d per step")))},
+    "lans": {"use_fused_step": (True, _UNFUSED_WHY.format(
+        kernel="multi_lans_update",
+        how=("the step takes the weight decay of its second half from the weight that "
+             "its first half has already moved, where the kernel uses the previous "
+             "weight: they differ whenever wd > 0")))},
 }
 
 _REGISTRY: dict[str, Factory] = {}
@@ -134,6 +148,13 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   the same count again returns the same rate. A scheduler that
   :func:`copy.deepcopy` cannot copy is called as is (a UserWarning says that
   replay after a rollback then needs a fresh optimizer).
+
+  Raises:
+    TypeError: ``lr_scheduler`` is not callable, or returns anything but a
+      real scalar (``None``, an array, a complex number, a bool, a string).
+      A traceable scheduler is checked here; a host scheduler here on a copy
+      (its first rate, when it can be copied) and at every call: the error
+      then surfaces from the update as JAX's runtime error, with this text.
   """
   if not callable(lr_scheduler):
     raise TypeError(f"lr_scheduler: expected a callable of the update count, got "
@@ -149,28 +170,69 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
     return jax.dtypes.canonicalize_dtype(jnp.float64)
 
   def traced(count):
-    return jnp.asarray(lr_scheduler(utils.saturating_add(count, offset)), lr_dtype())
+    rate = lr_scheduler(utils.saturating_add(count, offset))
+    problem = _rate_problem(rate, "when traced")
+    if problem:
+      raise _NotARate(problem)
+    return jnp.asarray(rate, lr_dtype())
 
   try:
     out = jax.eval_shape(traced, jax.ShapeDtypeStruct((), jnp.int32))
     traceable = out.shape == ()
+  except _NotARate as e:
+    raise TypeError(str(e)) from None
   except Exception:  # noqa: BLE001 - any failure to trace means "call it on the host"
     traceable = False
   if traceable:
     return traced
   if replay is None:
     replay = _Replay(lr_scheduler, offset)
+  replay.probe()
 
   def on_host(count):
     dtype = lr_dtype()
 
     def host(n):
       # The count saturates so that MXNet's num_update stays within int32.
-      return np.asarray(replay(min(int(n), v.INT32_MAX - offset)), dtype)
+      n = min(int(n), v.INT32_MAX - offset)
+      rate = replay(n)
+      problem = _rate_problem(rate, f"for update count {n + offset}")
+      if problem:
+        raise TypeError(problem)
+      return np.asarray(rate, dtype)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((), dtype), jnp.asarray(count, jnp.int32))
 
   return on_host
+
+
+class _NotARate(Exception):
+  """A traced scheduler returned something that is not a learning rate."""
+
+
+def _rate_problem(rate: Any, when: str) -> str | None:
+  """The error message (naming ``lr_scheduler``) unless ``rate`` is a real scalar.
+
+  (``jnp.asarray(None, float)`` is NaN: without this check a scheduler that
+  forgets to return its rate trains on NaN.)
+  """
+  dtype = getattr(rate, "dtype", None)
+  if isinstance(rate, (bool, np.bool_)):
+    ok = False
+  elif dtype is None:
+    ok = isinstance(rate, (int, float))
+  else:
+    ok = np.shape(rate) == () and bool(jnp.issubdtype(dtype, jnp.integer)
+                                       or jnp.issubdtype(dtype, jnp.floating))
+  if ok:
+    return None
+  if dtype is not None:
+    what = f"an array of shape {np.shape(rate)} and dtype {dtype}"
+  else:
+    what = "None" if rate is None else f"{rate!r:.80} ({type(rate).__name__})"
+  return (f"lr_scheduler: returned {what} {when}; it must return the learning rate as "
+          "a real scalar (a Python or NumPy number or a 0-d array). Did it forget to "
+          "return the rate?")
 
 
 class _Replay:
@@ -192,6 +254,23 @@ class _Replay:
     self._last: Any = None
     self._lock = threading.Lock()
     self._warned = False
+
+  def probe(self) -> None:
+    """Checks the first rate on a copy, so that a bad return fails at construction.
+
+    Only where the copy is a new object (a plain function is its own deep copy,
+    and calling it here could have side effects); any other failure is left to
+    the first update.
+    """
+    if self._pristine is None or self._pristine is self._working:
+      return
+    try:
+      rate = copy.deepcopy(self._pristine)(self._offset)
+    except Exception:  # noqa: BLE001 - reported by the first update, as before
+      return
+    problem = _rate_problem(rate, f"for update count {self._offset}")
+    if problem:
+      raise TypeError(problem)
 
   def __call__(self, n: int) -> Any:
     with self._lock:
@@ -270,6 +349,8 @@ def create(
   accepted and change nothing: every optimizer follows MXNet's path at its
   default ``use_fused_step`` and ``aggregate_num`` (the multi-tensor kernels
   where MXNet has them), which is what the reference tests compare with.
+  ``adamw`` and ``lans`` reject ``use_fused_step=False`` (a ValueError): MXNet's
+  plain-Python step for them follows another rule when ``wd > 0``.
   Where MXNet's paths disagree, the default one is matched. MXNet 2.0's LAMB
   is such a case: its single-tensor kernels (``aggregate_num`` 0 or 1) differ
   from its default multi-tensor path (see :func:`lars_optax.lamb`), and

@@ -177,6 +177,7 @@ def sgd(
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
     multi_precision: float32 master weights and state for float16/bfloat16.
+      Not with ``lazy_update=True`` (a ValueError, as MXNet's SGD asserts).
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -185,6 +186,12 @@ def sgd(
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   lazy_update = base.check_flag("lazy_update", lazy_update)
   multi_precision = base.check_flag("multi_precision", multi_precision)
+  if lazy_update and multi_precision:
+    raise ValueError(
+        "lazy_update: sgd takes lazy_update=True or multi_precision=True, not both, as "
+        "MXNet's SGD asserts. For row-sparse updates keep lazy_update=True with float32 "
+        "or bfloat16 params; for float32 master weights pass lazy_update=False (adam "
+        "takes both, on dense gradients).")
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
   return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,

@@ -417,3 +417,44 @@ def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
       out, state = tx.update(jnp.asarray(g, jnp.float64), state)
       assert out.dtype == jnp.float64
       np.testing.assert_allclose(out, exp, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# lazy_update=True on a dense gradient (where it departs from MXNet: docs/porting.md)
+# --------------------------------------------------------------------------
+
+
+def test_adam_lazy_update_on_a_dense_gradient_skips_all_zero_rows_unlike_mxnet():
+  """MXNet is lazy only for row_sparse gradients: on a dense one, Adam(lazy_update=True)
+  is its standard update (lazy_update=False here). Here a dense gradient's all-zero
+  rows are absent: their weight and moments stay, as in MXNet's row_sparse update
+  that lists the other rows. A row with any non-zero entry gets the full update."""
+  from jax.experimental.sparse import BCOO
+
+  lr, b1, b2 = 0.1, 0.9, 0.999
+  params = {"emb": jnp.ones((3, 2))}
+  second = jnp.array([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0]])  # row 1 all zero
+  grads = [jnp.ones((3, 2)), second]
+
+  def run(tx, grads):
+    p, state = params, tx.init(params)
+    for g in grads:
+      updates, state = tx.update({"emb": g}, state, p)
+      p = optax.apply_updates(p, updates)
+    return np.asarray(p["emb"]), state
+
+  lazy, _ = run(lars_optax.adam(lr, lazy_update=True), grads)
+  dense, _ = run(lars_optax.adam(lr), grads)
+  # Both: Adam's first step is -lr (up to epsilon). At step 2, MXNet's dense rule
+  # moves row 1 by its decayed first moment: lr * sqrt(1 - b2**2) / (1 - b1**2) *
+  # (b1 (1 - b1)) / sqrt(b2 (1 - b2)).
+  moved = 1 - lr - lr * math.sqrt(1 - b2**2) / (1 - b1**2) * (b1 * (1 - b1)) / math.sqrt(
+      b2 * (1 - b2))
+  np.testing.assert_allclose(dense[1], moved, rtol=1e-5)     # 0.833: MXNet's dense numbers
+  np.testing.assert_allclose(lazy[1], 1 - lr, rtol=1e-6)     # 0.9: the row is skipped
+  np.testing.assert_allclose(lazy[[0, 2]], dense[[0, 2]], rtol=1e-6)  # present rows agree
+  assert lazy[2, 1] == dense[2, 1] != lazy[0, 1]  # a zero entry in a present row updates
+  # The dense lazy path equals the row-sparse one that lists the non-zero rows.
+  bcoo = BCOO((second[jnp.array([0, 2])], jnp.array([[0], [2]])), shape=(3, 2))
+  sparse, _ = run(lars_optax.adam(lr, lazy_update=True), [grads[0], bcoo])
+  np.testing.assert_allclose(sparse, lazy, rtol=1e-6)

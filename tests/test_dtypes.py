@@ -66,7 +66,9 @@ DTYPES_X64 = [jnp.float64, *DTYPES]
 
 
 def _make(name, mp):
-  if name == "tf_lars":  # tf_lars has no multi_precision argument: use the wrapper
+  # tf_lars has no multi_precision argument, and sgd takes it or lazy_update, not both
+  # (as MXNet's SGD asserts): use the wrapper
+  if name == "tf_lars" or (name == "sgd_lazy" and mp):
     tx = OPTIMIZERS[name]()
     return lars_optax.multi_precision(tx) if mp else tx
   return OPTIMIZERS[name](multi_precision=mp)

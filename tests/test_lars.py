@@ -169,7 +169,7 @@ def test_lars_skip_mismatched_tree_fails_at_init():
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_])  # complex: test_dtypes.py
 def test_non_float_params_rejected_at_init(name, dtype):
   opt = OPTIMIZERS[name]()
   params = {"w": jnp.ones((2,)), "layer": {"bad": jnp.ones((2,), dtype)}}

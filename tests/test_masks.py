@@ -306,6 +306,41 @@ def test_mask_in_optax_masked():
   chex.assert_trees_all_close(updates, expected)
 
 
+@pytest.mark.parametrize("arg", ["lr_mult", "wd_mult"])
+def test_leaf_values_may_name_a_leaf_that_optax_masked_hides(arg):
+  """The masked-out leaves keep their paths (MaskedNode placeholders), so a key
+  naming one is accepted, as a mask's name is; it then has no effect."""
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}, "emb": jnp.ones(3)}
+  grads = jax.tree.map(lambda p: 0.5 * p, params)
+  hide = {"dense": {"kernel": True, "bias": False}, "emb": False}
+  inner = lars_optax.create("sgd", learning_rate=0.1, wd=0.1,
+                            **{arg: {"dense/kernel": 0.5, "dense/bias": 0.0}})
+  tx = optax.masked(inner, hide)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  # kernel: lr 0.1 * (0.5 + wd 0.1 * 1), with its multiplier on lr or on wd.
+  kernel = {"lr_mult": -0.1 * 0.5 * 0.6, "wd_mult": -0.1 * (0.5 + 0.5 * 0.1)}[arg]
+  np.testing.assert_allclose(updates["dense"]["kernel"], kernel, rtol=1e-6)
+  # The hidden leaves pass through optax.masked unchanged.
+  chex.assert_trees_all_equal(updates["dense"]["bias"], grads["dense"]["bias"])
+  chex.assert_trees_all_equal(updates["emb"], grads["emb"])
+
+
+def test_leaf_values_may_name_a_leaf_under_a_subtree_that_optax_masked_hides():
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}, "emb": jnp.ones(3)}
+  tx = optax.masked(lars_optax.create("sgd", lr_mult={"dense/bias": 0.0, "emb": 2.0}),
+                    {"dense": False, "emb": True})  # a prefix: the whole subtree hidden
+  updates, _ = tx.update(params, tx.init(params), params)
+  np.testing.assert_allclose(updates["emb"], -0.1 * 2.0, rtol=1e-6)
+
+
+def test_leaf_values_key_that_names_no_leaf_still_raises_under_optax_masked():
+  params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+  tx = optax.masked(lars_optax.create("sgd", lr_mult={"bb": 0.5}), {"w": True, "b": False})
+  with pytest.raises(ValueError, match=r"^lr_mult: no parameter is named 'bb' \(did you mean "
+                                       r"\['b'\]\?\)"):
+    tx.init(params)
+
+
 def test_mask_in_add_decayed_weights():
   params = {"fc1_weight": jnp.array([[1.0, -2.0]]), "fc1_bias": jnp.array([3.0]),
             "bn_gamma": jnp.array([4.0])}

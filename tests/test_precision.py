@@ -10,6 +10,7 @@ whose steps are below float16's resolution, which only moves with the wrapper.
 """
 
 import functools
+import warnings
 
 import chex
 import jax
@@ -333,3 +334,113 @@ def test_tiny_float16_steps_only_accumulate_with_master():
   # = 9.998e-6, so after 25 steps (history[i] is the weight after i steps).
   first_move = int(np.argmax(np.asarray(mp_history, np.float32) < 1.0))
   assert first_move == 25
+
+
+# --------------------------------------------------------------------------
+# float16 without master weights: every rule that keeps squares warns at init
+# --------------------------------------------------------------------------
+
+# Rules whose state keeps squared gradients in the params' dtype. In float16 the
+# second moment of the Adam family and of LAMB/LANS underflows; the sums and
+# averages of RMSProp, AdaGrad, GroupAdaGrad, AdaDelta and FTRL overflow once
+# |g| > 256, and the weight freezes.
+_KEEPS_SQUARES = {"adabelief", "adadelta", "adagrad", "adam", "adamw", "ftml", "ftrl",
+                  "groupadagrad", "lamb", "lans", "nadam", "rmsprop"}
+# No squared gradient in the state: momentum, signs, max |g| (Adamax), the
+# previous weight (DCASGD), noise (SGLD), the LARS trust ratio.
+_NO_SQUARES = {"adamax", "dcasgd", "lars", "nag", "sgd", "sgld", "signsgd", "signum"}
+_OVERFLOWS = ["adadelta", "adagrad", "ftrl", "groupadagrad", "rmsprop"]
+
+
+def _low_precision_warnings(tx, params):
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    tx.init(params)
+  return [str(r.message) for r in record
+          if issubclass(r.category, lars_optax.LowPrecisionWarning)]
+
+
+@pytest.mark.parametrize("name", lars_optax.registered())
+def test_float16_without_master_weights_warns_for_every_rule_that_keeps_squares(name):
+  assert name in _KEEPS_SQUARES | _NO_SQUARES, (
+      f"{name!r} is new: add it to _KEEPS_SQUARES or _NO_SQUARES (does its state keep "
+      "squared gradients in the params' dtype?)")
+  params = {"w": jnp.ones((2, 3), jnp.float16), "b": jnp.ones(3, jnp.float16)}
+  found = _low_precision_warnings(lars_optax.create(name), params)
+  if name in _KEEPS_SQUARES:
+    assert len(found) == 1, (name, found)
+    expected = "parameter 'b' (and 1 more) is float16 and there are no float32 master weights"
+    assert expected in found[0], found[0]
+    assert "multi_precision=True" in found[0]
+  else:
+    assert found == [], (name, found)
+  # Where the squares are safe: float32 master weights, or bfloat16's range.
+  assert _low_precision_warnings(lars_optax.create(name, multi_precision=True), params) == []
+  bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+  assert _low_precision_warnings(lars_optax.create(name), bf16) == []
+
+
+@pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
+@pytest.mark.parametrize("name", _OVERFLOWS)
+def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(name):
+  """Why those rules warn: a gradient of 300 squares to inf in float16 (its
+  largest value is 65504). Without master weights the weight then never moves
+  again (FTRL's turns NaN); with them it trains on."""
+  params = {"w": jnp.ones(3, jnp.float16)}
+  grads = [jnp.full(3, g, jnp.float16) for g in (300.0, 1.0, 1.0, 1.0)]
+
+  def run(tx):
+    p, s = params, tx.init(params)
+    history = []
+    for g in grads:
+      u, s = tx.update({"w": g}, s, p)
+      p = optax.apply_updates(p, u)
+      history.append(np.asarray(p["w"], np.float32))
+    return history
+
+  plain = run(lars_optax.create(name))
+  after_overflow = plain[1:]
+  assert all(np.array_equal(h, plain[0]) for h in after_overflow) or not np.all(
+      np.isfinite(plain[-1])), (name, plain)
+  master = run(lars_optax.create(name, multi_precision=True))
+  assert np.all(np.isfinite(master[-1])), (name, master)
+  assert not np.array_equal(master[-1], master[0]), (name, master)
+
+
+# --------------------------------------------------------------------------
+# lazy_update with multi_precision (MXNet's SGD asserts they exclude each other)
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, multi_precision=True),
+    lambda: lars_optax.create("sgd", momentum=0.9, lazy_update=True, multi_precision=True),
+], ids=["sgd", "create_sgd"])
+def test_sgd_lazy_update_with_multi_precision_raises_at_construction(make):
+  with pytest.raises(ValueError, match=r"^lazy_update: sgd takes lazy_update=True or "
+                                       r"multi_precision=True, not both, as MXNet's SGD "
+                                       r"asserts\."):
+    make()
+
+
+def test_adam_lazy_update_with_multi_precision_on_a_bcoo_says_masters_take_dense_only():
+  """MXNet's Adam takes both flags (its SGD does not); here the float32 masters take
+  dense gradients only, and the error says so instead of suggesting lazy_update=True."""
+  from jax.experimental.sparse import BCOO
+
+  tx = lars_optax.create("adam", learning_rate=0.1, lazy_update=True, multi_precision=True)
+  params = {"emb": jnp.ones((4, 2), jnp.float16)}
+  state = tx.init(params)
+  dense = jnp.zeros((4, 2), jnp.float16).at[1].set(1.0)
+  with pytest.raises(ValueError, match=r"^multi_precision: gradient 'emb' is row-sparse \(a "
+                                       r"BCOO\), but float32 master weights take dense "
+                                       r"gradients only, also with lazy_update=True\.") as err:
+    tx.update({"emb": BCOO.fromdense(dense, n_dense=1)}, state, params)
+  assert "only row-wise lazy updates can" not in str(err.value)
+  # The advice works: the dense gradient updates only its non-zero row (Adam's
+  # first step is -lr up to epsilon), and the master keeps the others.
+  updates, state = tx.update({"emb": dense}, state, params)
+  new = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(np.asarray(new["emb"], np.float32),
+                             [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-3)
+  np.testing.assert_allclose(master_params(state, new)["emb"],
+                             [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-6)

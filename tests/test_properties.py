@@ -167,8 +167,8 @@ ZERO_GRAD = {
     "signsgd": (lambda lr, wd, wd_lh: lars_optax.signsgd(lr, wd_lh=wd_lh, wd=wd), "both"),
     "adam": (lambda lr, wd, wd_lh: lars_optax.adam(lr), None),
     "sgd": (lambda lr, wd, wd_lh: lars_optax.sgd(lr, momentum=0.9, wd=wd), "wd"),
-    "sgd_lazy_mp": (lambda lr, wd, wd_lh: lars_optax.sgd(
-        lr, momentum=0.9, wd=wd, lazy_update=True, multi_precision=True), None),
+    "sgd_lazy_mp": (lambda lr, wd, wd_lh: lars_optax.multi_precision(lars_optax.sgd(
+        lr, momentum=0.9, wd=wd, lazy_update=True)), None),
 }
 
 
@@ -203,8 +203,8 @@ PURE = {
     "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
     "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
     "adam": lambda: lars_optax.adam(optax.cosine_decay_schedule(0.01, 10), wd=1e-3),
-    "sgd_lazy_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True,
-                                          multi_precision=True),
+    "sgd_lazy_mp": lambda: lars_optax.multi_precision(lars_optax.sgd(0.1, momentum=0.9,
+                                                                     lazy_update=True)),
     "skip_nonfinite_lars": lambda: lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9)),
 }
 

@@ -8,6 +8,7 @@ The numbers of every built-in name are checked against MXNet itself in
 
 import functools
 import inspect
+import re
 import warnings
 
 import chex
@@ -103,6 +104,22 @@ def test_index_maps_are_not_needed(arg):
 def test_fused_path_switches_are_accepted_and_ignored():
   a = _run(lars_optax.create("sgd", momentum=0.9, use_fused_step=False, aggregate_num=4))
   chex.assert_trees_all_close(a, _run(lars_optax.sgd(momentum=0.9)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, kernel", [("adamw", "adamw_update"),
+                                          ("lans", "multi_lans_update")])
+def test_unfused_step_of_adamw_and_lans_is_rejected_naming_the_argument(name, kernel):
+  # MXNet 2.0's plain-Python step for these follows another rule than the fused
+  # kernel that create reproduces (for AdamW 2.3e-4 relative after 5 steps with
+  # lr 0.01, wd 0.1): accepting the flag and ignoring it would be a silent change.
+  with pytest.raises(ValueError, match=rf"^use_fused_step: {name!r} takes only "
+                                       r"use_fused_step=True \(MXNet's default\), got False: "
+                                       rf"MXNet's plain-Python step .* fused {kernel} kernel"):
+    lars_optax.create(name, wd=0.01, use_fused_step=False)
+  # MXNet's default, given explicitly (as a Python or NumPy bool), is its fused path.
+  for flag in (True, np.bool_(True)):
+    chex.assert_trees_all_close(_run(lars_optax.create(name, wd=0.01, use_fused_step=flag)),
+                                _run(lars_optax.create(name, wd=0.01)), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name, kwargs, match", [
@@ -452,6 +469,53 @@ def test_uncopyable_host_scheduler_warns_on_rollback():
   schedule(jnp.asarray(1))
   with pytest.warns(UserWarning, match="^lr_scheduler: the optimizer went back"):
     schedule(jnp.asarray(0))
+
+
+class _ForgetfulScheduler:
+  """An MXNet-style scheduler object that forgets to return its rate from
+  ``bad_from`` on (it branches on the count, so it runs on the host)."""
+
+  def __init__(self, bad_from):
+    self.base_lr, self.bad_from = 0.1, bad_from
+
+  def __call__(self, num_update):
+    if num_update >= self.bad_from:
+      return None
+    return self.base_lr
+
+
+@pytest.mark.parametrize("rate, shown", [
+    (None, "None when traced"),
+    (np.ones(2, np.float32), "an array of shape (2,) and dtype float32 when traced"),
+    (1j, "1j (complex) when traced"),
+    (True, "True (bool) when traced"),
+    ("0.1", "'0.1' (str) when traced"),
+], ids=["none", "vector", "complex", "bool", "str"])
+def test_traceable_scheduler_returning_no_real_scalar_raises_at_create(rate, shown):
+  # Before, None and a string became a NaN rate, a complex its real part.
+  with pytest.raises(TypeError, match=rf"^lr_scheduler: returned {re.escape(shown)}; it "
+                                      "must return the learning rate as a real scalar"):
+    lars_optax.create("sgd", learning_rate=None, lr_scheduler=lambda n: rate)
+
+
+def test_host_scheduler_returning_none_raises_at_create():
+  sched = _ForgetfulScheduler(bad_from=1)
+  with pytest.raises(TypeError, match=r"^lr_scheduler: returned None for update count 1; "
+                                      "it must return the learning rate as a real scalar"):
+    lars_optax.create("sgd", learning_rate=None, lr_scheduler=sched)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_host_scheduler_returning_none_later_raises_in_update_naming_lr_scheduler(jit):
+  tx = lars_optax.create("sgd", learning_rate=None, lr_scheduler=_ForgetfulScheduler(3))
+  update = jax.jit(tx.update) if jit else tx.update
+  params, g = _params(), _grads()
+  state = tx.init(params)
+  for _ in range(2):  # counts 1 and 2: the rate is 0.1
+    updates, state = update(g, state, params)
+    np.testing.assert_allclose(updates["fc1_bias"], -0.1 * g["fc1_bias"], rtol=1e-6)
+  with pytest.raises(Exception, match=r"lr_scheduler: returned None for update count 3"):
+    jax.block_until_ready(update(g, state, params))
 
 
 # --------------------------------------------------------------------------

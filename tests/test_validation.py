@@ -711,8 +711,8 @@ VARIANTS = {
     "adam": lambda: lars_optax.adam(0.1, wd=1e-3),
     "adam_lazy": lambda: lars_optax.adam(0.1, wd=1e-3, lazy_update=True),
     "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
-    "sgd_lazy_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True,
-                                          multi_precision=True),
+    "sgd_lazy_mp": lambda: lars_optax.multi_precision(
+        lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True)),
     "adagrad": lambda: lars_optax.adagrad(0.1, wd=1e-3),
     "rmsprop": lambda: lars_optax.rmsprop(0.01, wd=1e-3),
     "rmsprop_centered_mp": lambda: lars_optax.rmsprop(0.01, centered=True, clip_weights=2.0,
