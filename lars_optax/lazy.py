@@ -74,18 +74,24 @@ def lazy_update(inner: GradientTransformation, *,
   ``inner``.
 
   The buffers are found by structure: a subtree of the state with the params'
-  tree structure and, at each leaf, an array of the param's shape or an empty
-  :class:`optax.MaskedNode` (as optax, :func:`optax.masked` and
-  :func:`lars_optax.multi_precision` keep them). Buffers held in another
-  layout are not recognised and are updated densely; a state array that
-  happens to have the params' structure and shape is treated as a buffer.
+  tree structure and, at each leaf, an array whose leading axis is the
+  param's rows, whatever its other axes (the param's shape, or GroupAdaGrad's
+  ``(rows, 1)``), or an empty :class:`optax.MaskedNode` (as optax,
+  :func:`optax.masked` and :func:`lars_optax.multi_precision` keep them).
+  Buffers held in another layout are not recognised and are updated densely;
+  a state array that happens to have the params' structure and their rows
+  first is treated as a buffer.
 
   A gradient leaf may also be a row-sparse
   :class:`jax.experimental.sparse.BCOO` (``indices`` of shape ``(K, 1)``):
-  then only its K rows of the param and of every params-shaped buffer are
-  gathered, updated by ``inner`` and scattered back, in O(K) (see
+  then only its K rows of the param and of every buffer are gathered,
+  updated by ``inner`` and scattered back, in O(K) (see
   :mod:`lars_optax.sparse`); its update comes back row-sparse, and
-  ``inner`` must be row-wise (checked, with an error naming the leaf).
+  ``inner`` must be row-wise (checked, with an error naming the leaf). When
+  ``inner`` fails on the gathered rows, or returns another shape, because a
+  state leaf holding the rows was not recognised as a buffer (kept
+  transposed, or outside the params' structure), a ValueError names that
+  state leaf and says how buffers are found.
 
   Example: MXNet's ``Adam(lazy_update=True)`` is
   ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
