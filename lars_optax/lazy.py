@@ -10,6 +10,7 @@ lists its rows: :mod:`lars_optax.sparse` then updates just those, in O(rows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -173,3 +174,34 @@ def lazy_update(inner: GradientTransformation, *,
                                       dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def on_row_sparse(inner: GradientTransformation, name: str, *,
+                  check: Callable[[list[str], Any], None] | None = None
+                  ) -> GradientTransformationExtraArgs:
+  """``inner``, taking row-sparse (BCOO) gradient leaves as MXNet's ``row_sparse`` kernels do.
+
+  For optimizers whose MXNet version has a row-sparse kernel but no
+  ``lazy_update`` flag (AdaGrad, GroupAdaGrad, FTRL). A tree of dense
+  gradients gets ``inner``'s ordinary update, unchanged. A tree with
+  row-sparse leaves gets the lazy step of :func:`lazy_update` on those
+  leaves' rows, in O(rows) (:mod:`lars_optax.sparse`); its dense leaves get
+  ``inner``'s ordinary dense update (no row is skipped). ``check(names,
+  params)``, when given, is called with the names of the row-sparse leaves
+  first, to reject a setting the row-sparse step does not support.
+  Errors are prefixed with ``name``.
+  """
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    flat, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
+    if not any(_sparse.is_row_sparse(g) for g in flat):
+      return inner_tx.update(updates, state, params, **extra_args)
+    _check_rows(updates, name, "gradient")
+    if check is not None:
+      check([n for n, g in zip(_sparse._leaf_names(treedef), flat)
+             if _sparse.is_row_sparse(g)], params)
+    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+                                      lambda new, old, grad: new, name)
+
+  return GradientTransformationExtraArgs(inner_tx.init, update_fn)

@@ -201,9 +201,9 @@ def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
       raise ValueError(
           f"{where}: gradient {name!r} is row-sparse (a BCOO), which this optimizer "
           "cannot take: only row-wise lazy updates can (lars_optax.adam(..., "
-          "lazy_update=True), lars_optax.sgd(..., lazy_update=True), "
-          "lars_optax.lazy_update(tx)). Otherwise pass the dense gradient "
-          "(grad.todense()).")
+          "lazy_update=True), lars_optax.sgd(..., lazy_update=True), adagrad, "
+          "groupadagrad, ftrl, lars_optax.lazy_update(tx)). Otherwise pass the dense "
+          "gradient (grad.todense()).")
 
 
 def _leaf_names(treedef: Any) -> list[str]:
