@@ -3,7 +3,7 @@ the chain every MXNet-flavoured optimizer ends with (``finish``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
 from lars_optax.lazy import lazy_update as _lazy_update
+from lars_optax.lazy import on_row_sparse as _on_row_sparse
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
 
@@ -112,14 +113,18 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
             leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
             hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False,
-            squares: bool = False):
+            squares: bool = False, row_sparse: bool = False,
+            row_sparse_check: Callable[[list[str], Any], None] | None = None):
   """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
 
   ``complex_params``: the rule is defined on complex params (see
   :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`). ``squares``: the rule
   accumulates squared gradients in the params' dtype, so ``init`` warns for
   float16 params (without ``multi_precision``, whose master weights are
-  float32).
+  float32). ``row_sparse``: the optimizer takes row-sparse (BCOO) gradients
+  as MXNet's ``row_sparse`` kernel of it does, without a ``lazy_update`` flag
+  (see :func:`lars_optax.lazy.on_row_sparse`, which calls
+  ``row_sparse_check``).
   """
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
                                 hyperparams=hyperparams, complex_params=complex_params),
@@ -128,6 +133,8 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
     tx = warn_float16_squares(tx, name)
   if lazy:
     tx = _lazy_update(tx)
+  elif row_sparse:
+    tx = _on_row_sparse(tx, name, check=row_sparse_check)
   if multi_precision:
     tx = _multi_precision(tx)
   return tx

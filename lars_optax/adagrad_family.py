@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
@@ -117,6 +118,7 @@ def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_row_wise.row_wise("row_sum_of_squares")
 class ScaleByGroupAdagradState(NamedTuple):
   """State of :func:`scale_by_group_adagrad`.
 
@@ -224,6 +226,7 @@ def clip_params(max_abs: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@_row_wise.row_wise("z", "n")
 class FtrlProximalState(NamedTuple):
   """State of :func:`ftrl_proximal`.
 
@@ -355,6 +358,27 @@ def _check_positive_learning_rate(learning_rate: Any) -> None:
 # Optimizers
 # --------------------------------------------------------------------------
 
+def _no_decay_on_sparse(wd: float, wd_mult: masks.LeafValues):
+  """A check that no row-sparse gradient leaf has weight decay (AdaGrad's ``wd``)."""
+
+  def check(sparse_names: list[str], params: Any) -> None:
+    if params is None or utils.is_const(wd, 0):
+      return
+    mults = dict(zip([n for n, _ in masks.named_leaves(params)],
+                     masks.resolve_leaf_values(wd_mult, params, "wd_mult")))
+    for name in sparse_names:
+      decay = wd * mults.get(name, 1.0)
+      if decay != 0:
+        raise ValueError(
+            f"wd: gradient {name!r} is row-sparse (a BCOO), but its weight decay is "
+            f"{decay:g} (wd x wd_mult). Weight decay moves every row, so a step on the "
+            "rows in the gradient only would differ from the dense step (MXNet's "
+            "row-sparse AdaGrad rejects wd too). Exclude the leaf from weight decay "
+            f"(wd_mult={{{name!r}: 0.0}}) or pass the dense gradient (grad.todense()).")
+
+  return check
+
+
 @v.mxnet_names
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
@@ -381,6 +405,14 @@ def adagrad(
   The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
   scale_by_mxnet_adagrad(epsilon), optax.scale_by_learning_rate(lr)``, then
   ``lr_mult``.
+
+  A gradient leaf may be a row-sparse :class:`~jax.experimental.sparse.BCOO`
+  (see :mod:`lars_optax.sparse`), as MXNet's AdaGrad takes ``row_sparse``
+  gradients: only its rows of the weight and of :math:`h` are read and
+  written, in O(rows), and the update comes back row-sparse. An absent row's
+  step is 0 anyway, so this equals the dense step. As in MXNet, such a leaf
+  must have no weight decay (``wd`` times its ``wd_mult`` is 0; otherwise a
+  ValueError names it).
 
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
@@ -410,7 +442,8 @@ def adagrad(
   return base.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad))
+                                                  rescale_grad=rescale_grad),
+                     row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
 def groupadagrad(
@@ -440,6 +473,12 @@ def groupadagrad(
   The chain is ``scale(s), clip(c), scale_by_group_adagrad(epsilon),
   optax.scale_by_learning_rate(lr)``, then ``lr_mult``.
 
+  A gradient leaf may be a row-sparse :class:`~jax.experimental.sparse.BCOO`
+  (see :mod:`lars_optax.sparse`), as in MXNet: only its rows of the weight
+  and of :math:`h` are read and written, in O(rows), and the update comes
+  back row-sparse. An absent row's step is 0 anyway, so this equals the dense
+  step.
+
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
     epsilon: :math:`\epsilon` >= 0.
@@ -465,7 +504,8 @@ def groupadagrad(
   return base.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate,
-                                                  rescale_grad=rescale_grad))
+                                                  rescale_grad=rescale_grad),
+                     row_sparse=True)
 
 
 @v.mxnet_names
@@ -664,6 +704,13 @@ def ftrl(
   beta, wd, lr_mult=..., wd_mult=...)``: the learning rate (with ``lr_mult``)
   and ``wd`` (with ``wd_mult``) enter the rule itself.
 
+  A gradient leaf may be a row-sparse :class:`~jax.experimental.sparse.BCOO`
+  (see :mod:`lars_optax.sparse`), as MXNet's row-sparse FTRL kernel takes
+  it: only the rows in the gradient are updated (weight, :math:`z` and
+  :math:`n`), in O(rows), and the update comes back row-sparse. This is not
+  the dense step, which rewrites every weight from its state: an absent row
+  keeps its weight here, as in MXNet.
+
   Args:
     learning_rate: :math:`\alpha_t` > 0, a scalar or an optax schedule.
     lamda1: L1 coefficient :math:`\lambda_1` >= 0 (MXNet's spelling).
@@ -694,4 +741,5 @@ def ftrl(
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad, lamda1=lamda1,
-                                                  beta=beta))
+                                                  beta=beta),
+                     row_sparse=True)

@@ -10,6 +10,7 @@ lists its rows: :mod:`lars_optax.sparse` then updates just those, in O(rows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -74,18 +75,24 @@ def lazy_update(inner: GradientTransformation, *,
   ``inner``.
 
   The buffers are found by structure: a subtree of the state with the params'
-  tree structure and, at each leaf, an array of the param's shape or an empty
-  :class:`optax.MaskedNode` (as optax, :func:`optax.masked` and
-  :func:`lars_optax.multi_precision` keep them). Buffers held in another
-  layout are not recognised and are updated densely; a state array that
-  happens to have the params' structure and shape is treated as a buffer.
+  tree structure and, at each leaf, an array whose leading axis is the
+  param's rows, whatever its other axes (the param's shape, or GroupAdaGrad's
+  ``(rows, 1)``), or an empty :class:`optax.MaskedNode` (as optax,
+  :func:`optax.masked` and :func:`lars_optax.multi_precision` keep them).
+  Buffers held in another layout are not recognised and are updated densely;
+  a state array that happens to have the params' structure and their rows
+  first is treated as a buffer.
 
   A gradient leaf may also be a row-sparse
   :class:`jax.experimental.sparse.BCOO` (``indices`` of shape ``(K, 1)``):
-  then only its K rows of the param and of every params-shaped buffer are
-  gathered, updated by ``inner`` and scattered back, in O(K) (see
+  then only its K rows of the param and of every buffer are gathered,
+  updated by ``inner`` and scattered back, in O(K) (see
   :mod:`lars_optax.sparse`); its update comes back row-sparse, and
-  ``inner`` must be row-wise (checked, with an error naming the leaf).
+  ``inner`` must be row-wise (checked, with an error naming the leaf). When
+  ``inner`` fails on the gathered rows, or returns another shape, because a
+  state leaf holding the rows was not recognised as a buffer (kept
+  transposed, or outside the params' structure), a ValueError names that
+  state leaf and says how buffers are found.
 
   Example: MXNet's ``Adam(lazy_update=True)`` is
   ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
@@ -167,3 +174,34 @@ def lazy_update(inner: GradientTransformation, *,
                                       dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def on_row_sparse(inner: GradientTransformation, name: str, *,
+                  check: Callable[[list[str], Any], None] | None = None
+                  ) -> GradientTransformationExtraArgs:
+  """``inner``, taking row-sparse (BCOO) gradient leaves as MXNet's ``row_sparse`` kernels do.
+
+  For optimizers whose MXNet version has a row-sparse kernel but no
+  ``lazy_update`` flag (AdaGrad, GroupAdaGrad, FTRL). A tree of dense
+  gradients gets ``inner``'s ordinary update, unchanged. A tree with
+  row-sparse leaves gets the lazy step of :func:`lazy_update` on those
+  leaves' rows, in O(rows) (:mod:`lars_optax.sparse`); its dense leaves get
+  ``inner``'s ordinary dense update (no row is skipped). ``check(names,
+  params)``, when given, is called with the names of the row-sparse leaves
+  first, to reject a setting the row-sparse step does not support.
+  Errors are prefixed with ``name``.
+  """
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    flat, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
+    if not any(_sparse.is_row_sparse(g) for g in flat):
+      return inner_tx.update(updates, state, params, **extra_args)
+    _check_rows(updates, name, "gradient")
+    if check is not None:
+      check([n for n, g in zip(_sparse._leaf_names(treedef), flat)
+             if _sparse.is_row_sparse(g)], params)
+    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+                                      lambda new, old, grad: new, name)
+
+  return GradientTransformationExtraArgs(inner_tx.init, update_fn)

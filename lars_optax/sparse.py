@@ -202,9 +202,9 @@ def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
       raise ValueError(
           f"{where}: gradient {name!r} is row-sparse (a BCOO), which this optimizer "
           "cannot take: only row-wise lazy updates can (lars_optax.adam(..., "
-          "lazy_update=True), lars_optax.sgd(..., lazy_update=True), "
-          "lars_optax.lazy_update(tx)). Otherwise pass the dense gradient "
-          "(grad.todense()).")
+          "lazy_update=True), lars_optax.sgd(..., lazy_update=True), adagrad, "
+          "groupadagrad, ftrl, lars_optax.lazy_update(tx)). Otherwise pass the dense "
+          "gradient (grad.todense()).")
 
 
 def _leaf_names(treedef: Any) -> list[str]:
@@ -298,8 +298,7 @@ def _walk(jaxpr: Any, taints: list[frozenset]) -> list[frozenset]:
   return [read(v) for v in jaxpr.outvars]
 
 
-def _check_rowwise(fn: Callable, args: list, taints: list[frozenset], where: str) -> None:
-  closed = jax.make_jaxpr(fn)(*args)
+def _check_rowwise(closed: Any, taints: list[frozenset], where: str) -> None:
   try:
     _walk(closed.jaxpr, taints)
   except _NotRowWise as e:
@@ -343,8 +342,9 @@ def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
 
 
 def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
-  """The params-shaped fields of the states this library knows, by state type."""
+  """The row-wise fields of the states this library knows, by state type."""
   return {
+      optax.ScaleByRssState: ("sum_of_squares",),
       optax.ScaleByAdamState: ("mu", "nu"),
       optax.TraceState: ("trace",),
       optax.EmaState: ("ema",),
@@ -355,10 +355,19 @@ def _row_buffer_fields() -> dict[type, tuple[str, ...]]:
   }
 
 
-def _params_shaped_leaves(node: Any, treedef: Any, shapes: list[tuple]) -> list[Any] | None:
-  """``node`` split along the params' structure if it is a params-shaped buffer, else None.
+def _has_rows(x: Any, shape: tuple) -> bool:
+  """``x`` is an array whose leading axis has the rows of a param of ``shape``."""
+  x_shape = getattr(x, "shape", None)
+  return x_shape is not None and len(x_shape) >= 1 and len(shape) >= 1 and (
+      x_shape[0] == shape[0])
 
-  A buffer holds an array of the param's shape per leaf; wrappers such as
+
+def _params_shaped_leaves(node: Any, treedef: Any, shapes: list[tuple]) -> list[Any] | None:
+  """``node`` split along the params' structure if it is a row-wise buffer, else None.
+
+  A buffer holds, per leaf, an array whose leading axis is the param's rows:
+  the param's shape (momentum, Adam's moments) or any other trailing axes
+  (GroupAdaGrad's ``(rows, 1)`` accumulator). Wrappers such as
   :func:`lars_optax.multi_precision` or :func:`optax.masked` put an empty
   :class:`optax.MaskedNode` where they keep none.
   """
@@ -366,18 +375,18 @@ def _params_shaped_leaves(node: Any, treedef: Any, shapes: list[tuple]) -> list[
     subs = treedef.flatten_up_to(node)
   except (ValueError, TypeError):
     return None
-  fits = all(isinstance(x, optax.MaskedNode) or (hasattr(x, "shape") and x.shape == sh)
-             for x, sh in zip(subs, shapes))
+  fits = all(isinstance(x, optax.MaskedNode) or _has_rows(x, sh) for x, sh in zip(subs, shapes))
   return subs if fits and any(hasattr(x, "shape") for x in subs) else None
 
 
 def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest: Any) -> Any:
-  """Maps ``fn(buffer_leaves, *rest_leaves)`` over the params-shaped buffers of ``state``.
+  """Maps ``fn(buffer_leaves, *rest_leaves)`` over the row-wise buffers of ``state``.
 
   The buffers of the states listed in :func:`_row_buffer_fields` are their
   named fields (e.g. Adam's ``mu`` and ``nu``; not ``count``). Elsewhere they
   are found by structure: a subtree with the params' structure and, at each
-  leaf, an array of the expected shape or an empty :class:`optax.MaskedNode`
+  leaf, an array whose leading axis is the param's rows (whatever its other
+  axes) or an empty :class:`optax.MaskedNode`
   (as optax, :func:`optax.masked` and :func:`lars_optax.multi_precision` keep
   them).
   """
@@ -406,6 +415,58 @@ def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest:
         type(n) in known or subtrees(n) is not None))
 
   return walk(state, *rest)
+
+
+def _ungathered(state: Any, gathered_leaves: list, row_counts: set[int]) -> list[str]:
+  """The state leaves with a sparse leaf's rows on some axis that were not gathered."""
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  return [f"state{jax.tree_util.keystr(path)} (shape {tuple(leaf.shape)})"
+          for (path, leaf), new in zip(flat, gathered_leaves)
+          if hasattr(leaf, "shape") and tuple(leaf.shape) == tuple(np.shape(new))
+          and row_counts.intersection(leaf.shape)]
+
+
+def _ungathered_message(where: str, what: str, names: list[str], sparse: list[bool],
+                        leaves: list[str]) -> str:
+  grads = ", ".join(repr(n) for n, s in zip(names, sparse) if s)
+  return (
+      f"{where}: on the gathered rows of the row-sparse gradient {grads}, {what}. "
+      f"These state leaves were not gathered with them: {', '.join(leaves[:5])}. "
+      "A state leaf is gathered when its leading axis is the param's rows (whatever "
+      "its other axes) and it sits in a subtree with the params' tree structure, as "
+      "optax keeps its buffers. Keep row-wise buffers that way, or pass the dense "
+      "gradient (grad.todense()).")
+
+
+def _raise_ungathered(error: Exception, where: str, names: list[str], sparse: list[bool],
+                      shapes: list[tuple], state: Any, gathered_leaves: list) -> None:
+  """Raises a ValueError naming the state leaves not gathered, if any may be the cause."""
+  leaves = _ungathered(state, gathered_leaves, {sh[0] for sh, s in zip(shapes, sparse) if s})
+  if leaves:
+    first = (str(error).strip() or type(error).__name__).splitlines()[0]
+    raise ValueError(_ungathered_message(
+        where, f"the inner transformation fails ({first})", names, sparse, leaves)) from error
+
+
+def _check_gathered_shapes(out_avals: Sequence[Any], where: str, names: list[str],
+                           sparse: list[bool], shapes: list[tuple], g_in: list,
+                           state: Any, gathered_leaves: list) -> None:
+  """The inner update keeps the shapes of the gathered rows.
+
+  A state leaf left ungathered can broadcast with one gathered row into the
+  whole table, which the scatter back would not notice.
+  """
+  if len(out_avals) != len(g_in) + len(gathered_leaves):
+    return
+  wrong = [f"the update of {n!r} has shape {tuple(a.shape)}, not {tuple(np.shape(g))}"
+           for n, s, a, g in zip(names, sparse, out_avals, g_in)
+           if s and tuple(a.shape) != tuple(np.shape(g))]
+  wrong += [f"a state leaf has shape {tuple(a.shape)}, not {tuple(np.shape(x))}"
+            for a, x in zip(out_avals[len(g_in):], gathered_leaves)
+            if tuple(a.shape) != tuple(np.shape(x))]
+  if wrong:
+    leaves = _ungathered(state, gathered_leaves, {sh[0] for sh, s in zip(shapes, sparse) if s})
+    raise ValueError(_ungathered_message(where, wrong[0], names, sparse, leaves or ["none"]))
 
 
 class _Tag:
@@ -474,7 +535,14 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                            jax.tree.unflatten(tdef_s, s_leaves),
                            jax.tree.unflatten(treedef, p_leaves), **extra_args)
 
-  _check_rowwise(traced, [g_in, leaves_s, p_in], [*tags, *taint_s, *tags], where)
+  try:
+    closed = jax.make_jaxpr(traced)(g_in, leaves_s, p_in)
+  except (TypeError, ValueError) as e:
+    _raise_ungathered(e, where, names, sparse, full_shapes, state, leaves_s)
+    raise
+  _check_gathered_shapes(closed.out_avals, where, names, sparse, full_shapes, g_in, state,
+                         leaves_s)
+  _check_rowwise(closed, [*tags, *taint_s, *tags], where)
 
   new_updates, new_state = inner_tx.update(g_tree, state_in, p_tree, **extra_args)
   flat_u = treedef.flatten_up_to(new_updates)

@@ -221,3 +221,110 @@ def test_jit_and_eager_agree(name):
   a, _ = _run(NAMES[name](), jit=True)
   b, _ = _run(NAMES[name](), jit=False)
   chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Row-sparse (BCOO) gradients: adagrad, groupadagrad and ftrl take them as MXNet does
+# --------------------------------------------------------------------------
+
+ROW_SPARSE = {"adagrad": lars_optax.adagrad, "groupadagrad": lars_optax.groupadagrad,
+              "ftrl": lars_optax.ftrl}
+# (rows of each step's gradient of the 8 x 3 table; repeated rows are summed)
+SPARSE_STEPS = [[1, 4, 1], [0, 4], [7], [2, 2, 5]]
+
+
+def _table():
+  rng = np.random.default_rng(3)
+  return {"emb": jnp.asarray(rng.normal(size=(8, 3)), jnp.float32),
+          "fc1_bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+
+
+def _run_rows(tx, sparse):
+  params = _table()
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  rng = np.random.default_rng(4)
+  for rows in SPARSE_STEPS:
+    values = jnp.asarray(rng.normal(size=(len(rows), 3)), jnp.float32)
+    emb = lars_optax.row_sparse(values, jnp.asarray(rows), 8)
+    grads = {"emb": emb if sparse else emb.todense(),
+             "fc1_bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+    updates, state = update(grads, state, params)
+    if sparse:
+      assert isinstance(updates["emb"], lars_optax.RowSparseUpdate)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.adagrad(0.1, clip_gradient=1.0, wd=0.01, wd_mult={"emb": 0.0}),
+    lambda: lars_optax.create("adagrad", learning_rate=0.1, epsilon=0.1),
+    lambda: lars_optax.groupadagrad(0.1, rescale_grad=0.5, lr_mult={"emb": 2.0}),
+    lambda: lars_optax.create("groupadagrad", learning_rate=0.1),
+], ids=["adagrad", "create_adagrad", "groupadagrad", "create_groupadagrad"])
+def test_adagrad_bcoo_step_equals_the_dense_step(make):
+  """A dense leaf beside the table (with weight decay) gets its dense step."""
+  p_sparse, s_sparse = _run_rows(make(), sparse=True)
+  p_dense, s_dense = _run_rows(make(), sparse=False)
+  chex.assert_trees_all_close(p_sparse, p_dense, rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(s_sparse, s_dense, rtol=1e-6, atol=1e-7)
+  # Rows 3 and 6 never appear: untouched.
+  np.testing.assert_array_equal(p_sparse["emb"][np.array([3, 6])],
+                                _table()["emb"][np.array([3, 6])])
+
+
+def test_ftrl_bcoo_step_updates_only_the_rows_in_the_gradient():
+  """MXNet's row-sparse FTRL: an absent row keeps its weight, z and n; a present
+  row gets what the dense step on the same gradient gives it."""
+  params = _table()
+  tx = lars_optax.create("ftrl", learning_rate=0.05, lamda1=0.02, wd=0.01)
+  state = tx.init(params)
+  g = lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([1, 5]), 8)
+  grads = {"emb": g, "fc1_bias": jnp.ones(3)}
+  updates, new_state = jax.jit(tx.update)(grads, state, params)
+  dense_updates, dense_state = tx.update({**grads, "emb": g.todense()}, state, params)
+  new = optax.apply_updates(params, updates)["emb"]
+  dense = optax.apply_updates(params, dense_updates)["emb"]
+  present, absent = np.array([1, 5]), np.array([0, 2, 3, 4, 6, 7])
+  np.testing.assert_allclose(new[present], dense[present], rtol=1e-6)
+  np.testing.assert_array_equal(new[absent], params["emb"][absent])
+  assert not np.allclose(dense[absent], params["emb"][absent])  # (the dense step rewrites them)
+  for buf in ("z", "n"):
+    ours = optax.tree_utils.tree_get(new_state, buf)["emb"]
+    np.testing.assert_allclose(ours, optax.tree_utils.tree_get(dense_state, buf)["emb"],
+                               rtol=1e-6)
+  chex.assert_trees_all_close(optax.apply_updates(params, updates)["fc1_bias"],
+                              optax.apply_updates(params, dense_updates)["fc1_bias"])
+
+
+@pytest.mark.parametrize("name", sorted(ROW_SPARSE))
+def test_bcoo_step_has_no_table_sized_temporary(name):
+  n, d, k = 100_000, 32, 64
+  params = {"emb": jnp.zeros((n, d))}
+  tx = ROW_SPARSE[name]()
+  state = tx.init(params)
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((k, d)), jnp.arange(k) * 7, n)}
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+  mem = compiled.memory_analysis()
+  table = n * d * 4
+  assert mem.temp_size_in_bytes < table // 20, (mem.temp_size_in_bytes, table)
+  # The table and every buffer are updated in place.
+  buffers = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+  assert mem.alias_size_in_bytes >= table + buffers - 64
+
+
+@pytest.mark.parametrize("kwargs", [{"wd": 0.1}, {"wd": 0.1, "wd_mult": {"fc1_bias": 0.0}}])
+def test_adagrad_bcoo_with_weight_decay_names_the_leaf(kwargs):
+  params = _table()
+  tx = lars_optax.create("adagrad", **kwargs)
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((1, 3)), jnp.array([2]), 8),
+           "fc1_bias": jnp.ones(3)}
+  with pytest.raises(ValueError, match=(
+      r"wd: gradient 'emb' is row-sparse \(a BCOO\), but its weight decay is 0.1 .*"
+      r"wd_mult=\{'emb': 0.0\}")):
+    tx.update(grads, tx.init(params), params)

@@ -446,3 +446,88 @@ def test_lazy_around_multi_precision_keeps_absent_masters(mixed):
   master = lars_optax.master_params(s, p)
   np.testing.assert_allclose(master["w"][1, 0], 0.9, rtol=1e-6)
   assert p["w"][1, 0] == master["w"][1, 0].astype(jnp.float16)
+
+
+# --------------------------------------------------------------------------
+# Row-sparse (BCOO) gradients: every state leaf with the rows first is gathered
+# --------------------------------------------------------------------------
+
+
+def _table_and_bcoo(rows, width, seed=2):
+  rng = np.random.default_rng(seed)
+  params = {"emb": jnp.asarray(rng.normal(size=(6, width)), jnp.float32)}
+  values = jnp.asarray(rng.normal(size=(len(rows), width)), jnp.float32)
+  grads = {"emb": lars_optax.row_sparse(values, jnp.asarray(rows), 6)}
+  return params, grads
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("name", ["groupadagrad", "adagrad", "ftrl"])
+def test_bcoo_step_gathers_state_leaves_with_other_trailing_axes(name, width):
+  """GroupAdaGrad's (rows, 1) accumulator is gathered for rows of any width."""
+  params, grads = _table_and_bcoo([4, 0, 4], width)
+  tx = lazy_update(lars_optax.create(name))
+  state = tx.init(params)
+  for _ in range(2):
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    params_sparse = optax.apply_updates(params, updates)
+  dense = {"emb": grads["emb"].todense()}
+  state_d = tx.init(params)
+  for _ in range(2):
+    updates_d, state_d = tx.update(dense, state_d, params)
+  chex.assert_trees_all_close(params_sparse, optax.apply_updates(params, updates_d),
+                              rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(state, state_d, rtol=1e-6, atol=1e-7)
+
+
+def test_bcoo_step_gathers_an_unknown_state_of_rows_by_one():
+  """A state type lars_optax does not list, with a (rows, 1) leaf per param."""
+  from typing import NamedTuple
+
+  class RowAcc(NamedTuple):
+    acc: dict
+
+  def init(params):
+    return RowAcc(jax.tree.map(lambda p: jnp.zeros((p.shape[0], 1), p.dtype), params))
+
+  def update(updates, state, params=None):
+    del params
+    acc = jax.tree.map(lambda a, g: a + jnp.sum(g * g, axis=1, keepdims=True), state.acc,
+                       updates)
+    return jax.tree.map(lambda g, a: -g / jnp.sqrt(a + 1.0), updates, acc), RowAcc(acc)
+
+  params, grads = _table_and_bcoo([1, 3], 3)
+  tx = lazy_update(optax.GradientTransformation(init, update))
+  _, state = jax.jit(tx.update)(grads, tx.init(params), params)
+  expected = np.zeros((6, 1), np.float32)
+  expected[[1, 3], 0] = np.sum(np.asarray(grads["emb"].data) ** 2, axis=1)
+  np.testing.assert_allclose(state.acc["emb"], expected, rtol=1e-6)
+
+
+class _ColumnsFirst:
+  """A rule that keeps its accumulator transposed, (columns, rows): not gatherable."""
+
+  @staticmethod
+  def tx():
+    def init(params):
+      return {"acc_t": [jnp.zeros_like(p).T for p in jax.tree.leaves(params)]}
+
+    def update(updates, state, params=None):
+      del params
+      g = jax.tree.leaves(updates)[0]
+      acc = state["acc_t"][0] + (g * g).T
+      u = jax.tree.map(lambda x: x / (1.0 + acc.T), updates)
+      return u, {"acc_t": [acc]}
+
+    return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize("rows", [[0, 3], [2]], ids=["broadcast_error", "broadcasts_silently"])
+def test_bcoo_step_names_a_state_leaf_it_cannot_gather(rows):
+  params, grads = _table_and_bcoo(rows, 3)
+  tx = lazy_update(_ColumnsFirst.tx())
+  with pytest.raises(ValueError, match=(
+      r"lazy_update: on the gathered rows of the row-sparse gradient 'emb', .*"
+      r"not gathered with them: state\['acc_t'\]\[0\] \(shape \(3, 6\)\)\. "
+      r"A state leaf is gathered when its leading axis is the param's rows")):
+    tx.update(grads, tx.init(params), params)

@@ -608,10 +608,141 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
   chex.assert_trees_all_close(sharded(params, state, ids, y), single, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(set(lars_optax.registered()) - {"adam", "sgd"}))
+@pytest.mark.parametrize("name", sorted(set(lars_optax.registered()) - {
+    "adam", "sgd", "adagrad", "groupadagrad", "ftrl"}))
 def test_every_registered_optimizer_without_lazy_updates_rejects_a_bcoo_naming_the_leaf(name):
   params = {"emb": jnp.ones((5, 3))}
   grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([0, 3]), 5)}
   tx = lars_optax.create(name)
   with pytest.raises(ValueError, match=rf"{name}: gradient 'emb' is row-sparse \(a BCOO\)"):
     tx.update(grads, tx.init(params), params)
+
+
+# --------------------------------------------------------------------------
+# Applying a row-sparse update: optax, Equinox, Flax TrainState, nnx.Optimizer
+# --------------------------------------------------------------------------
+
+SPARSE_ROWS = np.array([1, 4, 9])
+
+
+def _rows_grad(dense):
+  """The rows SPARSE_ROWS of a dense table gradient, as a row-sparse BCOO."""
+  return lars_optax.row_sparse(dense[SPARSE_ROWS], jnp.asarray(SPARSE_ROWS), dense.shape[0])
+
+
+def _table_grad(shape, seed=5):
+  rng = np.random.default_rng(seed)
+  g = np.zeros(shape, np.float32)
+  g[SPARSE_ROWS] = rng.normal(size=(len(SPARSE_ROWS), shape[1]))
+  return jnp.asarray(g)
+
+
+class _EqxBag:
+  """An Equinox embedding bag (an Embedding and an MLP whose activation is a leaf)."""
+
+  @staticmethod
+  def model():
+    import equinox as eqx
+
+    class Bag(eqx.Module):
+      emb: eqx.nn.Embedding
+      mlp: eqx.nn.MLP
+
+      def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.emb = eqx.nn.Embedding(12, 4, key=k1)
+        self.mlp = eqx.nn.MLP(4, 1, 8, 1, key=k2)
+
+    return Bag(jax.random.key(0))
+
+  @staticmethod
+  def grads(model, sparse):
+    import equinox as eqx
+
+    params = eqx.filter(model, eqx.is_array)
+    dense = jax.tree.map(jnp.ones_like, params)
+    table = _table_grad(model.emb.weight.shape)
+    return eqx.tree_at(lambda m: m.emb.weight, dense, _rows_grad(table) if sparse else table)
+
+
+def test_equinox_model_takes_a_row_sparse_update_through_optax_apply_updates():
+  """The idiom of docs/troubleshooting.md: apply to the arrays, then combine."""
+  import equinox as eqx
+
+  model = _EqxBag.model()
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  params = eqx.filter(model, eqx.is_array)
+  state = tx.init(params)
+
+  @eqx.filter_jit
+  def step(model, state, grads):
+    params, static = eqx.partition(model, eqx.is_array)
+    updates, state = tx.update(grads, state, params)
+    return eqx.combine(optax.apply_updates(params, updates), static), state
+
+  new, _ = step(model, state, _EqxBag.grads(model, sparse=True))
+  dense_updates, _ = tx.update(_EqxBag.grads(model, sparse=False), state, params)
+  expected = eqx.apply_updates(model, dense_updates)
+  chex.assert_trees_all_close(eqx.filter(new, eqx.is_array),
+                              eqx.filter(expected, eqx.is_array), rtol=1e-6)
+  assert new.mlp.activation is model.mlp.activation
+  changed = np.nonzero(np.any(np.asarray(new.emb.weight != model.emb.weight), axis=1))[0]
+  np.testing.assert_array_equal(changed, SPARSE_ROWS)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "eqx.apply_updates maps over the updates first, so a row-sparse update (a pytree "
+    "node, so that it can leave jit) must match the model's array leaf: 'pytree "
+    "structure error'. docs/troubleshooting.md gives the optax.apply_updates idiom."))
+def test_equinox_apply_updates_takes_a_row_sparse_update():
+  import equinox as eqx
+
+  model = _EqxBag.model()
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  params = eqx.filter(model, eqx.is_array)
+  updates, _ = tx.update(_EqxBag.grads(model, sparse=True), tx.init(params), params)
+  new = eqx.apply_updates(model, updates)
+  chex.assert_trees_all_close(eqx.filter(new, eqx.is_array),
+                              optax.apply_updates(params, updates))
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad", "ftrl"])
+def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name):
+  from flax.training import train_state
+
+  tx = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
+        "adagrad": lambda: lars_optax.create("adagrad", learning_rate=0.1),
+        "ftrl": lambda: lars_optax.create("ftrl")}[name]()
+  params = {"emb": jnp.asarray(np.random.default_rng(0).normal(size=(12, 4)), jnp.float32),
+            "w": jnp.ones((4,))}
+  grads = {"emb": _rows_grad(_table_grad((12, 4))), "w": jnp.full((4,), 0.5)}
+  ts = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+  new = jax.jit(lambda ts, g: ts.apply_gradients(grads=g))(ts, grads)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  chex.assert_trees_all_close(new.params, optax.apply_updates(params, updates), rtol=1e-6)
+  changed = np.nonzero(np.any(np.asarray(new.params["emb"] != params["emb"]), axis=1))[0]
+  np.testing.assert_array_equal(changed, SPARSE_ROWS)
+
+
+def test_nnx_optimizer_update_equals_optax_apply_updates():
+  from flax import nnx
+
+  class Bag(nnx.Module):
+    def __init__(self, rngs):
+      self.embed = nnx.Embed(12, 4, rngs=rngs)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+  model = Bag(nnx.Rngs(0))
+  tx = lars_optax.create("groupadagrad", learning_rate=0.1)
+  _, params = nnx.split(model, nnx.Param)
+  grads = jax.tree.map(jnp.ones_like, params)
+  grads["embed"]["embedding"] = nnx.Param(_rows_grad(_table_grad((12, 4))))
+  pure = nnx.to_pure_dict(params)
+  pure_grads = jax.tree.map(lambda g: g, nnx.to_pure_dict(grads),
+                            is_leaf=lars_optax.is_row_sparse)
+  updates, _ = tx.update(pure_grads, tx.init(pure), pure)
+  expected = optax.apply_updates(pure, updates)
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  optimizer.update(model, grads)
+  chex.assert_trees_all_close(nnx.to_pure_dict(nnx.state(model, nnx.Param)), expected,
+                              rtol=1e-6)
