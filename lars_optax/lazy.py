@@ -159,7 +159,9 @@ def lazy_update(inner: GradientTransformation, *,
   def _sparse_update(updates, state, params, extra_args):
     # Row-sparse (BCOO) leaves: gather, update and scatter their rows
     # (lars_optax.sparse); dense leaves in the tree follow the rule above.
-    _check_rows(updates, "lazy_update", "gradient")
+    # (A row-sparse leaf's rows are its values'; its index digest is 0-d.)
+    _check_rows(jax.tree.map(lambda g: g.data if _sparse.is_row_sparse(g) else g, updates,
+                             is_leaf=_sparse.is_row_sparse), "lazy_update", "gradient")
     def dense_step(new, old, grad):
       return _keep_rows(new, old, rows_present([grad])[0])
 

@@ -315,10 +315,19 @@ def test_out_of_range_rows_raise_when_concrete(row):
     _lazy_update_error(_bcoo(np.ones((1, 2), np.float32), [row], (4, 2)))
 
 
-def test_out_of_range_rows_are_dropped_under_jit():
+@pytest.mark.parametrize("row", [-1, 5, 100])
+def test_out_of_range_rows_raise_under_jit(row):
   params = {"emb": jnp.ones((4, 2))}
   tx = lars_optax.sgd(1.0, lazy_update=True)
-  g = _bcoo(np.ones((3, 2), np.float32), [-1, 1, 9], (4, 2))
+  g = _bcoo(np.ones((3, 2), np.float32), [1, row, 2], (4, 2))
+  with pytest.raises(Exception, match=rf"gradient 'emb' has row indices out of range .*\[{row}\]"):
+    jax.block_until_ready(jax.jit(tx.update)({"emb": g}, tx.init(params), params))
+
+
+def test_padding_index_is_not_out_of_range_under_jit():
+  params = {"emb": jnp.ones((4, 2))}
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  g = _bcoo(np.ones((3, 2), np.float32), [4, 1, 4], (4, 2))
   updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
   new = optax.apply_updates(params, updates)["emb"]
   np.testing.assert_array_equal(new, [[1, 1], [0, 0], [1, 1], [1, 1]])
