@@ -726,9 +726,25 @@ def _dynamic_slice_as_gather(ndim: int) -> Any:
       offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
 
 
+def _varying(aval: Any) -> frozenset:
+  """The mesh axes along which a value of this type varies inside ``shard_map``.
+
+  Empty outside ``shard_map`` and with ``check_vma=False``. (JAX spells it
+  ``aval.vma``, or ``aval.mat.varying`` in newer versions.)
+  """
+  mat = getattr(aval, "mat", None)
+  if mat is not None and hasattr(mat, "varying"):
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", ()) or ())
+
+
 def _vma(x: Any) -> frozenset:
-  """The mesh axes along which ``x`` varies inside ``shard_map`` (empty elsewhere)."""
-  return frozenset(getattr(jax.typeof(x), "vma", ()) or ())
+  return _varying(jax.typeof(x))
+
+
+def _out_vma(eqn: Any) -> frozenset:
+  """The mesh axes along which an equation's (first) result varies, from the jaxpr."""
+  return _varying(eqn.outvars[0].aval)
 
 
 def _gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
@@ -773,7 +789,7 @@ class _Interpreter:
     self.lookups: list[_Lookup] = []
 
   def lookup(self, table: _Table, out: jax.Array, indices: jax.Array, dnums: Any,
-             slice_sizes: Sequence[int], row: int, clip: bool) -> jax.Array:
+             slice_sizes: Sequence[int], row: int, clip: bool, vma: frozenset) -> jax.Array:
     """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
     n = table.value.shape[0]
     rows = indices[..., row]
@@ -791,7 +807,7 @@ class _Interpreter:
       raise_at_run_time(jnp.any(valid & ~found), _too_many_rows(table.name, size),
                         rows, valid)
     k = len(self.lookups)
-    self.lookups.append(_Lookup(table.index, uniq, _vma(out)))
+    self.lookups.append(_Lookup(table.index, uniq, vma))
     shape = (size, *table.value.shape[1:])
     delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
     # The same gather on delta, with the row replaced by its slot (out of range,
@@ -833,14 +849,14 @@ class _Interpreter:
       if row is not None:
         out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]]).astype(table.dtype)
         clip = "CLIP" in str(eqn.params.get("mode"))
-        return self.lookup(table, out, invals[1], dnums, sizes, row, clip)
+        return self.lookup(table, out, invals[1], dnums, sizes, row, clip, _out_vma(eqn))
     if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
         eqn.params["slice_sizes"]) == (1, *shape[1:]):
       # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
       out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]]).astype(table.dtype)
       starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
       return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
-                         eqn.params["slice_sizes"], 0, True)
+                         eqn.params["slice_sizes"], 0, True, _out_vma(eqn))
     if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table:
       # A cast followed by a lookup is a lookup followed by a cast.
       new_dtype = eqn.params.get("new_dtype")
