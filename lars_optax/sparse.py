@@ -165,10 +165,10 @@ class RowSparseUpdate(BCOO):
     other = jnp.asarray(other)
     if other.shape != tuple(self.shape):
       return NotImplemented
-    check_indices("a row-sparse update", self, other.shape[0], "apply_updates",
-                  hint=_AFTER_HINT)
+    ok = check_indices("a row-sparse update", self, other.shape[0], "apply_updates",
+                       hint=_AFTER_HINT)
     values = self.data.astype(jnp.result_type(other.dtype, self.data.dtype))
-    return other.astype(values.dtype).at[self.indices[:, 0]].add(values, mode="drop")
+    return other.astype(values.dtype).at[self.indices[:, 0] + ok].add(values, mode="drop")
 
   def __radd__(self, other: Any) -> Any:
     if isinstance(other, BCOO):
@@ -221,34 +221,44 @@ _ADDED_HINT = (
     "lars_optax.multi_steps(tx, k).")
 
 
-def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> None:
+def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> Any:
   """Raises ``ValueError(report(*operands))`` when ``bad`` is true, also under ``jit``.
 
-  Concrete ``bad`` (outside ``jit``): raises now. Traced: a ``lax.cond`` on
-  ``bad`` whose true branch calls a host callback (:func:`jax.debug.callback`)
-  that raises. The check costs the reduction that makes ``bad`` and one
-  branch per step; the operands go to the host only when ``bad`` holds. The
-  error reaches the caller as a ``JaxRuntimeError`` ending with the message,
-  when the step's results are read.
+  Concrete ``bad`` (outside ``jit``): raises now and returns ``0``. Traced:
+  returns a zero int32 scalar from a ``lax.cond`` on ``bad`` whose true
+  branch calls a host callback (:func:`jax.pure_callback`) that raises. The
+  caller adds the zero to an index it uses, so the check cannot be pruned.
+  A pure callback (unlike :func:`jax.debug.callback`) adds no side effect to
+  the compiled step, which keeps JAX's fast dispatch path: the check costs
+  the reduction that makes ``bad`` and one branch per step, and the operands
+  go to the host only when ``bad`` holds. The error reaches the caller as a
+  ``JaxRuntimeError`` ending with the message, when the step's results are
+  read.
   """
   if not isinstance(bad, jax.core.Tracer):
     if bool(bad):
       raise ValueError(report(*[np.asarray(x) for x in operands]))
-    return
+    return 0
 
-  def fail(*ops):
-    raise ValueError(report(*[np.asarray(x) for x in ops]))
+  def fail(bad, *ops):
+    if np.any(bad):  # (under vmap both branches may run: look at the flag)
+      raise ValueError(report(*[np.asarray(x) for x in ops]))
+    return np.zeros((), np.int32)
 
-  jax.lax.cond(bad, lambda ops: jax.debug.callback(fail, *ops), lambda ops: None, operands)
+  zero = jax.ShapeDtypeStruct((), jnp.int32)
+  return jax.lax.cond(
+      bad, lambda ops: jax.pure_callback(fail, zero, bad, *ops, vmap_method="sequential"),
+      lambda ops: jnp.zeros((), jnp.int32), operands)
 
 
 def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
-                  hint: str = _BEFORE_HINT) -> None:
+                  hint: str = _BEFORE_HINT) -> Any:
   """The row indices are integers, unchanged since made, and in ``[0, num_rows]``.
 
   ``num_rows`` itself marks padding. The digest of a :class:`RowSparseUpdate`
   and the range are checked together, at run time under ``jit``
-  (:func:`raise_at_run_time`).
+  (:func:`raise_at_run_time`, whose zero the caller adds to the indices it
+  uses).
   """
   if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
     raise TypeError(
@@ -256,7 +266,7 @@ def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
         f"{grad.indices.dtype}; row indices must be integers. {hint}")
   idx = grad.indices.reshape(-1)
   if not idx.size:
-    return
+    return 0
   out = (idx < 0) | (idx > num_rows)
   bad = jnp.any(out)
   fingerprint = getattr(grad, "fingerprint", None) if isinstance(grad, RowSparseUpdate) else None
@@ -280,11 +290,14 @@ def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
             f"padding index {num_rows}): {wrong[:5].tolist()}. Ids past the table, or "
             f"indices changed by a transformation that walked into the BCOO: {hint}")
 
-  raise_at_run_time(bad, report, idx, changed)
+  return raise_at_run_time(bad, report, idx, changed)
 
 
-def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
-  """The layout, index dtype, shape and index range (and digest) of one leaf."""
+def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> Any:
+  """The layout, index dtype, shape and index range (and digest) of one leaf.
+
+  Returns the zero of :func:`check_indices`, to add to the indices used.
+  """
   shape = tuple(np.shape(param))
   if isinstance(param, BCOO):
     raise TypeError(
@@ -309,7 +322,7 @@ def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
     raise TypeError(
         f"{where}: gradient {name!r} has values of dtype {grad.data.dtype}; only "
         "real floating point values are supported.")
-  check_indices(f"gradient {name!r}", grad, shape[0], where)
+  return check_indices(f"gradient {name!r}", grad, shape[0], where)
 
 
 def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
@@ -583,8 +596,9 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
   p_in: list[Any] = []
   for name, g, p, s in zip(names, flat_g, flat_p, sparse):
     if s:
-      check_row_sparse(name, g, p, where)
+      ok = check_row_sparse(name, g, p, where)
       r, values = _combine(g, p.shape[0])
+      r = r + jnp.asarray(ok, r.dtype)
       rows.append(r)
       g_in.append(values)
       p_in.append(_gather(p, r))
@@ -670,9 +684,10 @@ def sparse_psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
     if not is_row_sparse(x):
       out = utils.collective(jax.lax.psum, x, axis_name)
       return out / n if mean else out
-    check_indices("a row-sparse leaf", x, x.shape[0], "sparse_psum")
+    ok = check_indices("a row-sparse leaf", x, x.shape[0], "sparse_psum")
     data = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.data, axis_name)
-    idx = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.indices, axis_name)
+    idx = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True),
+                           x.indices + jnp.asarray(ok, x.indices.dtype), axis_name)
     return RowSparseUpdate((data / n if mean else data, idx), shape=x.shape)
 
   return jax.tree.map(one, tree, is_leaf=is_row_sparse)
@@ -804,8 +819,9 @@ class _Interpreter:
     slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, size - 1)
     found = valid & (uniq[slot] == rows)
     if self.max_rows is not None:
-      raise_at_run_time(jnp.any(valid & ~found), _too_many_rows(table.name, size),
-                        rows, valid)
+      ok = raise_at_run_time(jnp.any(valid & ~found), _too_many_rows(table.name, size),
+                             rows, valid)
+      uniq = uniq + jnp.asarray(ok, uniq.dtype)
     k = len(self.lookups)
     self.lookups.append(_Lookup(table.index, uniq, vma))
     shape = (size, *table.value.shape[1:])
