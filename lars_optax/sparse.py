@@ -62,11 +62,14 @@ A whole training loop (Flax linen; the other frameworks work the same way)::
 With ``jax.jit(train_step, donate_argnums=(0, 1))`` the table, Adam's moments
 and the step are updated in place.
 
-Out-of-range indices (negative or >= the number of rows) in a row-sparse
-gradient are dropped under ``jit``, as JAX's scatter drops them. When the
-indices are concrete (outside ``jit``) they raise a ValueError naming the leaf,
-except the index equal to the number of rows: that one marks padding, as in
-BCOO's own padded arrays (:func:`sparse_value_and_grad` pads with it).
+Out-of-range indices (negative or > the number of rows) in a row-sparse
+gradient raise a ValueError naming the leaf: at once outside ``jit``, at run
+time under ``jit`` (a host callback in a ``lax.cond``, called only on error).
+The index equal to the number of rows marks padding, as in BCOO's own padded
+arrays (:func:`sparse_value_and_grad` pads with it). A generic optax
+transformation or ``jax.tree.map`` walks into a BCOO and changes its indices:
+use :func:`lars_optax.clip_by_global_norm`, :func:`lars_optax.multi_steps`
+and :func:`lars_optax.tree_add` (see :mod:`lars_optax.sparse_optax`).
 
 Inner transformations must be *row-wise*: every row of their output may depend
 only on the same row of the gradient, params and state (Adam, SGD, momentum,
