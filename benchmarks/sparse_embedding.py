@@ -20,6 +20,14 @@ their rows, a linear layer, squared error): gradients from
     python benchmarks/sparse_embedding.py --mxnet-python .venv-mx2/bin/python
     python benchmarks/sparse_embedding.py --rows 10000000 --sparse-only
     python benchmarks/sparse_embedding.py --quick     # a small smoke run
+    python benchmarks/sparse_embedding.py --companions   # checks, clipping, multi_steps
+
+``--companions`` times, on the same table and gradient, the sparse Adam step
+with its run-time index checks left out (the cost of the checks), and
+``lars_optax.clip_by_global_norm`` chained before it (target: within 1.5x of
+the plain step); and compares ``lars_optax.multi_steps``' compiled temporary
+memory (``memory_analysis()``, donated buffers) for the table and one 10x
+smaller (target: independent of the table's size).
 
 All variants run in one process: the dense (O(table)) ones interleaved round
 by round, then the sparse (O(rows)) ones, so that the dense steps' sweeps over
@@ -179,6 +187,92 @@ def train_cases(rows: int, dim: int, batch: int, bag: int,
   return cases
 
 
+def _unchecked(make: Callable) -> Callable:
+  """``make()`` traced with lars_optax's run-time index checks left out (for their cost)."""
+  from lars_optax import sparse as sparse_mod
+
+  def build(*args):
+    checked = sparse_mod.raise_at_run_time
+    sparse_mod.raise_at_run_time = lambda *a, **k: 0
+    try:
+      return make(*args)
+    finally:
+      sparse_mod.raise_at_run_time = checked
+
+  return build
+
+
+def companion_cases(rows: int, dim: int, touched: int) -> list[Case]:
+  """The sparse step with and without its checks, and after a global-norm clip."""
+  rng = np.random.default_rng(0)
+  idx = np.sort(rng.choice(rows, touched, replace=False)).astype(np.int32)
+  values = rng.normal(size=(touched, dim)).astype(np.float32)
+  grads = {"table": lars_optax.RowSparseUpdate(
+      (jnp.asarray(values), jnp.asarray(idx)[:, None]), shape=(rows, dim), unique_indices=True)}
+
+  def case(name, tx, checks=True):
+    p = {"table": jnp.asarray(rng.standard_normal((rows, dim), dtype=np.float32))}
+    make = (lambda: Case(name, _optimizer_step(tx), p, tx.init(p), (grads,)))
+    return make() if checks else _unchecked(make)()
+
+  lazy = lars_optax.adam(LR, lazy_update=True)
+  return [
+      case("sparse Adam step, run-time index checks left out", lazy, checks=False),
+      case("sparse Adam step (with the checks)", lazy),
+      case("lars_optax.clip_by_global_norm(1.0) + sparse Adam step",
+           optax.chain(lars_optax.clip_by_global_norm(1.0), lazy)),
+  ]
+
+
+def multi_steps_temp_bytes(rows: int, dim: int, touched: int, k: int = 4) -> int:
+  """Compiled temporary bytes of a multi_steps(lazy Adam) step, buffers donated."""
+  params = {"table": jnp.zeros((rows, dim), jnp.float32)}
+  tx = lars_optax.multi_steps(lars_optax.adam(LR, lazy_update=True), k, sparse="table",
+                              nse=touched)
+  grads = {"table": lars_optax.row_sparse(jnp.ones((touched, dim)), jnp.arange(touched), rows)}
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, tx.init(params), grads).compile()
+  return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def companions_report(args: argparse.Namespace) -> str:
+  cases = companion_cases(args.rows, args.dim, args.touched)
+  for _ in range(args.rounds):
+    for case in cases:
+      case.run()
+  ms = [statistics.median(c.times) * 1e3 for c in cases]
+  small_rows = max(args.rows // 10, args.touched * 4 + 1)
+  big, small = (multi_steps_temp_bytes(r, args.dim, args.touched) for r in (args.rows, small_rows))
+  lines = [
+      (f"{args.rows:,} x {args.dim} float32 table, gradient in {args.touched:,} rows "
+       f"(unique_indices=True), median of {args.rounds} rounds; JAX {jax.__version__} on "
+       f"{jax.default_backend()}."),
+      "",
+      "| | median step (ms) | vs the step with checks |",
+      "|---|---|---|",
+      *[f"| {c.name} | {m:.3f} | {m / ms[1]:.2f}x |" for c, m in zip(cases, ms)],
+      "",
+      (f"multi_steps(adam(lazy_update=True), 4, nse={args.touched}) compiled temporary "
+       f"memory: {big:,} bytes with {args.rows:,} rows, {small:,} bytes with "
+       f"{small_rows:,} rows (the table: {args.rows * args.dim * 4:,} bytes)."),
+      "",
+      "Targets:",
+      "",
+      f"- run-time checks cost {ms[1] - ms[0]:+.3f} ms per step ({ms[1] / ms[0]:.2f}x)",
+      (f"- clip + sparse Adam <= 1.5x the sparse step ({ms[2] / ms[1]:.2f}x): "
+       f"{'met' if ms[2] <= 1.5 * ms[1] else 'MISSED'}"),
+      (f"- multi_steps' temporary memory independent of the table's size: "
+       f"{'met' if abs(big - small) < args.rows * args.dim * 4 // 20 else 'MISSED'}"),
+  ]
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
 def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rows", type=int, default=1_000_000)
@@ -191,11 +285,16 @@ def main(argv: list[str] | None = None) -> str:
                       help="a Python that can import mxnet 2.0 (default: skip MXNet)")
   parser.add_argument("--sparse-only", action="store_true",
                       help="only the sparse step (for tables too big to hold several copies)")
+  parser.add_argument("--companions", action="store_true",
+                      help="the cost of the run-time checks, clip_by_global_norm + Adam, and "
+                           "multi_steps' memory for two table sizes")
   parser.add_argument("--quick", action="store_true",
                       help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
   if parser.parse_args(argv).quick:  # small defaults; explicit options still win
     parser.set_defaults(rows=20_000, touched=64, batch=16, bag=4, rounds=3)
   args = parser.parse_args(argv)
+  if args.companions:
+    return companions_report(args)
 
   mx = "not run (no --mxnet-python)"
   if args.mxnet_python:

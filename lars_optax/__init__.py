@@ -83,6 +83,7 @@ from lars_optax.sparse import (
     sparse_psum,
     sparse_value_and_grad,
 )
+from lars_optax.sparse_optax import MultiStepsState, clip_by_global_norm, multi_steps, tree_add
 from lars_optax.svrg import (
     SVRGState,
     full_gradient,
@@ -134,6 +135,7 @@ __all__ = [
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
+    "MultiStepsState",
     "NormalizePerLeafState",
     "PerLeafState",
     "RowSparseUpdate",
@@ -162,6 +164,7 @@ __all__ = [
     "by_substring",
     "by_suffix",
     "check_inputs",
+    "clip_by_global_norm",
     "clip_params",
     "create",
     "dcasgd",
@@ -183,6 +186,7 @@ __all__ = [
     "masks",
     "master_params",
     "multi_precision",
+    "multi_steps",
     "mxnet_momentum",
     "mxnet_schedule",
     "nadam",
@@ -223,5 +227,6 @@ __all__ = [
     "svrg_snapshot",
     "svrg_value_and_grads",
     "tf_lars",
+    "tree_add",
     "trust_ratios",
 ]

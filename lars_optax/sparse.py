@@ -62,11 +62,14 @@ A whole training loop (Flax linen; the other frameworks work the same way)::
 With ``jax.jit(train_step, donate_argnums=(0, 1))`` the table, Adam's moments
 and the step are updated in place.
 
-Out-of-range indices (negative or >= the number of rows) in a row-sparse
-gradient are dropped under ``jit``, as JAX's scatter drops them. When the
-indices are concrete (outside ``jit``) they raise a ValueError naming the leaf,
-except the index equal to the number of rows: that one marks padding, as in
-BCOO's own padded arrays (:func:`sparse_value_and_grad` pads with it).
+Out-of-range indices (negative or > the number of rows) in a row-sparse
+gradient raise a ValueError naming the leaf: at once outside ``jit``, at run
+time under ``jit`` (a host callback in a ``lax.cond``, called only on error).
+The index equal to the number of rows marks padding, as in BCOO's own padded
+arrays (:func:`sparse_value_and_grad` pads with it). A generic optax
+transformation or ``jax.tree.map`` walks into a BCOO and changes its indices:
+use :func:`lars_optax.clip_by_global_norm`, :func:`lars_optax.multi_steps`
+and :func:`lars_optax.tree_add` (see :mod:`lars_optax.sparse_optax`).
 
 Inner transformations must be *row-wise*: every row of their output may depend
 only on the same row of the gradient, params and state (Adam, SGD, momentum,
@@ -78,7 +81,7 @@ ValueError naming the leaf instead of returning a different answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,22 +113,66 @@ def is_row_sparse(x: Any) -> bool:
   return isinstance(x, BCOO)
 
 
+def _fingerprint(indices: jax.Array) -> jax.Array:
+  """A uint32 digest of the row indices: ``sum_i h(indices[i])`` with ``h(0) == 0``.
+
+  ``h`` mixes the bits (multiply, shift, xor), so the digest is not additive:
+  the digest of ``i1 + i2`` (what ``jax.tree.map(jnp.add, g1, g2)`` makes of
+  two gradients' indices) differs from the sum of their digests, except with
+  a probability near 2**-32. Adding an all-zero tree (``optax.tree.zeros_like``)
+  keeps it, as it keeps the rows.
+  """
+  x = jnp.asarray(indices).astype(jnp.uint32) * jnp.uint32(0x9E3779B1)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x85EBCA77)
+  x = x ^ (x >> 13)
+  return jnp.sum(x, dtype=jnp.uint32)
+
+
 @jax.tree_util.register_pytree_node_class
 class RowSparseUpdate(BCOO):
-  """A row-sparse BCOO whose sum with a dense array is a scatter-add.
+  """A row-sparse BCOO, as lars_optax makes them: gradients and updates.
 
-  ``dense + update`` (as :func:`optax.apply_updates` computes it) returns
-  ``dense.at[indices[:, 0]].add(values, mode="drop")``: O(K) work, and in
-  place under ``jit`` when ``dense`` is donated. Everything else behaves as
-  a :class:`~jax.experimental.sparse.BCOO`.
+  :func:`sparse_value_and_grad`, :func:`row_sparse`, :func:`tree_add`,
+  :func:`sparse_psum` and the lazy optimizers return this
+  :class:`~jax.experimental.sparse.BCOO` subclass. It differs from a BCOO
+  in two ways:
+
+  * ``dense + update`` (as :func:`optax.apply_updates` computes it) returns
+    ``dense.at[indices[:, 0]].add(values, mode="drop")``: O(K) work, and in
+    place under ``jit`` when ``dense`` is donated (a plain BCOO densifies);
+  * it carries a digest of its row indices (the pytree leaf
+    ``fingerprint``). ``jax.tree.map`` walks into a BCOO, so
+    ``jax.tree.map(jnp.add, g1, g2)`` adds the two gradients' *row
+    indices*; the optimizers and ``apply_updates`` compare the digest and
+    raise an error naming the leaf instead of updating the wrong rows (under
+    ``jit`` at run time). Sum such trees with :func:`tree_add`.
   """
+
+  def __init__(self, args: tuple[Any, Any], *, shape: Sequence[int],
+               indices_sorted: bool = False, unique_indices: bool = False):
+    super().__init__(args, shape=shape, indices_sorted=indices_sorted,
+                     unique_indices=unique_indices)
+    self.fingerprint = _fingerprint(self.indices)
+
+  def tree_flatten(self) -> tuple[tuple[Any, Any, Any], dict]:
+    return (self.data, self.indices, self.fingerprint), self._info._asdict()
+
+  @classmethod
+  def tree_unflatten(cls, aux_data: dict, children: Sequence[Any]) -> RowSparseUpdate:
+    obj = object.__new__(cls)
+    obj.data, obj.indices, obj.fingerprint = children
+    obj.__dict__.update(**aux_data)
+    return obj
 
   def _scatter_add(self, other: Any) -> Any:
     other = jnp.asarray(other)
     if other.shape != tuple(self.shape):
       return NotImplemented
+    ok = check_indices("a row-sparse update", self, other.shape[0], "apply_updates",
+                       hint=_AFTER_HINT)
     values = self.data.astype(jnp.result_type(other.dtype, self.data.dtype))
-    return other.astype(values.dtype).at[self.indices[:, 0]].add(values, mode="drop")
+    return other.astype(values.dtype).at[self.indices[:, 0] + ok].add(values, mode="drop")
 
   def __radd__(self, other: Any) -> Any:
     if isinstance(other, BCOO):
@@ -138,16 +185,17 @@ class RowSparseUpdate(BCOO):
     return self._scatter_add(other)
 
 
-def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
+def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> RowSparseUpdate:
   """A row-sparse gradient: ``values[i]`` is the gradient of row ``rows[i]``.
 
-  Returns ``BCOO((values, rows[:, None]), shape=(num_rows, *values.shape[1:]))``,
-  the layout :func:`lars_optax.lazy_update` takes. Repeated rows are summed by
-  the optimizer; the index ``num_rows`` marks padding.
+  Returns ``BCOO((values, rows[:, None]), shape=(num_rows, *values.shape[1:]))``
+  (a :class:`RowSparseUpdate`), the layout :func:`lars_optax.lazy_update`
+  takes. Repeated rows are summed by the optimizer; the index ``num_rows``
+  marks padding.
   """
   rows = jnp.asarray(rows)
-  return BCOO((jnp.asarray(values), rows.reshape(-1, 1)),
-              shape=(num_rows, *jnp.shape(values)[1:]))
+  return RowSparseUpdate((jnp.asarray(values), rows.reshape(-1, 1)),
+                         shape=(num_rows, *jnp.shape(values)[1:]))
 
 
 # --------------------------------------------------------------------------
@@ -155,9 +203,110 @@ def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
 # --------------------------------------------------------------------------
 
 
-def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
-  """The layout, index dtype, shape and (when concrete) index range of one leaf."""
+# What walks into a BCOO: the likely cause and the replacement, for the errors.
+_BEFORE_HINT = (
+    "A generic transformation over the whole gradient tree (optax.clip_by_global_norm, "
+    "optax.clip, optax.scale, optax.MultiSteps, jax.tree.map) walks into a BCOO and "
+    "changes its row indices as if they were values: use lars_optax.clip_by_global_norm, "
+    "lars_optax.multi_steps and lars_optax.tree_add (to sum gradient trees), or apply "
+    "the transformation to the dense leaves only (optax.masked).")
+_AFTER_HINT = (
+    "A generic transformation after the lazy optimizer (optax.scale, "
+    "optax.scale_by_schedule, ...) or a jax.tree.map over the updates walks into a "
+    "BCOO and changes its row indices as if they were values: put row-wise "
+    "transformations inside the lazy wrapper, e.g. "
+    "lars_optax.lazy_update(optax.chain(lars_optax.adam(lr), optax.scale(0.5))), or "
+    "fold a constant factor into the learning rate.")
+_ADDED_HINT = (
+    "jax.tree.map(jnp.add, g1, g2) (and any tree.map over gradient trees, e.g. "
+    "optax.tree.add or a hand-written accumulation) walks into a BCOO and adds the two "
+    "gradients' row indices, so the values would land on other rows: sum gradient trees "
+    "with lars_optax.tree_add(g1, g2), and accumulate micro-batches with "
+    "lars_optax.multi_steps(tx, k).")
+
+
+def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> Any:
+  """Raises ``ValueError(report(*operands))`` when ``bad`` is true, also under ``jit``.
+
+  Concrete ``bad`` (outside ``jit``): raises now and returns ``0``. Traced:
+  returns a zero int32 scalar from a ``lax.cond`` on ``bad`` whose true
+  branch calls a host callback (:func:`jax.pure_callback`) that raises. The
+  caller adds the zero to an index it uses, so the check cannot be pruned.
+  A pure callback (unlike :func:`jax.debug.callback`) adds no side effect to
+  the compiled step, which keeps JAX's fast dispatch path: the check costs
+  the reduction that makes ``bad`` and one branch per step, and the operands
+  go to the host only when ``bad`` holds. The error reaches the caller as a
+  ``JaxRuntimeError`` ending with the message, when the step's results are
+  read.
+  """
+  if not isinstance(bad, jax.core.Tracer):
+    if bool(bad):
+      raise ValueError(report(*[np.asarray(x) for x in operands]))
+    return 0
+
+  def fail(bad, *ops):
+    if np.any(bad):  # (under vmap both branches may run: look at the flag)
+      raise ValueError(report(*[np.asarray(x) for x in ops]))
+    return np.zeros((), np.int32)
+
+  zero = jax.ShapeDtypeStruct((), jnp.int32)
+  return jax.lax.cond(
+      bad, lambda ops: jax.pure_callback(fail, zero, bad, *ops, vmap_method="sequential"),
+      lambda ops: jnp.zeros((), jnp.int32), operands)
+
+
+def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
+                  hint: str = _BEFORE_HINT) -> Any:
+  """The row indices are integers, unchanged since made, and in ``[0, num_rows]``.
+
+  ``num_rows`` itself marks padding. The digest of a :class:`RowSparseUpdate`
+  and the range are checked together, at run time under ``jit``
+  (:func:`raise_at_run_time`, whose zero the caller adds to the indices it
+  uses).
+  """
+  if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
+    raise TypeError(
+        f"{where}: {what} is a row-sparse BCOO with indices of dtype "
+        f"{grad.indices.dtype}; row indices must be integers. {hint}")
+  idx = grad.indices.reshape(-1)
+  if not idx.size:
+    return 0
+  out = (idx < 0) | (idx > num_rows)
+  bad = jnp.any(out)
+  fingerprint = getattr(grad, "fingerprint", None) if isinstance(grad, RowSparseUpdate) else None
+  if fingerprint is not None and hasattr(fingerprint, "dtype"):
+    if fingerprint.dtype != jnp.uint32 or np.shape(fingerprint) != ():
+      raise TypeError(
+          f"{where}: {what} is a row-sparse BCOO whose index digest is a "
+          f"{fingerprint.dtype}{list(np.shape(fingerprint))} array, not a uint32 "
+          f"scalar: a transformation walked into it. {hint}")
+    changed = _fingerprint(idx) != fingerprint
+    bad = bad | changed
+  else:
+    changed = jnp.zeros((), bool)
+
+  def report(idx, changed):
+    if changed:
+      return (f"{where}: {what}: the row indices of this row-sparse BCOO were changed "
+              f"after it was made. {_ADDED_HINT if hint is _BEFORE_HINT else hint}")
+    wrong = idx[(idx < 0) | (idx > num_rows)]
+    return (f"{where}: {what} has row indices out of range [0, {num_rows}) (and not the "
+            f"padding index {num_rows}): {wrong[:5].tolist()}. Ids past the table, or "
+            f"indices changed by a transformation that walked into the BCOO: {hint}")
+
+  return raise_at_run_time(bad, report, idx, changed)
+
+
+def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> Any:
+  """The layout, index dtype, shape and index range (and digest) of one leaf.
+
+  Returns the zero of :func:`check_indices`, to add to the indices used.
+  """
   shape = tuple(np.shape(param))
+  if isinstance(param, BCOO):
+    raise TypeError(
+        f"{where}: parameter {name!r} is a BCOO; parameters must be dense arrays (were "
+        "the gradients passed as params?).")
   if grad.n_batch != 0 or grad.n_sparse != 1:
     raise ValueError(
         f"{where}: gradient {name!r} is a BCOO with n_batch={grad.n_batch}, "
@@ -168,7 +317,7 @@ def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
   if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
     raise TypeError(
         f"{where}: gradient {name!r} has indices of dtype {grad.indices.dtype}; "
-        "row indices must be integers.")
+        f"row indices must be integers. {_BEFORE_HINT}")
   if tuple(grad.shape) != shape:
     raise ValueError(
         f"{where}: gradient {name!r} has shape {tuple(grad.shape)} but the "
@@ -177,15 +326,7 @@ def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> None:
     raise TypeError(
         f"{where}: gradient {name!r} has values of dtype {grad.data.dtype}; only "
         "real floating point values are supported.")
-  if not isinstance(grad.indices, jax.core.Tracer) and grad.indices.size:
-    idx = np.asarray(grad.indices)
-    # The index num_rows marks padding, as in BCOO's own padded arrays.
-    bad = (idx < 0) | (idx > shape[0])
-    if bad.any():
-      raise ValueError(
-          f"{where}: gradient {name!r} has row indices out of range [0, {shape[0]}) "
-          f"(and not the padding index {shape[0]}): {idx[bad][:5].tolist()}. "
-          "(Under jit such rows are dropped.)")
+  return check_indices(f"gradient {name!r}", grad, shape[0], where)
 
 
 def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
@@ -476,6 +617,22 @@ class _Tag:
     self.leaves = leaves
 
 
+def _update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
+  """The row-sparse update of ``grad``'s rows, with ``grad``'s pytree structure.
+
+  Same flags (``indices_sorted``, ``unique_indices``; the rows after summing
+  duplicates keep them) and index dtype as the gradient, so that a wrapper
+  that selects between the update and a zero tree of the gradient
+  (:func:`optax.apply_if_finite`) sees one structure. A plain BCOO gradient
+  still gets a :class:`RowSparseUpdate`, which ``apply_updates`` adds in O(K).
+  """
+  dtype = grad.indices.dtype
+  if jnp.iinfo(dtype).max >= num_rows:
+    rows = rows.astype(dtype)
+  return RowSparseUpdate((values, rows[:, None]), shape=grad.shape,
+                         indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)
+
+
 def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                        extra_args: dict, dense_step: Callable, where: str) -> tuple[Any, Any]:
   """The lazy step on a gradient tree with row-sparse leaves (see the module doc).
@@ -500,8 +657,9 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
   p_in: list[Any] = []
   for name, g, p, s in zip(names, flat_g, flat_p, sparse):
     if s:
-      check_row_sparse(name, g, p, where)
+      ok = check_row_sparse(name, g, p, where)
       r, values = _combine(g, p.shape[0])
+      r = r + jnp.asarray(ok, r.dtype)
       rows.append(r)
       g_in.append(values)
       p_in.append(_gather(p, r))
@@ -564,8 +722,7 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
     if r is None:
       out_updates.append(dense_step(u, jnp.zeros_like(u), g))
     else:
-      out_updates.append(RowSparseUpdate((u, r[:, None]), shape=p.shape,
-                                         unique_indices=True))
+      out_updates.append(_update_like(g, u, r, p.shape[0]))
   return jax.tree.unflatten(treedef, out_updates), new_state
 
 
@@ -595,9 +752,11 @@ def sparse_psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
     if not is_row_sparse(x):
       out = utils.collective(jax.lax.psum, x, axis_name)
       return out / n if mean else out
+    ok = check_indices("a row-sparse leaf", x, x.shape[0], "sparse_psum")
     data = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.data, axis_name)
-    idx = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True), x.indices, axis_name)
-    return BCOO((data / n if mean else data, idx), shape=x.shape)
+    idx = utils.collective(lambda v, a: jax.lax.all_gather(v, a, tiled=True),
+                           x.indices + jnp.asarray(ok, x.indices.dtype), axis_name)
+    return RowSparseUpdate((data / n if mean else data, idx), shape=x.shape)
 
   return jax.tree.map(one, tree, is_leaf=is_row_sparse)
 
@@ -608,10 +767,17 @@ def sparse_psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
 
 
 class _Table:
-  """A sparse leaf inside the interpreted loss: only row lookups may read it."""
+  """A sparse leaf inside the interpreted loss: only row lookups may read it.
 
-  def __init__(self, index: int, value: jax.Array, name: str):
+  ``dtype``: the dtype a cast (``convert_element_type``, as Flax's
+  ``Embed(dtype=...)`` casts the whole table) gave it; the lookup reads the
+  rows and casts them instead. ``value`` may be the table after ``pvary``
+  (inside ``shard_map``), a change of type only.
+  """
+
+  def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None):
     self.index, self.value, self.name = index, value, name
+    self.dtype = value.dtype if dtype is None else jnp.dtype(dtype)
 
 
 def _bind(eqn: Any, invals: list) -> Any:
@@ -643,21 +809,70 @@ def _dynamic_slice_as_gather(ndim: int) -> Any:
       offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
 
 
+def _varying(aval: Any) -> frozenset:
+  """The mesh axes along which a value of this type varies inside ``shard_map``.
+
+  Empty outside ``shard_map`` and with ``check_vma=False``. (JAX spells it
+  ``aval.vma``, or ``aval.mat.varying`` in newer versions.)
+  """
+  mat = getattr(aval, "mat", None)
+  if mat is not None and hasattr(mat, "varying"):
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def _vma(x: Any) -> frozenset:
+  return _varying(jax.typeof(x))
+
+
+def _out_vma(eqn: Any) -> frozenset:
+  """The mesh axes along which an equation's (first) result varies, from the jaxpr."""
+  return _varying(eqn.outvars[0].aval)
+
+
+def _gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """Every device's ``x`` along ``axes``, concatenated on axis 0, invariant over ``axes``.
+
+  Each device writes its block into its slot of a zero buffer and a ``psum``
+  adds them (an all-gather whose result the type system knows to be equal
+  on every device, as the gradient of a replicated table is).
+  """
+  n = jax.lax.psum(1, axes)
+  buf = jnp.zeros((n, *x.shape), x.dtype).at[jax.lax.axis_index(axes)].set(x)
+  return jax.lax.psum(buf, axes).reshape(n * x.shape[0], *x.shape[1:])
+
+
+class _Lookup(NamedTuple):
+  leaf: int  # which sparse leaf
+  rows: jax.Array  # the lookup's distinct rows, padded with num_rows
+  vma: frozenset  # the mesh axes the looked-up rows vary along (inside shard_map)
+
+
+def _too_many_rows(name: str, max_rows: int) -> Callable[..., str]:
+  def report(rows, valid):
+    distinct = int(np.unique(rows[valid]).size)
+    return (f"max_rows: a lookup of {name!r} reads {distinct} distinct rows, more than "
+            f"max_rows={max_rows}; raise max_rows, or leave it out (the default, the "
+            "number of ids of each lookup, always suffices).")
+  return report
+
+
 class _Interpreter:
   """Evaluates a jaxpr where sparse leaves are read only through row lookups.
 
   Each lookup ``table[ids]`` becomes ``stop_gradient(table)[ids] +
-  delta[slot(ids)]`` where ``delta`` is a zero array of ``max_rows`` rows: the
-  value is unchanged and the gradient with respect to ``delta`` is the
-  gradient of the looked-up rows, O(ids) to compute.
+  delta[slot(ids)]`` where ``delta`` is a zero array with one row per
+  distinct id (``max_rows``, or the number of ids of the lookup): the value
+  is unchanged and the gradient with respect to ``delta`` is the gradient of
+  the looked-up rows, O(ids) to compute.
   """
 
-  def __init__(self, max_rows: int, deltas: list | None):
+  def __init__(self, max_rows: int | None, deltas: list | None):
     self.max_rows, self.deltas = max_rows, deltas
-    self.lookups: list[tuple[int, jax.Array]] = []  # (table index, unique rows)
+    self.lookups: list[_Lookup] = []
 
   def lookup(self, table: _Table, out: jax.Array, indices: jax.Array, dnums: Any,
-             slice_sizes: Sequence[int], row: int, clip: bool) -> jax.Array:
+             slice_sizes: Sequence[int], row: int, clip: bool, vma: frozenset) -> jax.Array:
     """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
     n = table.value.shape[0]
     rows = indices[..., row]
@@ -666,23 +881,23 @@ class _Interpreter:
     else:
       valid = (rows >= 0) & (rows < n)
     rows = jnp.where(valid, rows, n)
-    uniq = jnp.unique(rows.reshape(-1), size=self.max_rows, fill_value=n)
-    if not isinstance(uniq, jax.core.Tracer):
-      distinct = int(np.unique(np.asarray(rows)[np.asarray(valid)]).size)
-      if distinct > self.max_rows:
-        raise ValueError(
-            f"max_rows: a lookup of {table.name!r} reads {distinct} distinct rows, "
-            f"more than max_rows={self.max_rows}; raise max_rows.")
-    slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, self.max_rows - 1)
+    # Without a bound, one row per id: never too few.
+    size = self.max_rows or max(1, min(int(rows.size), n))
+    uniq = jnp.unique(rows.reshape(-1), size=size, fill_value=n)
+    slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, size - 1)
     found = valid & (uniq[slot] == rows)
+    if self.max_rows is not None:
+      ok = raise_at_run_time(jnp.any(valid & ~found), _too_many_rows(table.name, size),
+                             rows, valid)
+      uniq = uniq + jnp.asarray(ok, uniq.dtype)
     k = len(self.lookups)
-    self.lookups.append((table.index, uniq))
-    shape = (self.max_rows, *table.value.shape[1:])
+    self.lookups.append(_Lookup(table.index, uniq, vma))
+    shape = (size, *table.value.shape[1:])
     delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
     # The same gather on delta, with the row replaced by its slot (out of range,
     # so 0, where the id was not found) and the other (whole) dimensions at 0.
     new_idx = jnp.zeros_like(indices).at[..., row].set(
-        jnp.where(found, slot, self.max_rows).astype(indices.dtype))
+        jnp.where(found, slot, size).astype(indices.dtype))
     extra = jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
                            mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
     return out + extra.astype(out.dtype)
@@ -716,19 +931,29 @@ class _Interpreter:
       dnums, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
       row = _row_component(dnums, sizes, shape)
       if row is not None:
-        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]])
+        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]]).astype(table.dtype)
         clip = "CLIP" in str(eqn.params.get("mode"))
-        return self.lookup(table, out, invals[1], dnums, sizes, row, clip)
+        return self.lookup(table, out, invals[1], dnums, sizes, row, clip, _out_vma(eqn))
     if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
         eqn.params["slice_sizes"]) == (1, *shape[1:]):
       # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
-      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]])
+      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]]).astype(table.dtype)
       starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
       return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
-                         eqn.params["slice_sizes"], 0, True)
-    if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table and (
-        eqn.params.get("new_dtype") in (None, table.value.dtype)):
-      return table
+                         eqn.params["slice_sizes"], 0, True, _out_vma(eqn))
+    if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table:
+      # A cast followed by a lookup is a lookup followed by a cast.
+      new_dtype = eqn.params.get("new_dtype")
+      if new_dtype is None or jnp.issubdtype(new_dtype, jnp.floating):
+        return _Table(table.index, table.value, table.name, new_dtype or table.dtype)
+    if name == "pvary":
+      # shard_map (check_vma=True) marks a replicated table as varying before
+      # it meets per-device ids: a change of type, applied to the table itself.
+      outs = _bind(eqn, [x.value if isinstance(x, _Table) else x for x in invals])
+      outs = list(outs) if eqn.primitive.multiple_results else [outs]
+      outs = [_Table(x.index, o, x.name, x.dtype) if isinstance(x, _Table) else o
+              for x, o in zip(invals, outs)]
+      return outs if eqn.primitive.multiple_results else outs[0]
     subs = _sub_jaxprs(eqn.params)
     if len(subs) == 1 and len(subs[0].invars) == len(invals) and name not in (
         "cond", "scan", "while"):
@@ -741,70 +966,129 @@ class _Interpreter:
         "not row-sparse. Leave this leaf out of `sparse`.")
 
 
+def _is_dynamic(x: Any) -> bool:
+  """An argument ``jax.value_and_grad`` would hand on as an array (not a Python value)."""
+  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _by_name(name: str) -> masks.Mask:
+  """A string ``sparse``: a leaf's full path (as leaf_names prints it) or last component."""
+  return masks.by_predicate(
+      lambda path, _: path == name or path.rsplit("/", 1)[-1] == name,
+      f"full path or last name {name!r}")
+
+
 def sparse_value_and_grad(
     fun: Callable[..., Any],
     sparse: masks.MaskLike,
     *,
-    max_rows: int,
+    max_rows: int | None = None,
+    argnums: int = 0,
     has_aux: bool = False,
 ) -> Callable[..., Any]:
   """Like :func:`jax.value_and_grad`, with chosen leaves' gradients row-sparse.
 
-  ``sparse_value_and_grad(fun, sparse, max_rows=K)(params, *args)`` returns
+  ``sparse_value_and_grad(fun, sparse)(params, *args, **kwargs)`` returns
   ``(value, grads)`` (``((value, aux), grads)`` with ``has_aux``) where
-  ``grads`` has the tree of ``params`` (the first argument) and every leaf
-  selected by ``sparse`` is a row-sparse
-  :class:`~jax.experimental.sparse.BCOO`: the gradient with respect to the
-  rows ``fun`` looks up, ``K`` rows per lookup. The other leaves get their
-  ordinary dense gradients.
+  ``grads`` has the tree of ``params`` (the argument ``argnums``) and every
+  leaf selected by ``sparse`` is a row-sparse :class:`RowSparseUpdate` (a
+  :class:`~jax.experimental.sparse.BCOO`): the gradient with respect to the
+  rows ``fun`` looks up. The other leaves get their ordinary dense gradients.
+  The other arguments are passed as :func:`jax.value_and_grad` passes them:
+  keyword arguments too, and Python values (a ``bool`` flag, a string) as
+  they are, not traced.
 
   The model code stays as it is: ``fun`` is traced, and each lookup of a
   sparse leaf (``table[ids]``, ``jnp.take(table, ids, axis=0)``: the gathers
   that ``nn.Embed``, ``nnx.Embed``, ``hk.Embed`` and ``eqx.nn.Embedding``
   do) reads ``stop_gradient(table)[ids] + delta[slot(ids)]``, where ``delta``
-  is a zero array of ``max_rows`` rows and ``slot`` numbers the distinct ids
-  of the lookup. The value is unchanged and the gradient flows into
-  ``delta`` only: time and memory are O(ids + max_rows x row), never
-  O(table). A sparse leaf used in any other way (a tied output projection,
-  a weight penalty inside ``fun``) raises a ValueError naming it.
+  is a zero array with a row per distinct id and ``slot`` numbers the
+  distinct ids of the lookup. The value is unchanged and the gradient flows
+  into ``delta`` only: time and memory are O(ids x row), never O(table). A
+  cast of the whole table before the lookup (``nn.Embed(...,
+  dtype=jnp.bfloat16)``) becomes a cast of the rows. A sparse leaf used in
+  any other way (a tied output projection, a weight penalty inside ``fun``)
+  raises a ValueError naming it.
+
+  Inside :func:`jax.shard_map` with ``check_vma=True`` (the default) the
+  gradient of a replicated table is, as :func:`jax.grad`'s, the sum over the
+  devices: every device's rows are gathered (``n_devices x`` the rows of one
+  lookup) and the result is the same on every device. Do not
+  :func:`sparse_psum` it again. With ``check_vma=False`` or under ``pmap``
+  each device gets its own rows: sum them with :func:`sparse_psum`.
 
   Args:
-    fun: the loss, ``fun(params, *args) -> scalar`` (or ``(scalar, aux)``).
-    sparse: which leaves of ``params`` are looked up: a leaf name
-      (``"embedding"``), a :class:`~lars_optax.masks.Mask` or a callable / bool
-      pytree, as elsewhere in lars_optax.
-    max_rows: the static bound on the distinct rows of one lookup (one call
-      of the embedding); the gradient holds this many rows per lookup, the
-      unused ones with the index ``num_rows`` (padding, ignored by the
-      optimizers and by ``BCOO.todense``). Outside ``jit`` more distinct rows
-      raise a ValueError; under ``jit`` the rows beyond ``max_rows`` (the
-      largest ids) get no gradient.
+    fun: the loss, ``fun(params, *args, **kwargs) -> scalar`` (or
+      ``(scalar, aux)``).
+    sparse: which leaves of ``params`` are looked up: a string matches a
+      leaf's full path as :func:`lars_optax.leaf_names` prints it
+      (``"Embed_0/embedding"``) or its last component (``"embedding"``); or a
+      :class:`~lars_optax.masks.Mask`, a callable or a bool pytree, as
+      elsewhere in lars_optax.
+    max_rows: a static bound on the distinct rows of one lookup (one call of
+      the embedding), for a smaller gradient than the default. Each lookup's
+      gradient holds this many rows, the unused ones with the index
+      ``num_rows`` (padding, ignored by the optimizers and by
+      ``BCOO.todense``). More distinct rows raise a ValueError naming the
+      leaf: at once outside ``jit``, at run time under ``jit`` (a host
+      callback, called only when the bound is exceeded). ``None`` (the
+      default): the number of ids of each lookup, never too few.
+    argnums: the position of ``params`` among the arguments (an int).
     has_aux: as in :func:`jax.value_and_grad`.
 
   Returns:
     A function with the signature of ``fun`` returning ``(value, grads)``.
   """
-  if not isinstance(max_rows, (int, np.integer)) or isinstance(max_rows, bool) or max_rows < 1:
-    raise ValueError(f"max_rows: expected an integer >= 1, got {max_rows!r}.")
+  if max_rows is not None and (not isinstance(max_rows, (int, np.integer))
+                               or isinstance(max_rows, bool) or max_rows < 1):
+    raise ValueError(f"max_rows: expected an integer >= 1 or None, got {max_rows!r}.")
+  if isinstance(argnums, bool) or not isinstance(argnums, (int, np.integer)):
+    raise TypeError(f"argnums: expected an int (the position of the params), got {argnums!r}; "
+                    "sparse_value_and_grad differentiates one argument.")
+  if not isinstance(has_aux, (bool, np.bool_)):
+    raise TypeError(f"has_aux: expected a bool, got {has_aux!r}.")
+  if not callable(fun):
+    raise TypeError(f"fun: expected a callable, got {type(fun).__name__}.")
+  text = sparse if isinstance(sparse, str) else None
   if isinstance(sparse, str):
-    sparse = masks.by_leaf_name(sparse)
+    sparse = _by_name(sparse)
   masks.check_mask_like(sparse, "sparse")
-  max_rows = int(max_rows)
+  max_rows = None if max_rows is None else int(max_rows)
+  argnums = int(argnums)
 
-  def wrapped(params, *args):
+  def wrapped(*args, **kwargs):
+    if not -len(args) <= argnums < len(args):
+      raise TypeError(f"argnums: {argnums} but the function was called with {len(args)} "
+                      "positional arguments.")
+    pos = argnums % len(args)
+    params = args[pos]
     flat_p, treedef = jax.tree.flatten(params)
     chosen = masks.resolve_mask(sparse, params, "sparse")
     names = [n for n, _ in masks.named_leaves(params)]
     if not any(chosen):
-      raise ValueError("sparse: selects no leaf of params; names: "
-                       f"{names[:10]}.")
+      how = (f"the string {text!r} matches a leaf whose full path (as "
+             "lars_optax.leaf_names prints it) or last path component equals it"
+             if text is not None else "it")
+      raise ValueError(f"sparse: selects no leaf of params ({how}); names: {names[:10]}.")
     for name, p, c in zip(names, flat_p, chosen):
       if c and np.ndim(p) == 0:
         raise ValueError(f"sparse: leaf {name!r} is 0-d; a row-sparse leaf needs rows.")
-    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(params, *args)
-    flat_args = jax.tree.leaves(args)
+    # The other arguments: arrays are traced, Python values stay as they are.
+    rest = (args[:pos] + args[pos + 1:], kwargs)
+    rest_leaves, rest_def = jax.tree.flatten(rest)
+    dynamic = [_is_dynamic(x) for x in rest_leaves]
 
-    def evaluate(dense_leaves, deltas, interp):
+    def call(params, *dyn):
+      it = iter(dyn)
+      leaves = [next(it) if d else x for x, d in zip(rest_leaves, dynamic)]
+      others, kw = jax.tree.unflatten(rest_def, leaves)
+      return fun(*others[:pos], params, *others[pos:], **kw)
+
+    dyn_args = [x for x, d in zip(rest_leaves, dynamic) if d]
+    closed, out_shape = jax.make_jaxpr(call, return_shape=True)(params, *dyn_args)
+    flat_args = jax.tree.leaves(dyn_args)
+
+    def evaluate(dense_leaves, interp):
       it = iter(dense_leaves)
       leaves = [_Table(i, p, n) if c else next(it)
                 for i, (p, n, c) in enumerate(zip(flat_p, names, chosen))]
@@ -813,16 +1097,22 @@ def sparse_value_and_grad(
     dense = [p for p, c in zip(flat_p, chosen) if not c]
     # A first, abstract pass counts the lookups (one delta each).
     probe = _Interpreter(max_rows, None)
-    jax.eval_shape(lambda d: evaluate(d, None, probe), dense)
-    shapes = [(max_rows, *flat_p[i].shape[1:]) for i, _ in probe.lookups]
-    deltas = [jnp.zeros(s, flat_p[i].dtype) for s, (i, _) in zip(shapes, probe.lookups)]
+    jax.eval_shape(lambda d: evaluate(d, probe), dense)
+
+    def zeros(lk):
+      p = flat_p[lk.leaf]
+      z = jnp.zeros((lk.rows.shape[0], *p.shape[1:]), p.dtype)
+      axes = tuple(sorted(lk.vma))
+      return jax.lax.pcast(z, axes, to="varying") if axes else z
+
+    deltas = [zeros(lk) for lk in probe.lookups]
     interp = _Interpreter(max_rows, None)
 
     def loss(dense_leaves, deltas):
       interp.deltas = deltas
       interp.lookups = []
-      outs = evaluate(dense_leaves, deltas, interp)
-      rows = [u for _, u in interp.lookups]
+      outs = evaluate(dense_leaves, interp)
+      rows = [lk.rows for lk in interp.lookups]
       return outs[0], (outs[1:], rows)
 
     (value, aux), (g_dense, g_deltas) = jax.value_and_grad(
@@ -831,8 +1121,13 @@ def sparse_value_and_grad(
     if has_aux:
       value = jax.tree.unflatten(jax.tree.structure(out_shape), [value, *aux_leaves])
     per_leaf: dict[int, list] = {}
-    for (i, _), r, g in zip(probe.lookups, rows, g_deltas):
-      per_leaf.setdefault(i, []).append((r, g))
+    for lk, r, g in zip(probe.lookups, rows, g_deltas):
+      # Inside shard_map, the rows of a replicated table's lookups vary over
+      # the devices; its gradient is their sum: gather every device's rows.
+      axes = tuple(sorted(lk.vma - _vma(flat_p[lk.leaf])))
+      if axes:
+        r, g = _gather_over(r, axes), _gather_over(g, axes)
+      per_leaf.setdefault(lk.leaf, []).append((r, g))
     it = iter(g_dense)
     grads = []
     for i, (p, c) in enumerate(zip(flat_p, chosen)):
@@ -841,14 +1136,16 @@ def sparse_value_and_grad(
         continue
       parts = per_leaf.get(i, [])
       if not parts:  # never looked up: an empty row-sparse gradient
-        grads.append(BCOO((jnp.zeros((0, *p.shape[1:]), p.dtype), jnp.zeros((0, 1), jnp.int32)),
-                          shape=p.shape, unique_indices=True, indices_sorted=True))
+        grads.append(RowSparseUpdate(
+            (jnp.zeros((0, *p.shape[1:]), p.dtype), jnp.zeros((0, 1), jnp.int32)),
+            shape=p.shape, unique_indices=True, indices_sorted=True))
         continue
       idx = jnp.concatenate([r for r, _ in parts])[:, None]
       data = jnp.concatenate([g for _, g in parts])
-      single = len(parts) == 1
-      grads.append(BCOO((data.astype(p.dtype), idx), shape=p.shape, unique_indices=single,
-                        indices_sorted=single))
+      single = len(parts) == 1 and not any(
+          lk.vma - _vma(p) for lk in probe.lookups if lk.leaf == i)
+      grads.append(RowSparseUpdate((data.astype(p.dtype), idx), shape=p.shape,
+                                   unique_indices=single, indices_sorted=single))
     return value, jax.tree.unflatten(treedef, grads)
 
   return wrapped

@@ -315,10 +315,19 @@ def test_out_of_range_rows_raise_when_concrete(row):
     _lazy_update_error(_bcoo(np.ones((1, 2), np.float32), [row], (4, 2)))
 
 
-def test_out_of_range_rows_are_dropped_under_jit():
+@pytest.mark.parametrize("row", [-1, 5, 100])
+def test_out_of_range_rows_raise_under_jit(row):
   params = {"emb": jnp.ones((4, 2))}
   tx = lars_optax.sgd(1.0, lazy_update=True)
-  g = _bcoo(np.ones((3, 2), np.float32), [-1, 1, 9], (4, 2))
+  g = _bcoo(np.ones((3, 2), np.float32), [1, row, 2], (4, 2))
+  with pytest.raises(Exception, match=rf"gradient 'emb' has row indices out of range .*\[{row}\]"):
+    jax.block_until_ready(jax.jit(tx.update)({"emb": g}, tx.init(params), params))
+
+
+def test_padding_index_is_not_out_of_range_under_jit():
+  params = {"emb": jnp.ones((4, 2))}
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  g = _bcoo(np.ones((3, 2), np.float32), [4, 1, 4], (4, 2))
   updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
   new = optax.apply_updates(params, updates)["emb"]
   np.testing.assert_array_equal(new, [[1, 1], [0, 0], [1, 1], [1, 1]])
@@ -746,3 +755,252 @@ def test_nnx_optimizer_update_equals_optax_apply_updates():
   optimizer.update(model, grads)
   chex.assert_trees_all_close(nnx.to_pure_dict(nnx.state(model, nnx.Param)), expected,
                               rtol=1e-6)
+
+
+# max_rows: optional, and a bound exceeded under jit raises
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_value_and_grad_without_max_rows_holds_every_row(jit):
+  params, loss = _linen()
+  ids = jnp.arange(40, dtype=jnp.int32).reshape(4, 10) % 50  # 40 distinct ids
+  y = jnp.ones(4)
+  fn = sparse_value_and_grad(loss, "embedding")
+  fn = jax.jit(fn) if jit else fn
+  _, grads = fn(params, ids, y)
+  assert grads["Embed_0"]["embedding"].data.shape[0] == ids.size
+  ref = jax.grad(loss)(params, ids, y)
+  np.testing.assert_allclose(grads["Embed_0"]["embedding"].todense(),
+                             ref["Embed_0"]["embedding"], rtol=1e-6, atol=1e-8)
+
+
+def test_value_and_grad_too_many_rows_raises_under_jit():
+  params, loss = _linen()
+  ids = jnp.arange(20, dtype=jnp.int32).reshape(2, 10)  # 20 distinct rows
+  fn = jax.jit(sparse_value_and_grad(loss, "embedding", max_rows=8))
+  with pytest.raises(Exception, match=r"max_rows: a lookup of 'Embed_0/embedding' reads 20 "
+                     r"distinct rows, more than max_rows=8"):
+    jax.block_until_ready(fn(params, ids, jnp.ones(2)))
+  # Within the bound: no error.
+  jax.block_until_ready(fn(params, ids % 8, jnp.ones(2)))
+
+
+@pytest.mark.parametrize("max_rows", [0, -3, 2.5, True, "8"])
+def test_value_and_grad_bad_max_rows_names_it(max_rows):
+  with pytest.raises(ValueError, match="max_rows: expected an integer >= 1 or None"):
+    sparse_value_and_grad(lambda p: p, "emb", max_rows=max_rows)
+
+
+# --------------------------------------------------------------------------
+# tree.map walks into a BCOO: caught, with the cause and the replacement
+# --------------------------------------------------------------------------
+
+
+def _two_grads(n=1000):
+  params = {"emb": jnp.ones((n, 2)), "w": jnp.ones(2)}
+  loss = lambda p, ids: jnp.sum(p["emb"][ids] @ p["w"])
+  fn = sparse_value_and_grad(loss, "emb")
+  _, g1 = fn(params, jnp.array([1, 500, 900]))
+  _, g2 = fn(params, jnp.array([2, 3, 400]))
+  return params, fn, g1, g2
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
+  params, _, g1, g2 = _two_grads()
+  summed = jax.tree.map(jnp.add, g1, g2)  # rows 1 + 2 = 3, 500 + 3 = 503, ...: silently wrong
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  update = jax.jit(tx.update) if jit else tx.update
+  with pytest.raises(Exception, match=r"lazy_update: gradient 'emb': the row indices of this "
+                     r"row-sparse BCOO were changed after it was made.*jax.tree.map\(jnp.add, "
+                     r"g1, g2\).*lars_optax.tree_add"):
+    jax.block_until_ready(update(summed, tx.init(params), params))
+
+
+def test_tree_map_add_of_a_zero_tree_keeps_the_rows():
+  params, _, g1, _ = _two_grads()
+  summed = jax.tree.map(jnp.add, g1, optax.tree.zeros_like(g1))
+  tx = lars_optax.sgd(1.0, lazy_update=True)
+  updates, _ = jax.jit(tx.update)(summed, tx.init(params), params)
+  chex.assert_trees_all_close(optax.apply_updates(params, updates),
+                              optax.apply_updates(params, tx.update(g1, tx.init(params),
+                                                                    params)[0]))
+
+
+def test_float_indices_name_the_cause_and_the_replacement():
+  params, _, g1, _ = _two_grads()
+  cast = jax.tree.map(lambda x: x.astype(jnp.float32), g1)
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  with pytest.raises(TypeError, match=r"gradient 'emb' has indices of dtype float32.*walks "
+                     r"into a BCOO.*lars_optax.clip_by_global_norm"):
+    tx.update(cast, tx.init(params), params)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
+  """chain(adam(lazy_update=True), optax.scale(0.5)) scales the update's row indices too."""
+  params, _, g1, _ = _two_grads()
+  tx = optax.chain(lars_optax.adam(0.1, lazy_update=True), optax.scale(0.5))
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates)
+
+  step = jax.jit(step) if jit else step
+  with pytest.raises(TypeError, match=r"apply_updates: a row-sparse update is a row-sparse BCOO "
+                     r"with indices of dtype float32.*lars_optax.lazy_update\(optax.chain\("):
+    step(params, tx.init(params), g1)
+
+
+def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
+  params, _, g1, _ = _two_grads()
+  tx = lars_optax.lazy_update(optax.chain(lars_optax.adam(0.1), optax.scale(0.5)))
+  updates, _ = tx.update(g1, tx.init(params), params)
+  dense = jax.tree.map(lambda g: g.todense() if lars_optax.is_row_sparse(g) else g, g1,
+                       is_leaf=lars_optax.is_row_sparse)
+  ref, _ = tx.update(dense, tx.init(params), params)
+  chex.assert_trees_all_close(optax.apply_updates(params, updates),
+                              optax.apply_updates(params, ref), rtol=1e-6)
+
+
+def test_bcoo_passed_as_params_names_the_mistake():
+  params, _, g1, _ = _two_grads()
+  tx = lars_optax.adam(0.1, lazy_update=True)
+  with pytest.raises(TypeError, match=r"parameter 'emb' is a BCOO; parameters must be dense"):
+    tx.update(g1, tx.init(params), g1)
+
+
+# --------------------------------------------------------------------------
+# optax.apply_if_finite around a lazy optimizer
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", ["sparse_value_and_grad", "row_sparse"])
+def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
+  params, fn, _, _ = _two_grads(50)
+  if make == "sparse_value_and_grad":
+    grads = [fn(params, jnp.array(ids))[1] for ids in ([1, 5, 5], [7, 1, 49], [0, 2, 3])]
+  else:
+    grads = [{"emb": lars_optax.row_sparse(jnp.full((2, 2), 0.5 * k), jnp.array([k, 2 * k]), 50),
+              "w": jnp.ones(2)} for k in (1, 2, 3)]
+  plain = lars_optax.adam(0.1, lazy_update=True)
+  guarded = optax.apply_if_finite(lars_optax.adam(0.1, lazy_update=True), 3)
+
+  def run(tx, grads):
+    state = tx.init(params)
+    p = params
+    step = jax.jit(lambda p, s, g: tx.update(g, s, p))
+    for g in grads:
+      updates, state = step(p, state, g)
+      p = optax.apply_updates(p, updates)
+    return p
+
+  chex.assert_trees_all_close(run(guarded, grads), run(plain, grads), rtol=1e-6)
+  # A non-finite gradient is skipped: the params stay as they were.
+  bad = jax.tree.map(lambda x: x, grads[0])
+  bad["emb"] = lars_optax.row_sparse(bad["emb"].data.at[0, 0].set(jnp.nan),
+                                     bad["emb"].indices[:, 0], 50)
+  chex.assert_trees_all_close(run(guarded, [bad]), params)
+
+
+# --------------------------------------------------------------------------
+# sparse_value_and_grad takes what jax.value_and_grad takes
+# --------------------------------------------------------------------------
+
+
+def test_value_and_grad_takes_keyword_and_python_arguments():
+  params = {"emb": jnp.arange(10.0).reshape(5, 2)}
+
+  def loss(p, ids, *, scale=1.0, mode="sum", train=True):
+    x = p["emb"][ids] * scale
+    if train:  # a Python bool: not traced
+      x = x * 2
+    return jnp.sum(x) if mode == "sum" else jnp.mean(x)
+
+  ids = jnp.array([0, 3])
+  for kwargs in ({}, {"scale": 0.5, "mode": "mean", "train": False}, {"scale": jnp.float32(3)}):
+    value, g = sparse_value_and_grad(loss, "emb")(params, ids, **kwargs)
+    ref_value, ref = jax.value_and_grad(loss)(params, ids, **kwargs)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    np.testing.assert_allclose(g["emb"].todense(), ref["emb"], rtol=1e-6)
+
+
+def test_value_and_grad_python_bool_positional_argument_is_not_traced():
+  params = {"emb": jnp.arange(10.0).reshape(5, 2)}
+  loss = lambda p, ids, train: jnp.sum(p["emb"][ids]) * (2.0 if train else 1.0)
+  _, g = jax.jit(sparse_value_and_grad(loss, "emb"), static_argnums=2)(
+      params, jnp.array([1]), True)
+  np.testing.assert_allclose(g["emb"].todense()[1], [2.0, 2.0])
+  _, g = sparse_value_and_grad(loss, "emb")(params, jnp.array([1]), False)
+  np.testing.assert_allclose(g["emb"].todense()[1], [1.0, 1.0])
+
+
+def test_value_and_grad_argnums():
+  params = {"emb": jnp.arange(10.0).reshape(5, 2)}
+  loss = lambda ids, p: jnp.sum(p["emb"][ids] ** 2)
+  ids = jnp.array([1, 1, 4])
+  _, g = sparse_value_and_grad(loss, "emb", argnums=1)(ids, params)
+  np.testing.assert_allclose(g["emb"].todense(), jax.grad(loss, argnums=1)(ids, params)["emb"])
+  with pytest.raises(TypeError, match="argnums: expected an int"):
+    sparse_value_and_grad(loss, "emb", argnums=(0, 1))
+
+
+def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
+  """nn.Embed(dtype=bfloat16) casts the table, then looks up: a lookup, then a cast."""
+  import flax.linen as nn
+
+  class Bag(nn.Module):
+    @nn.compact
+    def __call__(self, ids):
+      x = nn.Embed(50, 4, dtype=jnp.bfloat16)(ids).mean(axis=1)
+      return nn.Dense(1)(x.astype(jnp.float32))[:, 0]
+
+  model = Bag()
+  params = model.init(jax.random.key(0), IDS)["params"]
+  loss = lambda p, ids, y: jnp.mean((model.apply({"params": p}, ids) - y) ** 2)
+  value, grads = jax.jit(sparse_value_and_grad(loss, "embedding"))(params, IDS, Y)
+  ref_value, ref = jax.value_and_grad(loss)(params, IDS, Y)
+  assert grads["Embed_0"]["embedding"].dtype == jnp.float32
+  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  # Equal up to bfloat16 rounding: the dense path sums a repeated id's rows in
+  # bfloat16, the sparse one in float32.
+  np.testing.assert_allclose(grads["Embed_0"]["embedding"].todense(),
+                             ref["Embed_0"]["embedding"], rtol=1e-2, atol=1e-3)
+  chex.assert_trees_all_close(grads["Dense_0"], ref["Dense_0"], rtol=1e-6)
+
+
+def test_value_and_grad_string_matches_a_full_path_or_a_last_name():
+  params, loss = _linen()
+  assert "Embed_0/embedding" in lars_optax.leaf_names(params)["Embed_0"]["embedding"]
+  for sparse in ("Embed_0/embedding", "embedding"):
+    _, grads = sparse_value_and_grad(loss, sparse)(params, IDS, Y)
+    assert lars_optax.is_row_sparse(grads["Embed_0"]["embedding"])
+    assert not lars_optax.is_row_sparse(grads["Dense_0"]["kernel"])
+  with pytest.raises(ValueError, match=r"sparse: selects no leaf of params \(the string "
+                     r"'Embed_0/emb' matches a leaf whose full path .*leaf_names.* or last path "
+                     r"component equals it\)"):
+    sparse_value_and_grad(loss, "Embed_0/emb")(params, IDS, Y)
+
+
+def test_value_and_grad_inside_shard_map_with_check_vma_equals_the_dense_gradient():
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()), ("batch",))
+  n_dev = len(jax.devices())
+  params, loss = _linen()
+  rng = np.random.default_rng(4)
+  ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
+
+  def grads(grad_fn):
+    def f(p, i, t):
+      _, g = grad_fn(p, i, t)
+      return jax.tree.map(lambda x: x.todense() if lars_optax.is_row_sparse(x) else x, g,
+                          is_leaf=lars_optax.is_row_sparse)
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
+                                 out_specs=P()))(params, ids, y)
+
+  chex.assert_trees_all_close(grads(sparse_value_and_grad(loss, "embedding")),
+                              grads(jax.value_and_grad(loss)), rtol=1e-5, atol=1e-7)

@@ -1,0 +1,342 @@
+"""optax's tree-wide companions, for gradient trees with row-sparse leaves.
+
+A generic optax transformation maps over the leaves of the gradient tree, and
+a row-sparse :class:`~jax.experimental.sparse.BCOO` is a pytree of its values
+*and its row indices*: ``optax.clip_by_global_norm`` would take the norm of the
+indices too, ``optax.MultiSteps`` and ``jax.tree.map(jnp.add, g1, g2)`` would
+add them. These three do what their optax counterparts do to the equivalent
+dense gradients, in O(rows in the gradient):
+
+* :func:`tree_add` sums gradient trees (micro-batches by hand): a row-sparse
+  leaf's sum holds the entries of both (duplicates are summed by the
+  optimizer, as for any row-sparse gradient);
+* :func:`clip_by_global_norm` takes the global norm over the dense leaves and
+  the row-sparse leaves' values, with repeated rows summed first;
+* :func:`multi_steps` accumulates ``k`` micro-batches, as
+  :class:`optax.MultiSteps`, keeping the ``k x nse`` entries of a row-sparse
+  leaf (O(k x rows of one gradient)), never a table-sized buffer.
+
+A training step with gradient accumulation and clipping::
+
+  import jax, jax.numpy as jnp, optax, lars_optax
+
+  params = {"table": jnp.zeros((100_000, 16)), "w": jnp.ones(16)}
+
+  def loss_fn(params, ids, y):
+    return jnp.mean((params["table"][ids].mean(axis=1) @ params["w"] - y) ** 2)
+
+  grad_fn = lars_optax.sparse_value_and_grad(loss_fn, "table")  # 8 x 4 ids: 32 entries
+  tx = lars_optax.multi_steps(
+      optax.chain(lars_optax.clip_by_global_norm(1.0),
+                  lars_optax.adam(1e-2, lazy_update=True)),
+      every_k_schedule=4, sparse="table", nse=32)
+  state = tx.init(params)
+
+  @jax.jit
+  def train_step(params, state, ids, y):
+    loss, grads = grad_fn(params, ids, y)
+    updates, state = tx.update(grads, state, params)  # a step every 4th call
+    return optax.apply_updates(params, updates), state, loss
+
+  for step in range(8):
+    ids = (jnp.arange(32).reshape(8, 4) * (step + 1)) % 100_000
+    params, state, loss = train_step(params, state, ids, jnp.ones(8))
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental.sparse import BCOO
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _validation as v
+from lars_optax import masks
+from lars_optax import sparse as _sparse
+
+__all__ = ["MultiStepsState", "clip_by_global_norm", "multi_steps", "tree_add"]
+
+
+def _like(grad: BCOO, values: jax.Array, indices: jax.Array) -> BCOO:
+  """A BCOO of ``grad``'s type and flags with other values (and indices)."""
+  cls = _sparse.RowSparseUpdate if isinstance(grad, _sparse.RowSparseUpdate) else BCOO
+  return cls((values, indices), shape=grad.shape, indices_sorted=grad.indices_sorted,
+             unique_indices=grad.unique_indices)
+
+
+def _checked_indices(what: str, grad: BCOO, where: str) -> jax.Array:
+  """``grad``'s indices after the checks of :func:`lars_optax.sparse.check_indices`."""
+  if grad.n_batch != 0 or grad.n_sparse != 1:
+    raise ValueError(f"{where}: {what} is a BCOO with n_batch={grad.n_batch}, "
+                     f"n_sparse={grad.n_sparse}; a row-sparse leaf has indices of shape (K, 1).")
+  ok = _sparse.check_indices(what, grad, grad.shape[0], where)
+  return grad.indices + jnp.asarray(ok, grad.indices.dtype)
+
+
+def tree_add(*trees: Any) -> Any:
+  """``optax.tree.add`` for gradient trees with row-sparse leaves.
+
+  Dense leaves are added. Row-sparse leaves (at the same place in every
+  tree) are concatenated: the sum of ``K1``- and ``K2``-entry gradients holds
+  ``K1 + K2`` entries, which is their sum, since the optimizers and
+  ``BCOO.todense`` sum repeated rows. Unlike ``jax.tree.map(jnp.add, g1,
+  g2)``, which adds the *row indices* of two BCOOs, this is the sum of the
+  gradients. The result's row-sparse leaves are
+  :class:`~lars_optax.RowSparseUpdate` arrays.
+
+  Raises a ValueError naming the leaf where one tree has a row-sparse leaf
+  and another a dense one, or their shapes differ.
+  """
+  if not trees:
+    raise TypeError("tree_add: expected at least one tree.")
+
+  def add(path, *leaves):
+    sparse = [_sparse.is_row_sparse(x) for x in leaves]
+    if not any(sparse):
+      return functools.reduce(operator.add, leaves)
+    name = masks.path_to_name(path) or "<root>"
+    if not all(sparse):
+      raise ValueError(
+          f"tree_add: leaf {name!r} is row-sparse in some trees and dense in others; "
+          "densify the row-sparse ones (x.todense()) or make all of them row-sparse.")
+    if len({tuple(x.shape) for x in leaves}) != 1:
+      raise ValueError(f"tree_add: leaf {name!r} has shapes "
+                       f"{[tuple(x.shape) for x in leaves]} in the trees.")
+    indices = [_checked_indices(f"leaf {name!r}", x, "tree_add") for x in leaves]
+    dtype = jnp.result_type(*[x.data.dtype for x in leaves])
+    return _sparse.RowSparseUpdate(
+        (jnp.concatenate([x.data.astype(dtype) for x in leaves]),
+         jnp.concatenate([i.astype(jnp.result_type(*indices)) for i in indices])),
+        shape=leaves[0].shape)
+
+  return jax.tree_util.tree_map_with_path(add, *trees, is_leaf=_sparse.is_row_sparse)
+
+
+def _sum_sq(x: Any) -> jax.Array:
+  """The squared norm of a dense leaf, or of a row-sparse leaf's dense equivalent."""
+  if not _sparse.is_row_sparse(x):
+    return jnp.sum(jnp.square(jnp.abs(x)))
+  num_rows = x.shape[0]
+  rows, values = _sparse._combine(x, num_rows)  # repeated rows summed
+  keep = (rows < num_rows).reshape((-1,) + (1,) * (values.ndim - 1))  # padding: not in the array
+  return jnp.sum(jnp.where(keep, jnp.square(values), 0))
+
+
+def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+  r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
+
+  .. math::
+
+    g \leftarrow g \cdot \min\left(1, \frac{\text{max\_norm}}{\lVert g \rVert}\right),
+    \qquad \lVert g \rVert^2 = \sum_{\text{dense } x} \lVert x \rVert^2
+      + \sum_{\text{row-sparse } x} \lVert \mathrm{todense}(x) \rVert^2
+
+  where a row-sparse leaf's norm is that of its dense equivalent: repeated
+  rows are summed first, and the padding index (the number of rows) holds
+  nothing. Values are scaled, indices kept, in O(entries). On dense
+  gradients this is ``optax.clip_by_global_norm``. Chain it before a lazy
+  optimizer: ``optax.chain(lars_optax.clip_by_global_norm(1.0),
+  lars_optax.adam(lr, lazy_update=True))``.
+
+  Args:
+    max_norm: the largest global norm kept (> 0).
+
+  Returns:
+    A stateless :class:`optax.GradientTransformation`.
+  """
+  v.check_scalar("max_norm", max_norm, low=0.0, low_open=True)
+
+  def update_fn(updates, state, params=None):
+    del params
+    leaves = jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)
+    for x in leaves:
+      if _sparse.is_row_sparse(x):
+        _checked_indices("a row-sparse gradient", x, "clip_by_global_norm")
+    g_norm = jnp.sqrt(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)))
+    trigger = g_norm < max_norm
+
+    def clip(x):
+      values = x.data if _sparse.is_row_sparse(x) else x
+      out = jnp.where(trigger, values, (values / g_norm.astype(values.dtype)) * max_norm)
+      out = out.astype(values.dtype)
+      return _like(x, out, x.indices) if _sparse.is_row_sparse(x) else out
+
+    return jax.tree.map(clip, updates, is_leaf=_sparse.is_row_sparse), state
+
+  return GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+class MultiStepsState(NamedTuple):
+  """The state of :func:`multi_steps`.
+
+  ``acc_grads`` has the params' tree: the sum of the micro-batch gradients
+  for a dense leaf, a ``(values, indices)`` pair of ``k x nse`` entries for a
+  row-sparse one.
+  """
+
+  mini_step: jax.Array
+  gradient_step: jax.Array
+  inner_opt_state: Any
+  acc_grads: Any
+
+
+def multi_steps(
+    opt: GradientTransformation,
+    every_k_schedule: int | Callable[[jax.Array], jax.Array],
+    *,
+    sparse: masks.MaskLike = None,
+    nse: int | None = None,
+    use_grad_mean: bool = True,
+) -> GradientTransformationExtraArgs:
+  r"""``optax.MultiSteps`` for gradient trees with row-sparse leaves.
+
+  Accumulates the gradients of ``k`` calls (``k = every_k_schedule`` or
+  ``every_k_schedule(gradient_step)``); the ``k``-th call passes their mean
+  (their sum with ``use_grad_mean=False``) to ``opt`` and returns its
+  updates, the other calls return zero updates and leave ``opt``'s state as
+  it is. This is :class:`optax.MultiSteps`'s rule (``optax.MultiSteps(opt,
+  k).gradient_transformation()``), and on dense gradients the two agree.
+
+  A row-sparse leaf (selected by ``sparse``) is accumulated as its entries:
+  a buffer of ``k x nse`` values and row indices, filled ``nse`` at a time,
+  so its memory is O(k x nse x row), independent of the table's size. The
+  ``k``-th call hands ``opt`` a row-sparse gradient of all ``k x nse``
+  entries (repeated rows are summed by the optimizer).
+
+  Args:
+    opt: the transformation to apply every ``k`` calls.
+    every_k_schedule: ``k`` (an int >= 1), or a function of the number of
+      updates made so far returning ``k`` (dense gradients only: a row-sparse
+      buffer needs a fixed ``k``).
+    sparse: which leaves get row-sparse gradients (a leaf name, a full path,
+      a :class:`~lars_optax.masks.Mask`, as in
+      :func:`lars_optax.sparse_value_and_grad`); ``None`` for none.
+    nse: the number of entries (``grad.nse``) of one micro-batch's
+      row-sparse gradient of each selected leaf; every call must give that
+      many (``sparse_value_and_grad`` without ``max_rows`` gives the number
+      of ids of the batch).
+    use_grad_mean: pass the mean of the ``k`` gradients (else their sum).
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with a
+    :class:`MultiStepsState`.
+  """
+  if not isinstance(opt, GradientTransformation):
+    raise TypeError(f"opt: expected an optax.GradientTransformation, got {type(opt).__name__}.")
+  fixed_k = None
+  if callable(every_k_schedule):
+    if sparse is not None:
+      raise ValueError("every_k_schedule: a row-sparse leaf's buffer needs a fixed k; pass "
+                       "an int with `sparse`.")
+  elif (isinstance(every_k_schedule, bool)
+        or not isinstance(every_k_schedule, (int, np.integer)) or every_k_schedule < 1):
+    raise ValueError(f"every_k_schedule: expected an int >= 1 or a schedule, got "
+                     f"{every_k_schedule!r}.")
+  else:
+    fixed_k = int(every_k_schedule)
+  if not isinstance(use_grad_mean, (bool, np.bool_)):
+    raise TypeError(f"use_grad_mean: expected a bool, got {use_grad_mean!r}.")
+  if sparse is not None:
+    if isinstance(nse, bool) or not isinstance(nse, (int, np.integer)) or nse < 1:
+      raise ValueError(f"nse: expected an int >= 1 (the entries of one row-sparse "
+                       f"gradient) with `sparse`, got {nse!r}.")
+    if isinstance(sparse, str):
+      sparse = _sparse._by_name(sparse)
+    masks.check_mask_like(sparse, "sparse")
+  inner = optax.with_extra_args_support(opt)
+
+  def k_steps(gradient_step):
+    if fixed_k is not None:
+      return jnp.asarray(fixed_k, jnp.int32)
+    return jnp.asarray(every_k_schedule(gradient_step), jnp.int32)
+
+  def chosen(params):
+    if sparse is None:
+      return [False] * len(jax.tree.leaves(params))
+    return masks.resolve_mask(sparse, params, "sparse")
+
+  def init_fn(params):
+    flat, treedef = jax.tree.flatten(params)
+    acc = []
+    for p, c in zip(flat, chosen(params)):
+      if c:
+        assert fixed_k is not None and nse is not None
+        size = fixed_k * nse
+        acc.append((jnp.zeros((size, *p.shape[1:]), p.dtype),
+                    jnp.full((size, 1), p.shape[0], jnp.int32)))
+      else:
+        acc.append(jnp.zeros_like(p))
+    return MultiStepsState(mini_step=jnp.zeros([], jnp.int32),
+                           gradient_step=jnp.zeros([], jnp.int32),
+                           inner_opt_state=inner.init(params),
+                           acc_grads=jax.tree.unflatten(treedef, acc))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    flat_g, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
+    flat_acc = treedef.flatten_up_to(state.acc_grads)
+    names = _sparse._leaf_names(treedef)
+    k = k_steps(state.gradient_step)
+    acc = []
+    for name, g, a in zip(names, flat_g, flat_acc):
+      if isinstance(a, tuple):
+        if not _sparse.is_row_sparse(g):
+          raise ValueError(f"multi_steps: gradient {name!r} is dense, but `sparse` selects "
+                           "it: pass its row-sparse gradient, or leave it out of `sparse`.")
+        if g.nse != nse:
+          raise ValueError(f"multi_steps: gradient {name!r} has {g.nse} entries, but "
+                           f"nse={nse}; every micro-batch must give nse entries.")
+        idx = _checked_indices(f"gradient {name!r}", g, "multi_steps")
+        start = state.mini_step * nse
+        values = jax.lax.dynamic_update_slice_in_dim(a[0], g.data.astype(a[0].dtype), start, 0)
+        rows = jax.lax.dynamic_update_slice_in_dim(a[1], idx.astype(jnp.int32), start, 0)
+        acc.append((values, rows))
+      elif _sparse.is_row_sparse(g):
+        raise ValueError(f"multi_steps: gradient {name!r} is row-sparse; name it in "
+                         "`sparse` (with `nse`) so that its rows are accumulated.")
+      else:
+        acc.append(a + g.astype(a.dtype))
+    emit = state.mini_step == k - 1
+
+    def gradients():
+      out = []
+      for g, a in zip(flat_g, acc):
+        if isinstance(a, tuple):
+          values = a[0] / k.astype(a[0].dtype) if use_grad_mean else a[0]
+          out.append(_sparse.RowSparseUpdate((values.astype(g.dtype), a[1]), shape=g.shape))
+        else:
+          out.append((a / k.astype(a.dtype) if use_grad_mean else a).astype(g.dtype))
+      return jax.tree.unflatten(treedef, out)
+
+    def do_emit(inner_state):
+      return inner.update(gradients(), inner_state, params, **extra_args)
+
+    def skip(inner_state):
+      shapes, _ = jax.eval_shape(do_emit, inner_state)
+      return optax.tree.zeros_like(shapes), inner_state
+
+    new_updates, inner_state = jax.lax.cond(emit, do_emit, skip, state.inner_opt_state)
+
+    # After an emitting call: empty buffers (a row-sparse one all padding).
+    new_acc = []
+    for g, a in zip(flat_g, acc):
+      if isinstance(a, tuple):
+        new_acc.append((jnp.where(emit, 0, a[0]).astype(a[0].dtype),
+                        jnp.where(emit, g.shape[0], a[1]).astype(a[1].dtype)))
+      else:
+        new_acc.append(jnp.where(emit, 0, a).astype(a.dtype))
+    new_state = MultiStepsState(
+        mini_step=jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32),
+        gradient_step=jnp.where(emit, state.gradient_step + 1,
+                                state.gradient_step).astype(jnp.int32),
+        inner_opt_state=inner_state,
+        acc_grads=jax.tree.unflatten(treedef, new_acc))
+    return new_updates, new_state
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
