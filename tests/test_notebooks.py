@@ -2,8 +2,10 @@
 
 Each is executed with ``nbclient`` in a fresh ``python3`` kernel (so a
 notebook's own device setup, e.g. 8 virtual CPU devices, takes effect), in a
-temporary directory. Outputs must be stripped in git, and every notebook
-starts with the same install cell (:data:`INSTALL_CELL`).
+temporary directory. Every notebook is stored with its outputs, for the docs
+(``notebooks/store_outputs.py``): each code cell has run, in order, without an
+error, and no output shows a local path. Every notebook starts with the same
+install cell (:data:`INSTALL_CELL`).
 """
 
 import json
@@ -43,12 +45,24 @@ def test_there_are_notebooks():
       "quickstart", "lars_vs_sgd", "porting_from_mxnet_and_tensorflow", "distributed", "svrg"}
 
 
+_LOCAL_PATH = re.compile(r"site-packages|/home/|/Users/|/tmp/|[A-Z]:\\\\")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_outputs_are_stripped(path):
+def test_outputs_are_stored_in_order_without_errors_or_local_paths(path):
   nb = json.loads(path.read_text())
-  for cell in nb["cells"]:
-    if cell["cell_type"] == "code":
-      assert not cell.get("outputs") and cell.get("execution_count") is None, path.name
+  code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+  assert [cell.get("execution_count") for cell in code] == list(range(1, len(code) + 1)), (
+      f"{path.name}: run notebooks/store_outputs.py {path.stem} to store its outputs")
+  for cell in code:
+    for out in cell["outputs"]:
+      assert out["output_type"] != "error", path.name
+      texts = [out.get("text", "")] + [v for k, v in out.get("data", {}).items()
+                                       if k.startswith("text/")]
+      for text in texts:
+        text = "".join(text) if isinstance(text, list) else text
+        assert not _LOCAL_PATH.search(text) and str(ROOT) not in text, (
+            f"{path.name}: a local path in an output: {text!r}")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
