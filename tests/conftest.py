@@ -3,6 +3,8 @@
 import contextlib
 
 import jax
+import jax.numpy as jnp
+import optax
 
 # The distributed tests (pmap, sharded jit, shard_map) need several devices; on
 # CPU, JAX can split the host into virtual ones. This must run before the
@@ -24,3 +26,26 @@ def x64():
     from jax.experimental import enable_x64  # pylint: disable=g-import-not-at-top
     with enable_x64():
       yield
+
+
+def mxnet_params(dtype=jnp.float32):
+  """A small MXNet-named params tree (a weight and a bias) for the optimizer tests."""
+  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype),
+          "fc1_bias": jnp.array([0.1, -0.2], dtype)}
+
+
+def mxnet_grads(dtype=jnp.float32, scale=1.0):
+  """Gradients for :func:`mxnet_params`, times ``scale``."""
+  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * scale,
+          "fc1_bias": jnp.array([0.5, -0.5], dtype) * scale}
+
+
+def mxnet_run(tx, steps=3, dtype=jnp.float32, jit=True):
+  """``steps`` updates of :func:`mxnet_params` (gradients scaled 1, 2, ...); (params, state)."""
+  params = mxnet_params(dtype)
+  state = tx.init(params)
+  update = jax.jit(tx.update) if jit else tx.update
+  for k in range(steps):
+    updates, state = update(mxnet_grads(dtype, scale=1.0 + k), state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state

@@ -14,6 +14,9 @@ import optax
 import pytest
 
 import lars_optax
+from conftest import mxnet_grads as _mxnet_grads
+from conftest import mxnet_params as _mxnet_params
+from conftest import mxnet_run as _mxnet_run
 
 
 def _params():
@@ -346,26 +349,6 @@ def test_sgld_by_name_takes_key():
 # --------------------------------------------------------------------------
 # sgd (mx.optimizer.SGD) and mxnet_momentum
 # --------------------------------------------------------------------------
-
-
-def _mxnet_params(dtype=jnp.float32):
-  return {"fc1_weight": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype),
-          "fc1_bias": jnp.array([0.1, -0.2], dtype)}
-
-
-def _mxnet_grads(dtype=jnp.float32, scale=1.0):
-  return {"fc1_weight": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * scale,
-          "fc1_bias": jnp.array([0.5, -0.5], dtype) * scale}
-
-
-def _mxnet_run(tx, steps=3, dtype=jnp.float32, jit=True):
-  params = _mxnet_params(dtype)
-  state = tx.init(params)
-  update = jax.jit(tx.update) if jit else tx.update
-  for k in range(steps):
-    updates, state = update(_mxnet_grads(dtype, scale=1.0 + k), state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
 
 
 def test_sgd_by_hand():
