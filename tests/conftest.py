@@ -4,7 +4,9 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.experimental.sparse import BCOO
 
 # The distributed tests (pmap, sharded jit, shard_map) need several devices; on
 # CPU, JAX can split the host into virtual ones. This must run before the
@@ -49,3 +51,19 @@ def mxnet_run(tx, steps=3, dtype=jnp.float32, jit=True):
     updates, state = update(mxnet_grads(dtype, scale=1.0 + k), state, params)
     params = optax.apply_updates(params, updates)
   return params, state
+
+
+def as_row_sparse(g):
+  """MXNet's ``tostype('row_sparse')``: the rows with a non-zero entry.
+
+  Padded to one slot per row (with the padding index, the number of rows),
+  so that every step has the same shapes and compiles once.
+  """
+  g = np.asarray(g, np.float32)
+  n = g.shape[0]
+  rows = np.nonzero(np.any(g.reshape(n, -1) != 0, axis=1))[0]
+  values = np.zeros_like(g)
+  values[:len(rows)] = g[rows]
+  padded = np.full(n, n, np.int32)
+  padded[:len(rows)] = rows
+  return BCOO((jnp.asarray(values), jnp.asarray(padded)[:, None]), shape=g.shape)

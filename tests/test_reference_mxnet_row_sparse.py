@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.experimental.sparse import BCOO
 
 import lars_optax
+from conftest import as_row_sparse as _as_row_sparse
 
 REF = json.loads(
     (pathlib.Path(__file__).parent / "reference" / "mxnet_row_sparse.json").read_text())
@@ -44,18 +44,6 @@ def _create(case):
     if key in case:
       kwargs[key] = case[key]
   return lars_optax.create(case["optimizer"], **kwargs)
-
-
-def _as_row_sparse(g):
-  """MXNet's ``tostype('row_sparse')``: the rows with a non-zero entry, padded."""
-  g = np.asarray(g, np.float32)
-  n = g.shape[0]
-  rows = np.nonzero(np.any(g.reshape(n, -1) != 0, axis=1))[0]
-  values = np.zeros_like(g)
-  values[:len(rows)] = g[rows]
-  padded = np.full(n, n, np.int32)
-  padded[:len(rows)] = rows
-  return BCOO((jnp.asarray(values), jnp.asarray(padded)[:, None]), shape=g.shape)
 
 
 def _buffers(case, state):

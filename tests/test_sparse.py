@@ -22,6 +22,7 @@ import pytest
 from jax.experimental.sparse import BCOO
 
 import lars_optax
+from conftest import as_row_sparse as _as_row_sparse
 from lars_optax import sparse_psum, sparse_value_and_grad
 
 
@@ -172,22 +173,6 @@ def test_bfloat16_params_take_bcoo_gradients():
 REF = json.loads(
     (pathlib.Path(__file__).parent / "reference" / "mxnet_optimizers.json").read_text())
 CASES = {c["name"]: c for c in REF["cases"]}
-
-
-def _as_row_sparse(g):
-  """MXNet's ``tostype('row_sparse')``: the rows with a non-zero entry.
-
-  Padded to one slot per row (with the padding index, the number of rows),
-  so that every step has the same shapes and compiles once.
-  """
-  g = np.asarray(g, np.float32)
-  n = g.shape[0]
-  rows = np.nonzero(np.any(g.reshape(n, -1) != 0, axis=1))[0]
-  values = np.zeros_like(g)
-  values[:len(rows)] = g[rows]
-  padded = np.full(n, n, np.int32)
-  padded[:len(rows)] = rows
-  return _bcoo(values, padded, g.shape)
 
 
 @pytest.mark.parametrize("name", ["adam_lazy", "sgd_lazy"])
