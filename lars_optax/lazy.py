@@ -41,6 +41,10 @@ def present_rows(grad: jax.Array) -> jax.Array:
 
 
 def _check_rows(tree: Any, where: str, what: str = "parameter") -> None:
+  # A row-sparse gradient is judged by its values (its other children, such as
+  # the indices' digest, are not rows).
+  tree = jax.tree.map(lambda g: g.data if _sparse.is_row_sparse(g) else g, tree,
+                      is_leaf=_sparse.is_row_sparse)
   for name, leaf in masks.named_leaves(tree):
     if np.ndim(leaf) == 0:
       raise ValueError(
@@ -166,9 +170,7 @@ def lazy_update(inner: GradientTransformation, *,
   def _sparse_update(updates, state, params, extra_args):
     # Row-sparse (BCOO) leaves: gather, update and scatter their rows
     # (lars_optax.sparse); dense leaves in the tree follow the rule above.
-    # (A row-sparse leaf's rows are its values'; its index digest is 0-d.)
-    _check_rows(jax.tree.map(lambda g: g.data if _sparse.is_row_sparse(g) else g, updates,
-                             is_leaf=_sparse.is_row_sparse), "lazy_update", "gradient")
+    _check_rows(updates, "lazy_update", "gradient")
     def dense_step(new, old, grad):
       return _keep_rows(new, old, rows_present([grad])[0])
 
@@ -199,8 +201,7 @@ def on_row_sparse(inner: GradientTransformation, name: str, *,
     flat, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
     if not any(_sparse.is_row_sparse(g) for g in flat):
       return inner_tx.update(updates, state, params, **extra_args)
-    _check_rows(jax.tree.map(lambda g: g.data if _sparse.is_row_sparse(g) else g, updates,
-                             is_leaf=_sparse.is_row_sparse), name, "gradient")
+    _check_rows(updates, name, "gradient")
     if check is not None:
       check([n for n, g in zip(_sparse._leaf_names(treedef), flat)
              if _sparse.is_row_sparse(g)], params)
