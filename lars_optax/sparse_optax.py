@@ -319,7 +319,7 @@ def multi_steps(
 
     def skip(inner_state):
       shapes, _ = jax.eval_shape(do_emit, inner_state)
-      return optax.tree.zeros_like(shapes), inner_state
+      return optax.tree_utils.tree_zeros_like(shapes), inner_state
 
     new_updates, inner_state = jax.lax.cond(emit, do_emit, skip, state.inner_opt_state)
 

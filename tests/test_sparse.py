@@ -805,7 +805,7 @@ def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
 
 def test_tree_map_add_of_a_zero_tree_keeps_the_rows():
   params, _, g1, _ = _two_grads()
-  summed = jax.tree.map(jnp.add, g1, optax.tree.zeros_like(g1))
+  summed = jax.tree.map(jnp.add, g1, optax.tree_utils.tree_zeros_like(g1))
   tx = lars_optax.sgd(1.0, lazy_update=True)
   updates, _ = jax.jit(tx.update)(summed, tx.init(params), params)
   chex.assert_trees_all_close(optax.apply_updates(params, updates),

@@ -44,7 +44,7 @@ def test_tree_add_equals_the_sum_of_the_dense_gradients():
   g1, g2 = (SPARSE_GRAD(params, ids)[1] for ids in _batches(2))
   total = lars_optax.tree_add(g1, g2)
   assert total["emb"].nse == g1["emb"].nse + g2["emb"].nse
-  chex.assert_trees_all_close(_dense(total), optax.tree.add(_dense(g1), _dense(g2)), rtol=1e-6)
+  chex.assert_trees_all_close(_dense(total), optax.tree_utils.tree_add(_dense(g1), _dense(g2)), rtol=1e-6)
   # The sum trains the right rows.
   tx = lars_optax.sgd(0.1, lazy_update=True)
   updates, _ = jax.jit(tx.update)(total, tx.init(params), params)
