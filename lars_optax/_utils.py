@@ -220,3 +220,31 @@ def safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
   """
   zero = denom == 0
   return jnp.where(zero, 0, x / jnp.where(zero, jnp.ones_like(denom), denom))
+
+
+def varying(aval: Any) -> frozenset:
+  """The mesh axes along which a value of this type varies inside ``shard_map``.
+
+  Empty outside ``shard_map`` and with ``check_vma=False``. (JAX 0.7 spells
+  it ``aval.vma``; newer versions ``aval.mat.varying``.)
+  """
+  mat = getattr(aval, "mat", None)
+  if mat is not None and hasattr(mat, "varying"):
+    return frozenset(mat.varying)
+  return frozenset(getattr(aval, "vma", ()) or ())
+
+
+def vma(x: Any) -> frozenset:
+  """:func:`varying` of a value's type."""
+  return varying(jax.typeof(x))
+
+
+def to_varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """``x`` typed as varying over the mesh ``axes`` (``lax.pcast(..., to="varying")``;
+  JAX 0.7 spells it ``lax.pvary``)."""
+  if not axes:
+    return x
+  pcast = getattr(jax.lax, "pcast", None)
+  if pcast is not None:
+    return pcast(x, axes, to="varying")
+  return jax.lax.pvary(x, axes)  # type: ignore[attr-defined]

@@ -102,6 +102,8 @@ def _is_box(x: Any) -> bool:
   mro = type(x).__mro__
   if hasattr(x, "get_value") and any(c.__name__ == "Variable" for c in mro):
     return True
+  if any(c.__name__ == "VariableState" and c.__module__.startswith("flax") for c in mro):
+    return True  # what nnx.split gives before Flax 0.11
   return hasattr(x, "unbox") and any(
       c.__name__ == "AxisMetadata" and c.__module__.startswith("flax") for c in mro)
 

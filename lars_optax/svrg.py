@@ -206,8 +206,7 @@ def _pmean(tree: Any, axis_name: str | None) -> Any:
 
 def _varies(x: Any, axis_name: str) -> bool:
   """Whether ``x`` is typed as varying over ``axis_name`` (``shard_map``)."""
-  kind = getattr(jax.typeof(x), "manual_axis_type", None)
-  return kind is not None and axis_name in getattr(kind, "varying", ())
+  return axis_name in utils.vma(x)
 
 
 def _mean_grads(loss: jax.Array, grads: Any, axis_name: str | None) -> Any:

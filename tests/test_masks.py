@@ -77,6 +77,20 @@ def test_leaf_names_flax():
   assert jax.tree.structure(names) == jax.tree.structure(params)
 
 
+@pytest.mark.quick  # (also at the Flax floor, whose nnx.split holds VariableState boxes)
+def test_named_leaves_of_nnx_split_state_are_the_variables_paths():
+  from flax import nnx
+
+  class Bag(nnx.Module):
+    def __init__(self, rngs):
+      self.embed = nnx.Embed(10, 4, rngs=rngs)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+  _, state = nnx.split(Bag(nnx.Rngs(0)), nnx.Param)
+  assert [n for n, _ in lars_optax.named_leaves(state)] == [
+      "embed/embedding", "out/bias", "out/kernel"]
+
+
 def test_named_leaves_order_matches_tree_leaves():
   params = _flax_params()
   named = lars_optax.named_leaves(params)
