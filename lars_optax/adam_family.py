@@ -730,7 +730,8 @@ def adam(
     lazy_update: update only the rows present in the gradient.
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
-    multi_precision: float32 master weights and state for float16/bfloat16.
+    multi_precision: float32 master weights and state for float16/bfloat16
+      (with ``lazy_update``, also for row-sparse gradients, as in MXNet 2.0).
       Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
       for float16 params: :math:`v_t` underflows in float16 and the steps
       blow up (``optax.adam`` does the same).

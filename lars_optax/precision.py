@@ -20,7 +20,8 @@ from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.sparse import is_row_sparse, reject_row_sparse
+from lars_optax import sparse as _sparse
+from lars_optax.sparse import is_row_sparse
 
 __all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
 
@@ -65,6 +66,11 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
   float64 leaves are passed to ``inner`` unchanged. This is MXNet's
   ``multi_precision=True``, extended to bfloat16.
 
+  A row-sparse (BCOO) gradient goes to ``inner`` with float32 values, for a
+  lazy ``inner`` (``adam(..., lazy_update=True, multi_precision=True)``, as
+  MXNet 2.0's Adam takes both): its row-sparse :math:`\Delta` is added to
+  the master's rows, and the update is row-sparse too, on the same rows.
+
   The update of a low-precision leaf is float32; apply it with
   :func:`optax.apply_updates` (which casts the sum back to the param dtype).
   The result equals the cast master exactly whenever the difference of the two
@@ -98,45 +104,61 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
-    _reject_row_sparse_with_master(updates)
-    reject_row_sparse(updates, params, name)
-    v.check_same_structure(updates, params, name)
-    v.check_float_params(updates, name, "gradient")
+    shapes = _sparse.shape_view(updates)
+    v.check_same_structure(shapes, params, name)
+    v.check_float_params(shapes, name, "gradient")
     full = master_tree(params, state.master)
-    grads = jax.tree.map(lambda g, p: g.astype(jnp.float32) if _is_low(p) else g,
-                         updates, params)
-    inner_updates, inner_state = inner_tx.update(grads, state.inner_state, full,
-                                                 **extra_args)
+
+    def to_f32(g, p):
+      if not _is_low(p):
+        return g
+      if is_row_sparse(g):
+        return _sparse.with_values(g, g.data.astype(jnp.float32))
+      return g.astype(jnp.float32)
+
+    grads = jax.tree.map(to_f32, updates, params, is_leaf=is_row_sparse)
+    try:
+      inner_updates, inner_state = inner_tx.update(grads, state.inner_state, full,
+                                                   **extra_args)
+    except (ValueError, TypeError) as e:
+      sparse = [n for n, x in masks.named_leaves(shapes)
+                if isinstance(x, jax.ShapeDtypeStruct)]
+      if not sparse or "row-sparse" in str(e):
+        raise
+      raise ValueError(
+          f"{name}: gradient {sparse[0]!r} is row-sparse (a BCOO), and the wrapped "
+          f"optimizer failed on it ({type(e).__name__}: {str(e).splitlines()[0]}). "
+          "Only row-wise lazy updates take row-sparse gradients (lars_optax.adam(..., "
+          "lazy_update=True), lars_optax.lazy_update(tx)); otherwise pass "
+          "grad.todense().") from e
 
     def new_master(p, m, u):
-      return (m + u.astype(jnp.float32)) if _is_low(p) else optax.MaskedNode()
+      if not _is_low(p):
+        return optax.MaskedNode()
+      if is_row_sparse(u):  # a lazy inner step: a scatter-add of its rows
+        return m + _sparse.with_values(u, u.data.astype(jnp.float32))
+      return m + u.astype(jnp.float32)
 
     master = jax.tree.map(new_master, params, state.master, inner_updates)
+
+    def cast_down(p, m):
+      return m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32)
 
     def out(p, m, u):
       if not _is_low(p):
         return u
-      return m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32)
+      if is_row_sparse(u):  # only the rows the inner step moved
+        rows = _sparse.unique_rows(u, p.shape[0])
+        values = cast_down(_sparse.gather_rows(p, rows), _sparse.gather_rows(m, rows))
+        return _sparse.RowSparseUpdate((values, rows[:, None].astype(u.indices.dtype)),
+                                       shape=u.shape, indices_sorted=u.indices_sorted,
+                                       unique_indices=u.unique_indices)
+      return cast_down(p, m)
 
     new_updates = jax.tree.map(out, params, master, inner_updates)
     return new_updates, MultiPrecisionState(master, inner_state)
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def _reject_row_sparse_with_master(updates: Any) -> None:
-  """A BCOO gradient here: the masters take dense gradients only (say so, also
-  when the inner optimizer is lazy, as under ``adam(lazy_update=True,
-  multi_precision=True)``)."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(updates, is_leaf=is_row_sparse)
-  for path, g in flat:
-    if is_row_sparse(g):
-      raise ValueError(
-          f"multi_precision: gradient {masks.path_to_name(path)!r} is row-sparse (a BCOO), "
-          "but float32 master weights take dense gradients only, also with "
-          "lazy_update=True. Pass grad.todense() (lazy_update=True still skips its "
-          "all-zero rows), or drop multi_precision and keep float32 or bfloat16 params "
-          "for row-sparse updates.")
 
 
 def master_params(state: optax.OptState, params: Any) -> Any:

@@ -474,6 +474,36 @@ def _combine(grad: BCOO, num_rows: int) -> tuple[jax.Array, jax.Array]:
   return uniq, values
 
 
+def with_values(grad: BCOO, values: jax.Array) -> BCOO:
+  """``grad`` with other values: same type, flags, indices and index digest.
+
+  (Rebuilding a :class:`RowSparseUpdate` from its indices would digest them
+  anew, hiding a change the digest is there to catch.)
+  """
+  children, aux = grad.tree_flatten()
+  return type(grad).tree_unflatten(aux, (values, *children[1:]))
+
+
+def unique_rows(grad: BCOO, num_rows: int) -> jax.Array:
+  """The distinct rows of ``grad``; unused slots (and bad indices) get ``num_rows``."""
+  return _combine(grad, num_rows)[0]
+
+
+def gather_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+  """``x[rows]``; a row ``x.shape[0]`` (padding) reads a row whose result is dropped."""
+  return _gather(x, rows)
+
+
+def shape_view(tree: Any) -> Any:
+  """``tree`` with each row-sparse leaf replaced by its :class:`jax.ShapeDtypeStruct`.
+
+  For the checks written for dense trees (structure, shapes, dtypes).
+  """
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if is_row_sparse(x) else x,
+      tree, is_leaf=is_row_sparse)
+
+
 def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
   # Padding rows (index num_rows) read the last row; their results are dropped
   # by the scatter back, so the gather need not check bounds.
@@ -809,25 +839,9 @@ def _dynamic_slice_as_gather(ndim: int) -> Any:
       offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
 
 
-def _varying(aval: Any) -> frozenset:
-  """The mesh axes along which a value of this type varies inside ``shard_map``.
-
-  Empty outside ``shard_map`` and with ``check_vma=False``. (JAX spells it
-  ``aval.vma``, or ``aval.mat.varying`` in newer versions.)
-  """
-  mat = getattr(aval, "mat", None)
-  if mat is not None and hasattr(mat, "varying"):
-    return frozenset(mat.varying)
-  return frozenset(getattr(aval, "vma", ()) or ())
-
-
-def _vma(x: Any) -> frozenset:
-  return _varying(jax.typeof(x))
-
-
 def _out_vma(eqn: Any) -> frozenset:
   """The mesh axes along which an equation's (first) result varies, from the jaxpr."""
-  return _varying(eqn.outvars[0].aval)
+  return utils.varying(eqn.outvars[0].aval)
 
 
 def _gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
@@ -1102,8 +1116,7 @@ def sparse_value_and_grad(
     def zeros(lk):
       p = flat_p[lk.leaf]
       z = jnp.zeros((lk.rows.shape[0], *p.shape[1:]), p.dtype)
-      axes = tuple(sorted(lk.vma))
-      return jax.lax.pcast(z, axes, to="varying") if axes else z
+      return utils.to_varying(z, tuple(sorted(lk.vma)))
 
     deltas = [zeros(lk) for lk in probe.lookups]
     interp = _Interpreter(max_rows, None)
@@ -1124,7 +1137,7 @@ def sparse_value_and_grad(
     for lk, r, g in zip(probe.lookups, rows, g_deltas):
       # Inside shard_map, the rows of a replicated table's lookups vary over
       # the devices; its gradient is their sum: gather every device's rows.
-      axes = tuple(sorted(lk.vma - _vma(flat_p[lk.leaf])))
+      axes = tuple(sorted(lk.vma - utils.vma(flat_p[lk.leaf])))
       if axes:
         r, g = _gather_over(r, axes), _gather_over(g, axes)
       per_leaf.setdefault(lk.leaf, []).append((r, g))
@@ -1143,7 +1156,7 @@ def sparse_value_and_grad(
       idx = jnp.concatenate([r for r, _ in parts])[:, None]
       data = jnp.concatenate([g for _, g in parts])
       single = len(parts) == 1 and not any(
-          lk.vma - _vma(p) for lk in probe.lookups if lk.leaf == i)
+          lk.vma - utils.vma(p) for lk in probe.lookups if lk.leaf == i)
       grads.append(RowSparseUpdate((data.astype(p.dtype), idx), shape=p.shape,
                                    unique_indices=single, indices_sorted=single))
     return value, jax.tree.unflatten(treedef, grads)

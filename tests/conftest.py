@@ -53,13 +53,13 @@ def mxnet_run(tx, steps=3, dtype=jnp.float32, jit=True):
   return params, state
 
 
-def as_row_sparse(g):
+def as_row_sparse(g, dtype=np.float32):
   """MXNet's ``tostype('row_sparse')``: the rows with a non-zero entry.
 
   Padded to one slot per row (with the padding index, the number of rows),
   so that every step has the same shapes and compiles once.
   """
-  g = np.asarray(g, np.float32)
+  g = np.asarray(g, dtype)
   n = g.shape[0]
   rows = np.nonzero(np.any(g.reshape(n, -1) != 0, axis=1))[0]
   values = np.zeros_like(g)

@@ -10,6 +10,8 @@ whose steps are below float16's resolution, which only moves with the wrapper.
 """
 
 import functools
+import json
+import pathlib
 import warnings
 
 import chex
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import x64
+from conftest import as_row_sparse, x64
 
 import lars_optax
 from lars_optax import MultiPrecisionState, master_params, multi_precision
@@ -422,25 +424,86 @@ def test_sgd_lazy_update_with_multi_precision_raises_at_construction(make):
     make()
 
 
-def test_adam_lazy_update_with_multi_precision_on_a_bcoo_says_masters_take_dense_only():
-  """MXNet's Adam takes both flags (its SGD does not); here the float32 masters take
-  dense gradients only, and the error says so instead of suggesting lazy_update=True."""
-  from jax.experimental.sparse import BCOO
+MXNET_OPTIMIZERS = json.loads(
+    (pathlib.Path(__file__).parent / "reference" / "mxnet_optimizers.json").read_text())
 
-  tx = lars_optax.create("adam", learning_rate=0.1, lazy_update=True, multi_precision=True)
+
+def test_adam_lazy_update_with_multi_precision_takes_row_sparse_gradients_as_mxnet():
+  """MXNet 2.0's Adam takes lazy_update and multi_precision together (its SGD and
+  LARS assert against it): float16 row_sparse gradients update the float32
+  master's present rows. Fed as BCOOs, we match its weights, masters and moments."""
+  (case,) = [c for c in MXNET_OPTIMIZERS["cases"] if c["name"] == "adam_lazy_mp_f16"]
+  tx = lars_optax.create("adam", **case["kwargs"])
+  params = {k: jnp.asarray(np.asarray(v), jnp.float16) for k, v in case["params"].items()}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for t, grads in enumerate(case["grads"]):
+    sparse = {k: as_row_sparse(g, np.float16) for k, g in grads.items()}
+    params, state = step(params, state, sparse)
+    masters = master_params(state, params)
+    mu, nu = optax.tree_utils.tree_get(state, "mu"), optax.tree_utils.tree_get(state, "nu")
+    for k, w in case["weights"][t].items():
+      assert params[k].dtype == jnp.float16
+      # float16: one ulp where MXNet's float32 master rounds the other way.
+      np.testing.assert_allclose(np.asarray(params[k], np.float32), w, rtol=1e-3, atol=1e-3)
+      ref = case["states"][t][k]
+      for ours, theirs in ((masters[k], ref["master"]), (mu[k], ref["mean"]),
+                           (nu[k], ref["var"])):
+        theirs = np.asarray(theirs)
+        scale = max(np.abs(theirs).max(), 1e-30)
+        assert np.abs(np.asarray(ours) - theirs).max() / scale < 3e-5, (t, k)
+
+
+def test_multi_precision_row_sparse_update_equals_the_dense_one():
+  """Repeated rows, padding and a dense leaf beside: the update is row-sparse, and
+  equals the same step on the dense gradient (weights, masters and state)."""
+  tx = lars_optax.adam(0.05, wd=1e-2, lazy_update=True, multi_precision=True)
+  rng = np.random.default_rng(0)
+  params = {"emb": jnp.asarray(rng.normal(size=(10, 3)), jnp.float16),
+            "w": jnp.asarray(rng.normal(size=(3,)), jnp.bfloat16)}
+  # Eighths, so that float16 sums the repeated row 2 exactly in todense() too.
+  rows = lars_optax.row_sparse(jnp.asarray(rng.integers(-8, 9, size=(5, 3)) / 8, jnp.float16),
+                               jnp.array([2, 7, 2, 10, 0]), 10)  # 10 = padding
+  grads = {"emb": rows, "w": jnp.ones((3,), jnp.bfloat16)}
+  dense = {"emb": rows.todense(), "w": grads["w"]}
+  state = tx.init(params)
+  for _ in range(3):
+    updates, s_sparse = jax.jit(tx.update)(grads, state, params)
+    assert isinstance(updates["emb"], lars_optax.RowSparseUpdate)
+    d_updates, s_dense = tx.update(dense, state, params)
+    new = optax.apply_updates(params, updates)
+    chex.assert_trees_all_equal(new, optax.apply_updates(params, d_updates))
+    chex.assert_trees_all_close(s_sparse, s_dense, rtol=1e-5)  # float32 rounding order
+    changed = np.nonzero(np.any(np.asarray(new["emb"] != params["emb"]), axis=1))[0]
+    assert set(changed) <= {0, 2, 7}
+    params, state = new, s_sparse
+
+
+def test_multi_precision_row_sparse_under_skip_nonfinite():
+  """(optax.apply_if_finite fails on any multi_precision update: its zero tree has
+  the gradients' float16 dtype, the update is float32; skip_nonfinite is the guard.)"""
+  tx = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True, multi_precision=True))
   params = {"emb": jnp.ones((4, 2), jnp.float16)}
   state = tx.init(params)
-  dense = jnp.zeros((4, 2), jnp.float16).at[1].set(1.0)
-  with pytest.raises(ValueError, match=r"^multi_precision: gradient 'emb' is row-sparse \(a "
-                                       r"BCOO\), but float32 master weights take dense "
-                                       r"gradients only, also with lazy_update=True\.") as err:
-    tx.update({"emb": BCOO.fromdense(dense, n_dense=1)}, state, params)
-  assert "only row-wise lazy updates can" not in str(err.value)
-  # The advice works: the dense gradient updates only its non-zero row (Adam's
-  # first step is -lr up to epsilon), and the master keeps the others.
-  updates, state = tx.update({"emb": dense}, state, params)
-  new = optax.apply_updates(params, updates)
-  np.testing.assert_allclose(np.asarray(new["emb"], np.float32),
+  good = {"emb": lars_optax.row_sparse(jnp.ones((1, 2), jnp.float16), jnp.array([1]), 4)}
+  bad = {"emb": lars_optax.row_sparse(jnp.full((1, 2), jnp.nan, jnp.float16),
+                                      jnp.array([1]), 4)}
+  updates, state = jax.jit(tx.update)(bad, state, params)
+  chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
+  updates, state = jax.jit(tx.update)(good, state, params)
+  np.testing.assert_allclose(np.asarray(optax.apply_updates(params, updates)["emb"], np.float32),
                              [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-3)
-  np.testing.assert_allclose(master_params(state, new)["emb"],
-                             [[1, 1], [0.9, 0.9], [1, 1], [1, 1]], rtol=1e-6)
+
+
+def test_multi_precision_around_an_optimizer_that_cannot_take_a_bcoo_names_the_leaf():
+  tx = multi_precision(optax.adam(1e-3))
+  params = {"emb": jnp.ones((6, 3), jnp.float16)}
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3), jnp.float16), jnp.array([1, 4]), 6)}
+  with pytest.raises(ValueError, match=r"^multi_precision: gradient 'emb' is row-sparse \(a "
+                                       r"BCOO\), and the wrapped optimizer failed on it"):
+    tx.update(grads, tx.init(params), params)

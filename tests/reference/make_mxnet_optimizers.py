@@ -96,6 +96,8 @@ clip_gradient=None, begin_num_update=0, multi_precision=False):
                        FactorScheduler(step=3, factor=0.5, base_lr=0.01)
     adam_mult          adam, learning_rate 0.01, wd 1e-2, multipliers B
     adam_mp_f16        adam, float16, multi_precision True, learning_rate 0.01, wd 1e-3
+    adam_lazy_mp_f16   adam, float16, sparse, lazy_update True, multi_precision True,
+                       learning_rate 0.01, wd 1e-3
     sgd_momentum       sgd, learning_rate 0.1, momentum 0.9, wd 1e-3, rescale_grad 0.5,
                        clip_gradient 1
     sgd_lazy           sgd, sparse, lazy_update True, momentum 0.9, learning_rate 0.1, wd 1e-3
@@ -115,8 +117,11 @@ with the multipliers (set with ``opt.set_lr_mult`` / ``opt.set_wd_mult``)
 (``sgd_mult_sched`` uses wd 1e-2 so that wd_mult has something to act on.)
 
 Left out because MXNet rejects them: ``lazy_update=True`` together with
-``multi_precision=True`` (sgd and lars assert against it in their
-constructors), and ``lazy_update=True`` with ``use_fused_step=False``.
+``multi_precision=True`` for sgd and lars (they assert against it in their
+constructors; Adam takes both, ``adam_lazy_mp_f16``: the optimizer base casts
+the float16 row_sparse gradient to float32 and the lazy kernel updates the
+present rows of the float32 master), and ``lazy_update=True`` with
+``use_fused_step=False``.
 
 What MXNet does that these cases show (each is checked by the numpy rule
 below, which agrees with MXNet only if it is modelled this way):
@@ -304,6 +309,8 @@ CASES = (
     _case("adam_mult", "adam", 315, learning_rate=0.01, wd=1e-2, **MULT_B),
     _case("adam_mp_f16", "adam", 316, dtype="float16", multi_precision=True, learning_rate=0.01,
           wd=1e-3),
+    _case("adam_lazy_mp_f16", "adam", 317, dtype="float16", sparse=True, lazy_update=True,
+          multi_precision=True, learning_rate=0.01, wd=1e-3),
     _case("sgd_momentum", "sgd", 320, learning_rate=0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
           clip_gradient=1.0),
     _case("sgd_lazy", "sgd", 321, sparse=True, lazy_update=True, momentum=0.9, learning_rate=0.1,
