@@ -83,7 +83,13 @@ from lars_optax.sparse import (
     sparse_psum,
     sparse_value_and_grad,
 )
-from lars_optax.sparse_optax import MultiStepsState, clip_by_global_norm, multi_steps, tree_add
+from lars_optax.sparse_optax import (
+    MultiStepsState,
+    apply_updates,
+    clip_by_global_norm,
+    multi_steps,
+    tree_add,
+)
 from lars_optax.svrg import (
     SVRGState,
     full_gradient,
@@ -157,6 +163,7 @@ __all__ = [
     "add_decayed_weights_per_leaf",
     "add_delay_compensation",
     "add_langevin_noise",
+    "apply_updates",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",

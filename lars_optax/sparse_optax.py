@@ -4,8 +4,8 @@ A generic optax transformation maps over the leaves of the gradient tree, and
 a row-sparse :class:`~jax.experimental.sparse.BCOO` is a pytree of its values
 *and its row indices*: ``optax.clip_by_global_norm`` would take the norm of the
 indices too, ``optax.MultiSteps`` and ``jax.tree.map(jnp.add, g1, g2)`` would
-add them. These three do what their optax counterparts do to the equivalent
-dense gradients, in O(rows in the gradient):
+add them. These do what their optax (and Equinox) counterparts do to the
+equivalent dense gradients, in O(rows in the gradient):
 
 * :func:`tree_add` sums gradient trees (micro-batches by hand): a row-sparse
   leaf's sum holds the entries of both (duplicates are summed by the
@@ -14,7 +14,9 @@ dense gradients, in O(rows in the gradient):
   the row-sparse leaves' values, with repeated rows summed first;
 * :func:`multi_steps` accumulates ``k`` micro-batches, as
   :class:`optax.MultiSteps`, keeping the ``k x nse`` entries of a row-sparse
-  leaf (O(k x rows of one gradient)), never a table-sized buffer.
+  leaf (O(k x rows of one gradient)), never a table-sized buffer;
+* :func:`apply_updates` applies updates to a whole model, as
+  ``eqx.apply_updates`` does, row-sparse updates included.
 
 A training step with gradient accumulation and clipping::
 
@@ -61,7 +63,8 @@ from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
 
-__all__ = ["MultiStepsState", "clip_by_global_norm", "multi_steps", "tree_add"]
+__all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "multi_steps",
+           "tree_add"]
 
 
 def _like(grad: BCOO, values: jax.Array, indices: jax.Array) -> BCOO:
@@ -117,6 +120,48 @@ def tree_add(*trees: Any) -> Any:
         shape=leaves[0].shape)
 
   return jax.tree_util.tree_map_with_path(add, *trees, is_leaf=_sparse.is_row_sparse)
+
+
+def apply_updates(model: Any, updates: Any) -> Any:
+  """``optax.apply_updates`` for whole models, row-sparse updates included.
+
+  Takes what ``eqx.apply_updates(model, updates)`` takes: ``updates`` is a
+  prefix of ``model`` (an Equinox model, a Flax or Haiku params dict), a
+  ``None`` update leaves its leaf alone (Equinox's filtered trees hold ``None``
+  for the activation functions and other non-arrays), and every other leaf
+  becomes ``p + u`` cast to ``p``'s dtype, as in ``optax.apply_updates``. A
+  row-sparse update (a :class:`~lars_optax.RowSparseUpdate`, what a lazy
+  optimizer returns for a row-sparse gradient) is added to its rows by a
+  scatter, in O(rows).
+
+  ``eqx.apply_updates`` itself cannot take a row-sparse update: it maps over
+  the updates first, and a row-sparse update is a pytree node (so that it can
+  leave ``jit`` and pass through ``lax.cond``) where the model holds an array.
+
+  Example (an Equinox model with a row-sparse gradient)::
+
+    import equinox as eqx, jax, jax.numpy as jnp, lars_optax
+
+    model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
+    tx = lars_optax.adam(1e-2, lazy_update=True)
+    state = tx.init(eqx.filter(model, eqx.is_array))
+    rows = lars_optax.row_sparse(jnp.ones((2, 8)), jnp.array([3, 7]), 100)
+    grads = eqx.tree_at(lambda m: m.weight, model, rows)
+    updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
+    model = lars_optax.apply_updates(model, updates)
+  """
+
+  def apply(u: Any, p: Any) -> Any:
+    if u is None:
+      return p
+    return jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
+
+  try:
+    return jax.tree.map(apply, updates, model,
+                        is_leaf=lambda x: x is None or _sparse.is_row_sparse(x))
+  except ValueError as e:
+    raise ValueError(f"apply_updates: the updates' tree is not a prefix of the model's: "
+                     f"{e}") from None
 
 
 def _sum_sq(x: Any) -> jax.Array:

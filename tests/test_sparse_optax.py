@@ -44,7 +44,8 @@ def test_tree_add_equals_the_sum_of_the_dense_gradients():
   g1, g2 = (SPARSE_GRAD(params, ids)[1] for ids in _batches(2))
   total = lars_optax.tree_add(g1, g2)
   assert total["emb"].nse == g1["emb"].nse + g2["emb"].nse
-  chex.assert_trees_all_close(_dense(total), optax.tree_utils.tree_add(_dense(g1), _dense(g2)), rtol=1e-6)
+  chex.assert_trees_all_close(_dense(total), optax.tree_utils.tree_add(_dense(g1), _dense(g2)),
+                              rtol=1e-6)
   # The sum trains the right rows.
   tx = lars_optax.sgd(0.1, lazy_update=True)
   updates, _ = jax.jit(tx.update)(total, tx.init(params), params)
@@ -176,3 +177,16 @@ def test_module_docstring_training_loop_runs():
   assert int(state.gradient_step) == 2  # 8 calls, a step every 4th
   assert np.isfinite(np.asarray(namespace["params"]["table"])).all()
   assert float(jnp.abs(namespace["params"]["table"]).max()) > 0
+
+
+def test_apply_updates_docstring_example_runs():
+  import textwrap
+
+  doc = lars_optax.apply_updates.__doc__
+  block = textwrap.dedent(doc.split("::\n\n", 1)[1])
+  namespace = {}
+  exec(block, namespace)
+  weight = np.asarray(namespace["model"].weight)
+  moved = np.nonzero(np.any(weight != np.asarray(namespace["eqx"].nn.Embedding(
+      100, 8, key=namespace["jax"].random.key(0)).weight), axis=1))[0]
+  np.testing.assert_array_equal(moved, [3, 7])
