@@ -652,35 +652,24 @@ class _EqxBag:
     return eqx.tree_at(lambda m: m.emb.weight, dense, _rows_grad(table) if sparse else table)
 
 
-def test_equinox_model_takes_a_row_sparse_update_through_optax_apply_updates():
-  """The idiom of docs/troubleshooting.md: apply to the arrays, then combine."""
+def _apply_lars_optax(model, updates):
+  return lars_optax.apply_updates(model, updates)
+
+
+def _apply_partition_combine(model, updates):
+  """The other idiom of docs/troubleshooting.md: apply to the arrays, then combine."""
   import equinox as eqx
 
-  model = _EqxBag.model()
-  tx = lars_optax.adam(0.1, lazy_update=True)
-  params = eqx.filter(model, eqx.is_array)
-  state = tx.init(params)
-
-  @eqx.filter_jit
-  def step(model, state, grads):
-    params, static = eqx.partition(model, eqx.is_array)
-    updates, state = tx.update(grads, state, params)
-    return eqx.combine(optax.apply_updates(params, updates), static), state
-
-  new, _ = step(model, state, _EqxBag.grads(model, sparse=True))
-  dense_updates, _ = tx.update(_EqxBag.grads(model, sparse=False), state, params)
-  expected = eqx.apply_updates(model, dense_updates)
-  chex.assert_trees_all_close(eqx.filter(new, eqx.is_array),
-                              eqx.filter(expected, eqx.is_array), rtol=1e-5)
-  assert new.mlp.activation is model.mlp.activation
-  changed = np.nonzero(np.any(np.asarray(new.emb.weight != model.emb.weight), axis=1))[0]
-  np.testing.assert_array_equal(changed, SPARSE_ROWS)
+  params, static = eqx.partition(model, eqx.is_array)
+  return eqx.combine(optax.apply_updates(params, updates), static)
 
 
-def test_lars_optax_apply_updates_takes_an_equinox_model_and_a_row_sparse_update():
-  """The drop-in for eqx.apply_updates: the whole model, None updates, row-sparse
-  leaves; equal to eqx.apply_updates of the dense step and to optax.apply_updates
-  on the arrays."""
+@pytest.mark.parametrize("apply", [_apply_lars_optax, _apply_partition_combine],
+                         ids=["lars_optax_apply_updates", "partition_combine"])
+def test_equinox_model_takes_a_row_sparse_update(apply):
+  """lars_optax.apply_updates, the drop-in for eqx.apply_updates (whole model, None
+  updates, row-sparse leaves), and the partition/combine idiom: equal to
+  optax.apply_updates on the arrays and to eqx.apply_updates of the dense step."""
   import equinox as eqx
 
   model = _EqxBag.model()
@@ -691,7 +680,7 @@ def test_lars_optax_apply_updates_takes_an_equinox_model_and_a_row_sparse_update
   @eqx.filter_jit
   def step(model, state, grads):
     updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
-    return lars_optax.apply_updates(model, updates), updates, state
+    return apply(model, updates), updates, state
 
   new, updates, _ = step(model, state, _EqxBag.grads(model, sparse=True))
   assert isinstance(updates.emb.weight, lars_optax.RowSparseUpdate)
