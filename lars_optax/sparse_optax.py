@@ -156,12 +156,15 @@ def apply_updates(model: Any, updates: Any) -> Any:
       return p
     return jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
 
+  flat_u, treedef_ = jax.tree.flatten(
+      updates, is_leaf=lambda x: x is None or _sparse.is_row_sparse(x))
+  treedef: Any = treedef_  # (jax's stubs do not describe flatten_up_to)
   try:
-    return jax.tree.map(apply, updates, model,
-                        is_leaf=lambda x: x is None or _sparse.is_row_sparse(x))
-  except ValueError as e:
+    flat_p = treedef.flatten_up_to(model)
+  except (ValueError, TypeError) as e:
     raise ValueError(f"apply_updates: the updates' tree is not a prefix of the model's: "
                      f"{e}") from None
+  return jax.tree.unflatten(treedef, [apply(u, p) for u, p in zip(flat_u, flat_p)])
 
 
 def _sum_sq(x: Any) -> jax.Array:

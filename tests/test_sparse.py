@@ -705,6 +705,11 @@ def test_lars_optax_apply_updates_on_dense_trees_is_optax_apply_updates():
                               {"w": params["w"], "b": jnp.ones((2,))})
   with pytest.raises(ValueError, match=r"^apply_updates: the updates' tree is not a prefix"):
     lars_optax.apply_updates(params, {"w": updates["w"]})
+  # A row-sparse update's own errors come through as they are.
+  table = {"emb": jnp.zeros((4, 2))}
+  bad = lars_optax.row_sparse(jnp.ones((1, 2)), jnp.array([9]), 4)
+  with pytest.raises(ValueError, match=r"row indices out of range \[0, 4\)"):
+    lars_optax.apply_updates(table, {"emb": bad})
 
 
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
