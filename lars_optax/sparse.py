@@ -140,7 +140,10 @@ class RowSparseUpdate(BCOO):
 
   * ``dense + update`` (as :func:`optax.apply_updates` computes it) returns
     ``dense.at[indices[:, 0]].add(values, mode="drop")``: O(K) work, and in
-    place under ``jit`` when ``dense`` is donated (a plain BCOO densifies);
+    place under ``jit`` when ``dense`` is donated (a plain BCOO densifies).
+    When the update's dtype is the wider (float32 values for a float16
+    table), the sum is formed in it on the update's rows and cast back to the
+    table's dtype, which the result keeps: the table is never widened whole;
   * it carries a digest of its row indices (the pytree leaf
     ``fingerprint``). ``jax.tree.map`` walks into a BCOO, so
     ``jax.tree.map(jnp.add, g1, g2)`` adds the two gradients' *row
@@ -171,8 +174,17 @@ class RowSparseUpdate(BCOO):
       return NotImplemented
     ok = check_indices("a row-sparse update", self, other.shape[0], "apply_updates",
                        hint=_AFTER_HINT)
-    values = self.data.astype(jnp.result_type(other.dtype, self.data.dtype))
-    return other.astype(values.dtype).at[self.indices[:, 0] + ok].add(values, mode="drop")
+    wide = jnp.result_type(other.dtype, self.data.dtype)
+    if wide == other.dtype:
+      return other.at[self.indices[:, 0] + ok].add(self.data.astype(wide), mode="drop")
+    # A wider update (float32 into a float16 table, as multi_precision makes):
+    # the sums are formed in the wider dtype on the update's rows only and cast
+    # back, so the table is never widened whole (optax.apply_updates would cast
+    # the sum back to the table's dtype anyway).
+    rows, values = _combine(self, other.shape[0])
+    rows = rows + jnp.asarray(ok, rows.dtype)
+    summed = _gather(other, rows).astype(wide) + values.astype(wide)
+    return other.at[rows].set(summed.astype(other.dtype), mode="drop")
 
   def __radd__(self, other: Any) -> Any:
     if isinstance(other, BCOO):
