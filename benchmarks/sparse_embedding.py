@@ -10,7 +10,9 @@ Adam step (update + apply, jit-compiled, params and state donated):
 * ``optax.adam`` on the dense gradient;
 * ``lars_optax.adam(lazy_update=True)`` on the dense gradient (the dense lazy
   path);
-* ``lars_optax.adam(lazy_update=True)`` on a row-sparse BCOO gradient;
+* ``lars_optax.adam(lazy_update=True)`` on a row-sparse BCOO gradient (also
+  with repeated rows, and on a float16 table with ``multi_precision=True``'s
+  float32 masters);
 
 and a whole train step of an embedding-bag model (``batch x bag`` ids, mean of
 their rows, a linear layer, squared error): gradients from
@@ -145,6 +147,14 @@ def optimizer_cases(rows: int, dim: int, touched: int, sparse_only: bool) -> lis
     p = params()
     cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient, duplicates summed",
                       _optimizer_step(lazy), p, lazy.init(p), (dup_g,)))
+    # A float16 table with float32 masters (MXNet's multi_precision=True).
+    mp = lars_optax.adam(LR, lazy_update=True, multi_precision=True)
+    p16 = jax.tree.map(lambda x: x.astype(jnp.float16), params())
+    g16 = {"table": BCOO((jnp.asarray(values, jnp.float16), jnp.asarray(idx)[:, None]),
+                         shape=(rows, dim), unique_indices=True)}
+    cases.append(Case("lars_optax.adam(lazy_update=True, multi_precision=True), float16 "
+                      "table, BCOO gradient (unique_indices=True)",
+                      _optimizer_step(mp), p16, mp.init(p16), (g16,)))
   p = params()
   cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True)",
                     _optimizer_step(lazy), p, lazy.init(p), (sparse_g,)))

@@ -592,6 +592,7 @@ def test_benchmark_quick_run_prints_a_markdown_table():
   report = module.main(["--quick", "--rounds", "1", "--rows", "2000"])
   assert "2,000 x 64 float32 table" in report
   assert "| lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True) |" in report
+  assert "multi_precision=True), float16 table" in report
   assert "not run (no --mxnet-python)" in report
 
 
