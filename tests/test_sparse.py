@@ -951,6 +951,23 @@ def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
   chex.assert_trees_all_close(run(guarded, [bad]), params)
 
 
+def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
+  """optax.apply_if_finite's zero branch copies a plain BCOO gradient's type, which
+  differs from the update's; lars_optax.skip_nonfinite takes the update's."""
+  params = {"emb": jnp.ones((5, 2))}
+  good = {"emb": _bcoo(np.ones((2, 2), np.float32), [1, 3], (5, 2))}
+  bad = {"emb": _bcoo(np.full((2, 2), np.nan, np.float32), [1, 3], (5, 2))}
+  plain = lars_optax.adam(0.1, lazy_update=True)
+  guarded = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True))
+  state = guarded.init(params)
+  updates, state = jax.jit(guarded.update)(bad, state, params)
+  chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
+  updates, state = jax.jit(guarded.update)(good, state, params)
+  expected, _ = plain.update(good, plain.init(params), params)
+  chex.assert_trees_all_close(optax.apply_updates(params, updates),
+                              optax.apply_updates(params, expected), rtol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # sparse_value_and_grad takes what jax.value_and_grad takes
 # --------------------------------------------------------------------------
