@@ -150,9 +150,12 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
       if is_row_sparse(u):  # only the rows the inner step moved
         rows = _sparse.unique_rows(u, p.shape[0])
         values = cast_down(_sparse.gather_rows(p, rows), _sparse.gather_rows(m, rows))
+        # The rows are distinct now (sorted, unless they were distinct already):
+        # flagged so, applying this float32 update to the float16 table does not
+        # sort them a second time.
         return _sparse.RowSparseUpdate((values, rows[:, None].astype(u.indices.dtype)),
-                                       shape=u.shape, indices_sorted=u.indices_sorted,
-                                       unique_indices=u.unique_indices)
+                                       shape=u.shape, unique_indices=True,
+                                       indices_sorted=u.indices_sorted or not u.unique_indices)
       return cast_down(p, m)
 
     new_updates = jax.tree.map(out, params, master, inner_updates)
