@@ -87,6 +87,7 @@ from lars_optax.sparse_optax import (
     MultiStepsState,
     apply_updates,
     clip_by_global_norm,
+    dense_updates,
     multi_steps,
     tree_add,
 )
@@ -175,6 +176,7 @@ __all__ = [
     "clip_params",
     "create",
     "dcasgd",
+    "dense_updates",
     "from_metadata",
     "ftml",
     "ftrl",

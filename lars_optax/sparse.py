@@ -14,10 +14,14 @@ O(rows touched), not O(table). This module brings that to JAX with
   ``sgd(lazy_update=True)`` and ``create(..., lazy_update=True)`` take such
   leaves: they gather the K rows of the param and of every params-shaped
   state buffer, run the inner transformation on them and scatter them back.
-  The update of a sparse leaf is row-sparse too (a :class:`RowSparseUpdate`),
-  and ``optax.apply_updates(params, updates)`` adds it with a scatter, in
-  O(K). Under ``jit`` with donated params and state, nothing the size of
-  the table is allocated;
+  The update of a sparse leaf is row-sparse too, of the gradient's type (a
+  :class:`RowSparseUpdate`, or a plain BCOO for a plain BCOO, so that
+  :func:`optax.apply_if_finite` matches it), and
+  ``optax.apply_updates(params, updates)`` adds it with a scatter, in O(K).
+  Under ``jit`` with donated params and state, nothing the size of the table
+  is allocated (XLA turns ``params + densified plain BCOO`` into the same
+  scatter). :func:`~lars_optax.dense_updates` returns it as an array, for
+  ``eqx.apply_updates``;
 * :func:`sparse_value_and_grad` gives such gradients for unchanged models
   (Flax, Haiku, Equinox): it differentiates with respect to the rows a batch
   looks up, never the whole table;
@@ -134,13 +138,14 @@ class RowSparseUpdate(BCOO):
   """A row-sparse BCOO, as lars_optax makes them: gradients and updates.
 
   :func:`sparse_value_and_grad`, :func:`row_sparse`, :func:`tree_add`,
-  :func:`sparse_psum` and the lazy optimizers return this
-  :class:`~jax.experimental.sparse.BCOO` subclass. It differs from a BCOO
-  in two ways:
+  :func:`sparse_psum` and the lazy optimizers (for such a gradient) return
+  this :class:`~jax.experimental.sparse.BCOO` subclass. It differs from a
+  BCOO in two ways:
 
   * ``dense + update`` (as :func:`optax.apply_updates` computes it) returns
     ``dense.at[indices[:, 0]].add(values, mode="drop")``: O(K) work, and in
-    place under ``jit`` when ``dense`` is donated (a plain BCOO densifies).
+    place under ``jit`` when ``dense`` is donated (a plain BCOO densifies,
+    which XLA folds into the same scatter under ``jit`` only).
     When the update's dtype is the wider (float32 values for a float16
     table), the sum is formed in it on the update's rows and cast back to the
     table's dtype, which the result keeps: the table is never widened whole;
@@ -662,17 +667,22 @@ class _Tag:
 def _update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
   """The row-sparse update of ``grad``'s rows, with ``grad``'s pytree structure.
 
-  Same flags (``indices_sorted``, ``unique_indices``; the rows after summing
-  duplicates keep them) and index dtype as the gradient, so that a wrapper
-  that selects between the update and a zero tree of the gradient
-  (:func:`optax.apply_if_finite`) sees one structure. A plain BCOO gradient
-  still gets a :class:`RowSparseUpdate`, which ``apply_updates`` adds in O(K).
+  Same type (a plain BCOO gradient gets a plain BCOO, a
+  :class:`RowSparseUpdate` a :class:`RowSparseUpdate`), flags
+  (``indices_sorted``, ``unique_indices``; the rows after summing duplicates
+  keep them) and index dtype as the gradient, so that a wrapper that selects
+  between the update and a zero tree of the gradient
+  (:func:`optax.apply_if_finite`) sees one structure. ``params + update`` of
+  a plain BCOO densifies the update; under ``jit`` XLA folds
+  ``params + densified`` into an in-place scatter-add of the rows, so the
+  step stays O(K) there (``benchmarks/sparse_embedding.py``).
   """
   dtype = grad.indices.dtype
   if jnp.iinfo(dtype).max >= num_rows:
     rows = rows.astype(dtype)
-  return RowSparseUpdate((values, rows[:, None]), shape=grad.shape,
-                         indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)
+  cls = RowSparseUpdate if isinstance(grad, RowSparseUpdate) else BCOO
+  return cls((values, rows[:, None]), shape=grad.shape,
+             indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)
 
 
 def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,

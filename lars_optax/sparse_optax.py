@@ -16,7 +16,9 @@ equivalent dense gradients, in O(rows in the gradient):
   :class:`optax.MultiSteps`, keeping the ``k x nse`` entries of a row-sparse
   leaf (O(k x rows of one gradient)), never a table-sized buffer;
 * :func:`apply_updates` applies updates to a whole model, as
-  ``eqx.apply_updates`` does, row-sparse updates included.
+  ``eqx.apply_updates`` does, row-sparse updates included;
+* :func:`dense_updates` turns a lazy optimizer's row-sparse updates into
+  arrays, for code that maps over the updates first (``eqx.apply_updates``).
 
 A training step with gradient accumulation and clipping::
 
@@ -63,8 +65,8 @@ from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
 
-__all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "multi_steps",
-           "tree_add"]
+__all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_updates",
+           "multi_steps", "tree_add"]
 
 
 def _like(grad: BCOO, values: jax.Array, indices: jax.Array) -> BCOO:
@@ -165,6 +167,71 @@ def apply_updates(model: Any, updates: Any) -> Any:
     raise ValueError(f"apply_updates: the updates' tree is not a prefix of the model's: "
                      f"{e}") from None
   return jax.tree.unflatten(treedef, [apply(u, p) for u, p in zip(flat_u, flat_p)])
+
+
+def _densify(u: Any) -> Any:
+  """A row-sparse update as the dense array it stands for (others unchanged)."""
+  if not _sparse.is_row_sparse(u):
+    return u
+  if isinstance(u, _sparse.RowSparseUpdate):  # (its indices are checked, as when applied)
+    return jnp.zeros(u.shape, u.dtype) + u  # RowSparseUpdate.__radd__: a scatter-add
+  return u.todense()
+
+
+def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraArgs:
+  """``inner`` with its row-sparse updates returned as dense arrays.
+
+  A lazy optimizer's update of a row-sparse gradient is row-sparse (a
+  :class:`~jax.experimental.sparse.BCOO`, a pytree node, so that it can leave
+  ``jit`` and pass through ``lax.cond``). Code that maps over the *updates*
+  first and adds each leaf to the matching param needs an array there:
+  ``eqx.apply_updates(model, updates)``, or a hand-written
+  ``jax.tree.map(lambda u, p: p + u, updates, params)``. This wrapper gives
+  it one: each row-sparse update leaf becomes
+  ``zeros(shape).at[rows].add(values)``; dense leaves and the state are
+  ``inner``'s, unchanged.
+
+  Cost: inside one ``jit`` with the apply, XLA folds ``params + update`` into
+  a scatter-add of the update's rows into ``params`` (in place when the
+  params are donated), so the step costs what the row-sparse update costs
+  and has no table-sized temporary (``benchmarks/sparse_embedding.py``,
+  ``tests/test_sparse_optax.py``). An update that leaves the ``jit`` is a
+  table-sized array: keep the row-sparse update there and apply it with
+  ``optax.apply_updates`` or :func:`apply_updates`.
+
+  Example (an Equinox model, applied with ``eqx.apply_updates``)::
+
+    import equinox as eqx, jax, jax.numpy as jnp, lars_optax
+
+    model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
+    tx = lars_optax.dense_updates(lars_optax.adam(1e-2, lazy_update=True))
+    state = tx.init(eqx.filter(model, eqx.is_array))
+
+    @eqx.filter_jit(donate="all")
+    def step(model, state, grads):
+      updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
+      return eqx.apply_updates(model, updates), state
+
+    rows = lars_optax.row_sparse(jnp.ones((2, 8)), jnp.array([3, 7]), 100)
+    model, state = step(model, state, eqx.tree_at(lambda m: m.weight, model, rows))
+
+  Args:
+    inner: the optimizer, typically a lazy one (``lazy_update=True``,
+      ``create("adagrad")``, :func:`lazy_update`).
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with ``inner``'s state.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError(f"dense_updates: `inner` must be an optax GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    updates, state = inner_tx.update(updates, state, params, **extra_args)
+    return jax.tree.map(_densify, updates, is_leaf=_sparse.is_row_sparse), state
+
+  return GradientTransformationExtraArgs(inner_tx.init, update_fn)
 
 
 def _sum_sq(x: Any) -> jax.Array:

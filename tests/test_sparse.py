@@ -123,12 +123,19 @@ def test_dense_leaf_in_the_tree_follows_the_dense_lazy_rule():
                                 0.0)
 
 
-def test_update_is_row_sparse_and_apply_updates_scatters():
+@pytest.mark.parametrize("kind", ["bcoo", "row_sparse"])
+def test_update_is_row_sparse_of_the_gradients_type_and_apply_updates_scatters(kind):
+  """The update has the gradient's pytree type: a plain BCOO for a plain BCOO (so
+  that optax.apply_if_finite's zero tree of the gradient matches it), a
+  RowSparseUpdate for a RowSparseUpdate."""
   params = {"emb": jnp.zeros((5, 2))}
   tx = lars_optax.sgd(1.0, lazy_update=True)
-  updates, _ = tx.update({"emb": _bcoo([[1.0, 2.0]], [3], (5, 2))}, tx.init(params), params)
+  grad = (_bcoo([[1.0, 2.0]], [3], (5, 2)) if kind == "bcoo"
+          else lars_optax.row_sparse(jnp.array([[1.0, 2.0]]), jnp.array([3]), 5))
+  updates, _ = tx.update({"emb": grad}, tx.init(params), params)
   u = updates["emb"]
-  assert isinstance(u, lars_optax.RowSparseUpdate)
+  assert type(u) is type(grad)
+  assert jax.tree.structure(u) == jax.tree.structure(grad)
   assert u.shape == (5, 2)
   np.testing.assert_array_equal(u.indices[:, 0], [3])
   new = optax.apply_updates(params, updates)["emb"]
@@ -736,8 +743,9 @@ def test_lars_optax_apply_updates_on_dense_trees_is_optax_apply_updates():
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
     "eqx.apply_updates maps over the updates first, so a row-sparse update (a pytree "
     "node, so that it can leave jit) must match the model's array leaf: 'pytree "
-    "structure error'. lars_optax.apply_updates is the drop-in that takes it."))
-def test_equinox_apply_updates_takes_a_row_sparse_update():
+    "structure error'. lars_optax.dense_updates(tx) returns arrays it takes; "
+    "lars_optax.apply_updates takes the row-sparse update."))
+def test_equinox_apply_updates_takes_a_bare_row_sparse_update():
   import equinox as eqx
 
   model = _EqxBag.model()
@@ -749,13 +757,47 @@ def test_equinox_apply_updates_takes_a_row_sparse_update():
                               optax.apply_updates(params, updates))
 
 
+@pytest.mark.parametrize("name", ["adam", "groupadagrad", "ftrl"])
+def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(name):
+  """eqx.apply_updates(model, updates), Equinox's own idiom, under eqx.filter_jit with
+  the model donated: equal to optax.apply_updates of the row-sparse update, and only
+  the gradient's rows move."""
+  import equinox as eqx
+
+  make = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
+          "groupadagrad": lambda: lars_optax.create("groupadagrad", learning_rate=0.1),
+          "ftrl": lambda: lars_optax.create("ftrl")}[name]
+  model = _EqxBag.model()
+  params = eqx.filter(model, eqx.is_array)
+  grads = _EqxBag.grads(model, sparse=True)
+  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+  expected_updates, _ = sparse_tx.update(grads, sparse_tx.init(params), params)
+  expected = optax.apply_updates(params, expected_updates)
+  expected_model = jax.tree.map(np.asarray, expected)  # (the model's buffers are donated)
+  before = np.asarray(model.emb.weight)
+
+  @eqx.filter_jit(donate="all-except-first")
+  def step(grads, model, state):
+    updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
+    return eqx.apply_updates(model, updates), updates, state
+
+  new, updates, _ = step(grads, model, tx.init(params))
+  assert isinstance(updates.emb.weight, jax.Array) and updates.emb.weight.shape == (12, 4)
+  chex.assert_trees_all_close(eqx.filter(new, eqx.is_array), expected_model,
+                              rtol=1e-5)  # (eager vs jit: float32 rounding order)
+  changed = np.nonzero(np.any(np.asarray(new.emb.weight) != before, axis=1))[0]
+  np.testing.assert_array_equal(changed, SPARSE_ROWS)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["row_sparse_update", "dense_updates"])
 @pytest.mark.parametrize("name", ["adam", "adagrad", "ftrl"])
-def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name):
+def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name, dense):
   from flax.training import train_state
 
   tx = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
         "adagrad": lambda: lars_optax.create("adagrad", learning_rate=0.1),
         "ftrl": lambda: lars_optax.create("ftrl")}[name]()
+  tx = lars_optax.dense_updates(tx) if dense else tx
   params = {"emb": jnp.asarray(np.random.default_rng(0).normal(size=(12, 4)), jnp.float32),
             "w": jnp.ones((4,))}
   grads = {"emb": _rows_grad(_table_grad((12, 4))), "w": jnp.full((4,), 0.5)}
@@ -767,7 +809,8 @@ def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name):
   np.testing.assert_array_equal(changed, SPARSE_ROWS)
 
 
-def test_nnx_optimizer_update_equals_optax_apply_updates():
+@pytest.mark.parametrize("dense", [False, True], ids=["row_sparse_update", "dense_updates"])
+def test_nnx_optimizer_update_equals_optax_apply_updates(dense):
   from flax import nnx
 
   class Bag(nnx.Module):
@@ -777,6 +820,7 @@ def test_nnx_optimizer_update_equals_optax_apply_updates():
 
   model = Bag(nnx.Rngs(0))
   tx = lars_optax.create("groupadagrad", learning_rate=0.1)
+  tx = lars_optax.dense_updates(tx) if dense else tx
   _, params = nnx.split(model, nnx.Param)
   grads = jax.tree.map(jnp.ones_like, params)
   grads["embed"]["embedding"] = nnx.Param(_rows_grad(_table_grad((12, 4))))
@@ -910,11 +954,14 @@ def test_bcoo_passed_as_params_names_the_mistake():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("make", ["sparse_value_and_grad", "row_sparse"])
+@pytest.mark.parametrize("make", ["sparse_value_and_grad", "row_sparse", "hand_built_bcoo"])
 def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
   params, fn, _, _ = _two_grads(50)
   if make == "sparse_value_and_grad":
     grads = [fn(params, jnp.array(ids))[1] for ids in ([1, 5, 5], [7, 1, 49], [0, 2, 3])]
+  elif make == "hand_built_bcoo":
+    grads = [{"emb": _bcoo(np.full((2, 2), 0.5 * k, np.float32), [k, 2 * k], (50, 2)),
+              "w": jnp.ones(2)} for k in (1, 2, 3)]
   else:
     grads = [{"emb": lars_optax.row_sparse(jnp.full((2, 2), 0.5 * k), jnp.array([k, 2 * k]), 50),
               "w": jnp.ones(2)} for k in (1, 2, 3)]
@@ -932,15 +979,14 @@ def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
 
   chex.assert_trees_all_close(run(guarded, grads), run(plain, grads), rtol=1e-6)
   # A non-finite gradient is skipped: the params stay as they were.
-  bad = jax.tree.map(lambda x: x, grads[0])
-  bad["emb"] = lars_optax.row_sparse(bad["emb"].data.at[0, 0].set(jnp.nan),
-                                     bad["emb"].indices[:, 0], 50)
+  bad = dict(grads[0])
+  bad["emb"] = type(bad["emb"])((bad["emb"].data.at[0, 0].set(jnp.nan), bad["emb"].indices),
+                                shape=(50, 2))
   chex.assert_trees_all_close(run(guarded, [bad]), params)
 
 
 def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
-  """optax.apply_if_finite's zero branch copies a plain BCOO gradient's type, which
-  differs from the update's; lars_optax.skip_nonfinite takes the update's."""
+  """skip_nonfinite guards a plain BCOO gradient as optax.apply_if_finite does."""
   params = {"emb": jnp.ones((5, 2))}
   good = {"emb": _bcoo(np.ones((2, 2), np.float32), [1, 3], (5, 2))}
   bad = {"emb": _bcoo(np.full((2, 2), np.nan, np.float32), [1, 3], (5, 2))}

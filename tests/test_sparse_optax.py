@@ -190,3 +190,80 @@ def test_apply_updates_docstring_example_runs():
   moved = np.nonzero(np.any(weight != np.asarray(namespace["eqx"].nn.Embedding(
       100, 8, key=namespace["jax"].random.key(0)).weight), axis=1))[0]
   np.testing.assert_array_equal(moved, [3, 7])
+
+
+# --------------------------------------------------------------------------
+# dense_updates: arrays for code that maps over the updates first
+# --------------------------------------------------------------------------
+
+
+def _updates_first(params, updates):
+  """How eqx.apply_updates (and many hand-written loops) apply: over the updates."""
+  return jax.tree.map(lambda u, p: p + u, updates, params)
+
+
+@pytest.mark.parametrize("kind", ["bcoo", "row_sparse"])
+@pytest.mark.parametrize("name", ["adam", "sgd", "groupadagrad"])
+def test_dense_updates_step_equals_the_row_sparse_step_without_a_table_sized_temporary(
+    name, kind):
+  """Inside one jit, XLA folds ``params + densified update`` into a scatter-add of the
+  rows into the donated params: no table-sized temporary, params and state in place."""
+  from jax.experimental.sparse import BCOO
+
+  n, d, k = 100_000, 32, 64
+  make = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
+          "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True),
+          "groupadagrad": lambda: lars_optax.create("groupadagrad", learning_rate=0.1)}[name]
+  rows = jnp.asarray(np.arange(k) * 7 % n, jnp.int32)
+  values = jnp.asarray(np.random.default_rng(0).normal(size=(k, d)), jnp.float32)
+  grads = {"emb": (BCOO((values, rows[:, None]), shape=(n, d)) if kind == "bcoo"
+                   else lars_optax.row_sparse(values, rows, n))}
+  params = {"emb": jnp.asarray(np.random.default_rng(1).normal(size=(n, d)), jnp.float32)}
+  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return _updates_first(params, updates), state
+
+  state = tx.init(params)
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+  mem = compiled.memory_analysis()
+  table = n * d * 4
+  assert mem.temp_size_in_bytes < table // 20, (mem.temp_size_in_bytes, table)
+  buffers = sum(x.nbytes for x in jax.tree.leaves((params, state)) if x.shape[:1] == (n,))
+  assert mem.alias_size_in_bytes >= buffers
+
+  expected_updates, expected_state = jax.jit(sparse_tx.update)(grads, sparse_tx.init(params),
+                                                               params)
+  expected = jax.tree.map(np.asarray, (optax.apply_updates(params, expected_updates),
+                                       expected_state))
+  new = compiled(params, state, grads)
+  chex.assert_trees_all_close(new, expected, rtol=1e-6)
+
+
+def test_dense_updates_leaves_dense_gradients_and_the_state_alone():
+  params = _params()
+  grads = jax.tree.map(lambda x: jnp.full_like(x, 0.5), params)
+  tx, inner = lars_optax.dense_updates(lars_optax.adam(0.1)), lars_optax.adam(0.1)
+  chex.assert_trees_all_equal(tx.init(params), inner.init(params))
+  chex.assert_trees_all_equal(tx.update(grads, tx.init(params), params),
+                              inner.update(grads, inner.init(params), params))
+
+
+def test_dense_updates_rejects_what_is_not_a_transformation():
+  with pytest.raises(TypeError, match=r"dense_updates: `inner` must be an optax "
+                                      r"GradientTransformation, got str"):
+    lars_optax.dense_updates("adam")
+
+
+def test_dense_updates_docstring_example_runs():
+  import textwrap
+
+  block = textwrap.dedent(lars_optax.dense_updates.__doc__.split("::\n\n", 1)[1].split(
+      "\n  Args:", 1)[0])
+  namespace = {}
+  exec(block, namespace)
+  weight = np.asarray(namespace["model"].weight)
+  moved = np.nonzero(np.any(weight != np.asarray(namespace["eqx"].nn.Embedding(
+      100, 8, key=namespace["jax"].random.key(0)).weight), axis=1))[0]
+  np.testing.assert_array_equal(moved, [3, 7])
