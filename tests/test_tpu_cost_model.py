@@ -1,4 +1,4 @@
-"""benchmarks/tpu_cost_model.py fails clearly without libtpu (CI has none)."""
+"""The TPU cost-model scripts fail clearly without libtpu (CI has none)."""
 
 import importlib.util
 import pathlib
@@ -33,3 +33,14 @@ def test_estimated_cycles_are_summed_from_the_hlo_text():
               '%b = f32[8] convolution(...), backend_config={"estimated_cycles":"30"}\n')
 
   assert tpu_cost_model.estimated_cycles(Compiled()) == 150
+
+
+@pytest.mark.quick
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is not None, reason="libtpu is installed")
+def test_sparse_script_without_libtpu_exits_naming_the_extra(monkeypatch):
+  monkeypatch.syspath_prepend(str(BENCHMARKS))
+  sys.modules.pop("sparse_tpu_cost_model", None)
+  import sparse_tpu_cost_model
+
+  with pytest.raises(SystemExit, match=r"libtpu is not installed.*\[tpu-cost-model\]"):
+    sparse_tpu_cost_model.main(["--widths", "128"])
