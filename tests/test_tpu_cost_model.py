@@ -11,13 +11,15 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.mark.quick
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is not None, reason="libtpu is installed")
-def test_without_libtpu_it_exits_naming_the_extra(monkeypatch):
+@pytest.mark.parametrize("script, argv", [("tpu_cost_model", ["--skip-train-step"]),
+                                          ("sparse_tpu_cost_model", ["--widths", "128"])])
+def test_without_libtpu_it_exits_naming_the_extra(monkeypatch, script, argv):
   monkeypatch.syspath_prepend(str(BENCHMARKS))
-  sys.modules.pop("tpu_cost_model", None)
-  import tpu_cost_model
+  sys.modules.pop(script, None)
+  module = importlib.import_module(script)
 
   with pytest.raises(SystemExit, match=r"libtpu is not installed.*\[tpu-cost-model\]"):
-    tpu_cost_model.main(["--skip-train-step"])
+    module.main(argv)
 
 
 def test_estimated_cycles_are_summed_from_the_hlo_text():
@@ -34,13 +36,3 @@ def test_estimated_cycles_are_summed_from_the_hlo_text():
 
   assert tpu_cost_model.estimated_cycles(Compiled()) == 150
 
-
-@pytest.mark.quick
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is not None, reason="libtpu is installed")
-def test_sparse_script_without_libtpu_exits_naming_the_extra(monkeypatch):
-  monkeypatch.syspath_prepend(str(BENCHMARKS))
-  sys.modules.pop("sparse_tpu_cost_model", None)
-  import sparse_tpu_cost_model
-
-  with pytest.raises(SystemExit, match=r"libtpu is not installed.*\[tpu-cost-model\]"):
-    sparse_tpu_cost_model.main(["--widths", "128"])
