@@ -197,7 +197,10 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
   and has no table-sized temporary (``benchmarks/sparse_embedding.py``,
   ``tests/test_sparse_optax.py``). An update that leaves the ``jit`` is a
   table-sized array: keep the row-sparse update there and apply it with
-  ``optax.apply_updates`` or :func:`apply_updates`.
+  ``optax.apply_updates`` or :func:`apply_updates`. The update keeps its
+  dtype: under ``multi_precision`` it is float32, and ``eqx.apply_updates``
+  then widens a float16 param to float32 (as for any ``multi_precision``
+  update); ``optax.apply_updates`` and :func:`apply_updates` cast back.
 
   Example (an Equinox model, applied with ``eqx.apply_updates``)::
 
