@@ -929,6 +929,11 @@ def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
   with pytest.raises(TypeError, match=r"apply_updates: a row-sparse update is a row-sparse BCOO "
                      r"with indices of dtype float32.*lars_optax.lazy_update\(optax.chain\("):
     step(params, tx.init(params), g1)
+  # A BCOO built by hand gets a plain BCOO update, which JAX itself rejects, without a
+  # message (docs/troubleshooting.md says so).
+  hand_built = {**g1, "emb": BCOO((g1["emb"].data, g1["emb"].indices), shape=g1["emb"].shape)}
+  with pytest.raises(AssertionError):
+    step(params, tx.init(params), hand_built)
 
 
 def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
