@@ -256,3 +256,19 @@ def test_dense_updates_rejects_what_is_not_a_transformation():
   with pytest.raises(TypeError, match=r"dense_updates: `inner` must be an optax "
                                       r"GradientTransformation, got str"):
     lars_optax.dense_updates("adam")
+
+
+def test_dense_updates_under_multi_precision_keeps_the_float32_update():
+  """A float16 table with float32 masters: the dense update is float32, and applying it
+  with optax.apply_updates equals applying the row-sparse one (float16 kept)."""
+  params = {"emb": jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float16)}
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3), jnp.float16), jnp.array([1, 4]), 6)}
+  make = lambda: lars_optax.adam(0.1, lazy_update=True, multi_precision=True)
+  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+  updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+  expected, _ = jax.jit(sparse_tx.update)(grads, sparse_tx.init(params), params)
+  assert updates["emb"].dtype == jnp.float32
+  new = optax.apply_updates(params, updates)
+  assert new["emb"].dtype == jnp.float16
+  chex.assert_trees_all_equal(new, optax.apply_updates(params, expected))
+  assert _updates_first(params, updates)["emb"].dtype == jnp.float32  # as eqx.apply_updates
