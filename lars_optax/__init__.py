@@ -65,10 +65,12 @@ from lars_optax.precision import (
 from lars_optax.registry import create, mxnet_schedule, register, registered
 from lars_optax.sgd_family import (
     AddLangevinNoiseState,
+    DampenedTraceState,
     DelayCompensationState,
     MXNetMomentumState,
     add_delay_compensation,
     add_langevin_noise,
+    dampened_trace,
     dcasgd,
     mxnet_momentum,
     nag,
@@ -119,10 +121,14 @@ from lars_optax.layerwise import (
 )
 from lars_optax.stacked import FROM_METADATA, from_metadata, layer_axes
 from lars_optax.transforms import (
+    AddDecoupledWeightDecayState,
     LowPrecisionWarning,
     PerLeafState,
+    ScaleByCautionState,
     add_decayed_weights_per_leaf,
+    add_decoupled_weight_decay,
     check_inputs,
+    scale_by_caution,
     scale_per_leaf,
 )
 
@@ -135,7 +141,9 @@ __all__ = [
     "HAIKU_SKIP",
     "LOW_PRECISION",
     "MXNET_SKIP",
+    "AddDecoupledWeightDecayState",
     "AddLangevinNoiseState",
+    "DampenedTraceState",
     "DelayCompensationState",
     "FtrlProximalState",
     "LowPrecisionWarning",
@@ -149,6 +157,7 @@ __all__ = [
     "SVRGState",
     "ScaleByAdamMomentsState",
     "ScaleByBiasCorrectionState",
+    "ScaleByCautionState",
     "ScaleByFTMLState",
     "ScaleByGroupAdagradState",
     "ScaleByLambTrustRatioState",
@@ -162,6 +171,7 @@ __all__ = [
     "adamax",
     "adamw",
     "add_decayed_weights_per_leaf",
+    "add_decoupled_weight_decay",
     "add_delay_compensation",
     "add_langevin_noise",
     "apply_updates",
@@ -175,6 +185,7 @@ __all__ = [
     "clip_by_global_norm",
     "clip_params",
     "create",
+    "dampened_trace",
     "dcasgd",
     "dense_updates",
     "from_metadata",
@@ -209,6 +220,7 @@ __all__ = [
     "row_sparse",
     "scale_by_adam_moments",
     "scale_by_bias_correction",
+    "scale_by_caution",
     "scale_by_ftml",
     "scale_by_group_adagrad",
     "scale_by_lamb_adam",

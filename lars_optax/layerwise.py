@@ -46,8 +46,12 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
-from lars_optax.sgd_family import mxnet_momentum
-from lars_optax.transforms import add_decayed_weights_per_leaf
+from lars_optax.sgd_family import check_torch_momentum, dampened_trace, mxnet_momentum
+from lars_optax.transforms import (
+    add_decayed_weights_per_leaf,
+    add_decoupled_weight_decay,
+    scale_by_caution,
+)
 
 __all__ = [
   "NormalizePerLeafState",
@@ -225,6 +229,14 @@ def _layer_axes(state_layers: Sequence[Any], params: Any) -> list[int]:
   return [0 if m is None else jnp.ndim(m) for m, real in zip(state_layers, slots) if real]
 
 
+def _clip_ratios(ratios: Sequence[Any], bound: Any) -> list[Any]:
+  """LARC's clip: each ratio becomes min(ratio / bound, 1) (None stays None).
+
+  A bound of 0 (a warm-up from 0) gives 1, as in timm: rho / 0 is infinite."""
+  return [None if r is None else jnp.minimum(r / utils.cast(bound, r.dtype), 1).astype(r.dtype)
+          for r in ratios]
+
+
 def _apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax.Array]:
   """Each update times its ratio (None: unchanged; per layer for a stacked leaf).
 
@@ -255,11 +267,14 @@ class ScaleByLarsTrustRatioState(NamedTuple):
     layer_trust_ratio: ``()`` when no leaf is stacked; else per leaf None
       (not stacked) or the ratios of its layers, an array of shape
       ``shape[:k]``. :func:`trust_ratios` returns these for stacked leaves.
+    count: with ``trust_clip``, the number of updates done so far (int32),
+      with which a learning-rate schedule is called; ``()`` otherwise.
   """
 
   trust_ratio: jax.Array
   inner_state: optax.OptState
   layer_trust_ratio: tuple[Any, ...] = ()
+  count: Any = ()
 
 
 def scale_by_lars_trust_ratio(
@@ -273,6 +288,7 @@ def scale_by_lars_trust_ratio(
     wd_mult: masks.LeafValues = None,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    trust_clip: optax.ScalarOrSchedule | None = None,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -301,6 +317,19 @@ def scale_by_lars_trust_ratio(
   gradient norm is computed as :math:`|s|\,\|g\|`, so XLA never has to write
   the rescaled gradient to memory: one pass over the gradients less per step.
 
+  With ``weight_decay=0`` and no ``inner`` this is the ratio of
+  :func:`optax.lars` (``scale_by_trust_ratio``):
+  :math:`\rho = \eta\|w\|/(\|u\| + \epsilon)` of the update it receives, so
+  placed after ``add_decayed_weights`` it divides by the decayed update's
+  norm (optax, BYOL, SimCLR), and placed after a momentum trace by the
+  buffer's (SimCLR's ``classic_momentum=False``).
+
+  ``trust_clip`` is LARC's clipping (You, Gitman and Ginsburg's ratio as
+  NVIDIA's apex ``LARC(clip=True)`` and timm's ``trust_clip`` bound it):
+  :math:`\rho \leftarrow \min(\rho / \alpha_t, 1)`, with :math:`\alpha_t` the
+  learning rate of the step, so that :math:`\alpha_t\rho` never exceeds
+  :math:`\alpha_t`. Skipped leaves keep 1.
+
   Args:
     inner: the transformation whose output is scaled (default: identity).
     eta: the LARS coefficient :math:`\eta` (MXNet ``eta``, TF ``eeta``).
@@ -326,6 +355,10 @@ def scale_by_lars_trust_ratio(
       :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
       with ``"layers"``). Each layer gets its own norms and ratio, exactly as
       in the unrolled model; masks judge one layer.
+    trust_clip: None, or the learning rate :math:`\alpha_t` (a scalar or an
+      optax schedule, called with the number of updates done so far) to clip
+      the ratio with: :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`. Pass the
+      optimizer's own learning rate.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; its state is a
@@ -346,6 +379,8 @@ def scale_by_lars_trust_ratio(
   masks.check_leaf_values(wd_mult, "wd_mult")
   v.check_axis_name(axis_name)
   stacked_mod.check_stacked(stacked)
+  if trust_clip is not None:
+    v.check_learning_rate("trust_clip", trust_clip)
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
@@ -361,8 +396,9 @@ def scale_by_lars_trust_ratio(
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
-    return ScaleByLarsTrustRatioState(_ratio_vector(params), inner_tx.init(params),
-                                      _layer_ratios(params, ks))
+    return ScaleByLarsTrustRatioState(
+        _ratio_vector(params), inner_tx.init(params), _layer_ratios(params, ks),
+        () if trust_clip is None else jnp.zeros([], jnp.int32))
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
@@ -376,6 +412,10 @@ def scale_by_lars_trust_ratio(
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
                           [utils.times(weight_decay, m) for m in mults], epsilon, rescale,
                           axis_name, ks)
+    count = state.count
+    if trust_clip is not None:
+      ratios = _clip_ratios(ratios, trust_clip(count) if callable(trust_clip) else trust_clip)
+      count = optax.safe_int32_increment(count)
     if not utils.is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(
@@ -383,7 +423,7 @@ def scale_by_lars_trust_ratio(
     scaled = _apply_ratios(treedef.flatten_up_to(inner_updates), ratios)
     return (jax.tree.unflatten(treedef, scaled),
             ScaleByLarsTrustRatioState(_ratio_vector(params, ratios), inner_state,
-                                       _layer_ratios(params, ks, ratios)))
+                                       _layer_ratios(params, ks, ratios), count))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -473,8 +513,13 @@ def lars(
     multi_precision: bool = False,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    nesterov: bool = False,
+    dampening: float = 0.0,
+    lr_in_momentum: bool = True,
+    update_norm: bool = False,
+    trust_clip: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``).
+  r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``), and its other flavours.
 
   Per leaf :math:`w` with gradient :math:`g`, :math:`s` = ``rescale_grad``,
   :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd``,
@@ -505,6 +550,32 @@ def lars(
   The chain is ``scale_by_lars_trust_ratio(chain(clip, add_decayed_weights_per_leaf),
   rescale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
   ratios of the last step are in the state: :func:`lars_optax.trust_ratios`.
+
+  The flavours of other libraries (``docs/porting.md`` lists each with its
+  measured error) are each a choice of links, the defaults keeping MXNet's:
+
+  * ``lr_in_momentum=False``: the learning rate multiplies the buffer from
+    outside, :math:`b_t = \mu b_{t-1} + \rho u_t`, :math:`w_t = w_{t-1} -
+    \alpha_t b_t` (PyTorch's SGD, timm's ``Lars``, BYOL): a momentum trace
+    followed by :func:`optax.scale_by_learning_rate` instead of
+    :func:`mxnet_momentum`. The two differ once the rate changes (a warm-up).
+  * ``nesterov``, ``dampening``: PyTorch's (:func:`lars_optax.dampened_trace`;
+    the first step fills the buffer undamped).
+  * ``update_norm=True``: the ratio divides by the decayed update's norm,
+    :math:`\rho = \eta\|w\| / (\|u\| + \epsilon)` with
+    :math:`u = \mathrm{clip}(g_r) + \lambda w` (optax, BYOL, SimCLR): the
+    decay link moves in front of the ratio link.
+  * ``trust_clip=True``: LARC, :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`
+    (timm's ``trust_clip``, NVIDIA apex ``LARC(clip=True)``); see
+    :func:`scale_by_lars_trust_ratio`. The clip uses ``learning_rate``
+    itself, not ``lr_mult``.
+
+  timm's ``Lars`` with a constant or scheduled rate, as
+  ``create_optimizer_v2(model, "lars", lr=0.1, weight_decay=1e-4)`` builds it
+  (its no-decay group, 1-d leaves, gets neither decay nor ratio):
+
+  >>> timm_lars = lars_optax.lars(0.1, momentum=0.9, wd=1e-4, lr_in_momentum=False,
+  ...                             skip=lars_optax.by_ndim(1), wd_skip=lars_optax.by_ndim(1))
 
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule (called with
@@ -551,38 +622,85 @@ def lars(
       and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
       and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
       give a stacked leaf one value per layer (a numpy array of length L).
+    nesterov: Nesterov momentum as PyTorch defines it; needs ``momentum >
+      0`` and ``dampening == 0``. With the rate inside the buffer it is
+      :func:`mxnet_momentum`'s look-ahead (optax.lars's ``nesterov``).
+    dampening: PyTorch's :math:`d` in [0, 1): the buffer adds
+      :math:`(1 - d)` of each new step, except the first.
+    lr_in_momentum: True (MXNet, optax.lars, SimCLR's classic momentum): the
+      buffer accumulates :math:`\alpha_t\rho u_t`; False (PyTorch, timm,
+      BYOL): it accumulates :math:`\rho u_t` and the rate multiplies it.
+    update_norm: take the ratio's denominator from the decayed update,
+      :math:`\|u\| + \epsilon`, instead of MXNet's
+      :math:`\|g_r\| + \lambda\|w\| + \epsilon`.
+    trust_clip: LARC's clip of the ratio by the learning rate.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
 
+  Raises:
+    ValueError: for a hyperparameter out of its range (named), for
+      ``nesterov`` without momentum or with ``dampening``.
+
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
-    ``mxnet.optimizer.LARS``.
+    ``mxnet.optimizer.LARS``; PyTorch ``torch.optim.SGD``; timm
+    ``timm.optim.Lars``; NVIDIA apex ``LARC``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = base.check_flag("multi_precision", multi_precision)
+  check_torch_momentum(momentum, dampening, nesterov)
+  lr_in_momentum = base.check_flag("lr_in_momentum", lr_in_momentum)
+  update_norm = base.check_flag("update_norm", update_norm)
+  trust_clip = base.check_flag("trust_clip", trust_clip)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
+  clip = learning_rate if trust_clip else None
 
-  # The ratio is taken from the rescaled gradient before clipping, so the
-  # rescale is the ratio transformation's own and the rest runs inside it.
-  inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
+  if update_norm:
+    # optax/BYOL/SimCLR: the decayed update u = clip(s g) + wd w, then its ratio.
+    ratio_part = [*base.preprocess(rescale_grad, clip_gradient, wd, decay_mult, stacked),
+                  scale_by_lars_trust_ratio(eta=eta, epsilon=epsilon, skip=skip,
+                                            axis_name=axis_name, stacked=stacked,
+                                            trust_clip=clip)]
+  else:
+    # MXNet: the ratio is taken from the rescaled gradient before clipping, so
+    # the rescale is the ratio transformation's own and the rest runs inside it.
+    inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
+    ratio_part = [scale_by_lars_trust_ratio(
+        optax.chain(*inner) if inner else None,
+        eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip, rescale=rescale_grad,
+        wd_mult=decay_mult, axis_name=axis_name, stacked=stacked, trust_clip=clip)]
   return base.finish([
-      scale_by_lars_trust_ratio(
-          optax.chain(*inner) if inner else None,
-          eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip,
-          rescale=rescale_grad, wd_mult=decay_mult, axis_name=axis_name, stacked=stacked),
+      *ratio_part,
       *base.lr_mult_part(lr_mult, stacked),
-      mxnet_momentum(learning_rate, momentum),
+      *_momentum_and_lr(learning_rate, momentum, dampening, nesterov, lr_in_momentum),
   ], "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
                    ("eta", eta, True), ("epsilon", epsilon, True)])
+
+
+def _momentum_and_lr(learning_rate: Any, momentum: Any, dampening: Any, nesterov: bool,
+                     lr_in_momentum: bool) -> list[GradientTransformation]:
+  """Where the learning rate meets the momentum buffer: inside it (MXNet's
+  :func:`mxnet_momentum`) or after it (a trace, then the rate, PyTorch's)."""
+  no_buffer = utils.is_const(momentum, 0)
+  if lr_in_momentum and (no_buffer or utils.is_const(dampening, 0)):
+    return [mxnet_momentum(learning_rate, momentum, nesterov)]
+  if no_buffer:
+    trace = []
+  elif utils.is_const(dampening, 0):
+    trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
+  else:
+    trace = [dampened_trace(momentum, dampening, nesterov)]
+  lr = base.learning_rate_part(learning_rate)
+  return [lr, *trace] if lr_in_momentum else [*trace, lr]
 
 
 @v.tf_names
@@ -733,7 +851,7 @@ def _check_bounds(lower_bound: Any, upper_bound: Any) -> None:
 
 
 def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
-                   upper_bound: Any) -> jax.Array:
+                   upper_bound: Any, trust_clip: bool = False) -> jax.Array:
   """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
   w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
   dt = w_norm.dtype  # float32 or wider
@@ -745,6 +863,8 @@ def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
   # non-finite norms as for LARS; 1 / 1 is divided there (jax_debug_nans).
   ok = (w_norm > 0) & (u_norm > 0) & jnp.isfinite(w_norm + u_norm)
   ratio = jnp.where(ok, w_norm, 1) / jnp.where(ok, u_norm, 1)
+  if trust_clip:
+    ratio = jnp.minimum(ratio, 1)
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
@@ -786,6 +906,7 @@ def scale_by_lamb_trust_ratio(
     skip: masks.MaskLike = None,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    trust_clip: bool = False,
 ) -> GradientTransformation:
   r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
 
@@ -809,6 +930,9 @@ def scale_by_lamb_trust_ratio(
 
   Without bounds and masks this is :func:`optax.scale_by_trust_ratio` with
   its defaults, plus the logged ratios, the name masks and ``axis_name``.
+  ``trust_clip=True`` bounds the ratio by 1, :math:`\rho \leftarrow
+  \min(\rho, 1)` (timm's ``Lamb(trust_clip=True)``, "LAMBC"): a layer's step
+  is never longer than Adam's.
 
   Args:
     lower_bound: :math:`l` >= 0, or None.
@@ -826,6 +950,7 @@ def scale_by_lamb_trust_ratio(
       :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
       with ``"layers"``). Each layer gets its own norms and ratio, exactly as
       in the unrolled model; masks judge one layer.
+    trust_clip: bound the ratio by 1 (timm's LAMBC).
 
   Returns:
     A :class:`optax.GradientTransformation` with a
@@ -840,6 +965,7 @@ def scale_by_lamb_trust_ratio(
   masks.check_mask_like(skip, "skip")
   v.check_axis_name(axis_name)
   stacked_mod.check_stacked(stacked)
+  trust_clip = base.check_flag("trust_clip", trust_clip)
   name = "scale_by_lamb_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
@@ -856,7 +982,7 @@ def scale_by_lamb_trust_ratio(
     flat_p = treedef.flatten_up_to(params)
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks, axis_name)
-    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound)
+    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound, trust_clip)
               for sq in squares]
     return (jax.tree.unflatten(treedef, _apply_ratios(flat_u, ratios)),
             ScaleByLambTrustRatioState(_ratio_vector(params, ratios),
@@ -865,10 +991,14 @@ def scale_by_lamb_trust_ratio(
   return GradientTransformation(init_fn, update_fn)
 
 
-def _moments(updates, mu, nu, b1, b2):
-  """Adam's running moments, in the buffers' dtypes."""
-  mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
-                    mu, updates)
+def _moments(updates, mu, nu, b1, b2, grad_averaging=True):
+  """Adam's running moments, in the buffers' dtypes (without grad averaging,
+  the first moment adds the whole update: m = b1 m + u)."""
+  if grad_averaging:
+    mu = jax.tree.map(
+        lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u, mu, updates)
+  else:
+    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + u.astype(m.dtype), mu, updates)
   nu = jax.tree.map(
       lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
       nu, updates)
@@ -898,6 +1028,8 @@ def scale_by_lamb_adam(
     eps: float = 1e-6,
     *,
     bias_correction: bool = True,
+    grad_averaging: bool = True,
+    eps_root: float = 0.0,
 ) -> GradientTransformation:
   r"""Adam's direction as LAMB takes it, with or without bias correction.
 
@@ -905,9 +1037,15 @@ def scale_by_lamb_adam(
 
     m_t &= \beta_1 m_{t-1} + (1 - \beta_1)\, u_t, \qquad
     v_t = \beta_2 v_{t-1} + (1 - \beta_2)\, u_t^2 \\
-    \text{update} &= \frac{m_t / (1 - \beta_1^t)}{\sqrt{v_t / (1 - \beta_2^t)} + \epsilon}
+    \text{update} &= \frac{m_t / (1 - \beta_1^t)}
+      {\sqrt{v_t / (1 - \beta_2^t) + \epsilon_r} + \epsilon}
     \qquad \text{or, without bias correction,} \qquad
-    \frac{m_t}{\sqrt{v_t} + \epsilon}.
+    \frac{m_t}{\sqrt{v_t + \epsilon_r} + \epsilon},
+
+  with :math:`\epsilon_r` = ``eps_root`` (optax's, default 0). With
+  ``grad_averaging=False`` (NVIDIA's and timm's option) the first moment adds
+  the whole update, :math:`m_t = \beta_1 m_{t-1} + u_t`; the bias correction
+  is unchanged.
 
   With bias correction this is :func:`optax.scale_by_adam` (epsilon outside
   the square root, after the correction), except where the denominator is 0
@@ -924,6 +1062,11 @@ def scale_by_lamb_adam(
     eps: :math:`\epsilon` >= 0.
     bias_correction: divide the moments by :math:`1 - \beta^t` (MXNet's
       ``bias_correction``).
+    grad_averaging: weigh the update by :math:`1 - \beta_1` in the first
+      moment (default, as in Adam); False adds it whole (timm's and NVIDIA
+      apex's ``grad_averaging``).
+    eps_root: :math:`\epsilon_r` >= 0, added inside the square root
+      (:func:`optax.scale_by_adam`'s ``eps_root``).
 
   Returns:
     A :class:`optax.GradientTransformation` with an
@@ -937,13 +1080,15 @@ def scale_by_lamb_adam(
   v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
-  if not isinstance(bias_correction, (bool, np.bool_)):
-    raise TypeError(f"bias_correction: expected a bool, got {bias_correction!r}.")
+  v.check_scalar("eps_root", eps_root, low=0.0)
+  bias_correction = base.check_flag("bias_correction", bias_correction)
+  grad_averaging = base.check_flag("grad_averaging", grad_averaging)
   name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     v.check_float_params(params, name, allow_complex=True)
     v.check_representable("eps", eps, params, compute=True)
+    v.check_representable("eps_root", eps_root, params, compute=True)
     utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
@@ -951,7 +1096,7 @@ def scale_by_lamb_adam(
 
   def update_fn(updates, state, params=None):
     del params
-    mu, nu = _moments(updates, state.mu, state.nu, b1, b2)
+    mu, nu = _moments(updates, state.mu, state.nu, b1, b2, grad_averaging)
     count = optax.safe_int32_increment(state.count)
     corrections = _bias_corrections(count, b1, b2)
 
@@ -962,6 +1107,8 @@ def scale_by_lamb_adam(
       if bias_correction:
         c1, c2 = corrections(rt)
         m, n_ = m / c1, n_ / c2
+      if not utils.is_const(eps_root, 0):
+        n_ = n_ + utils.cast(eps_root, rt)
       return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, rt)).astype(n.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
@@ -1211,8 +1358,13 @@ def lamb(
     multi_precision: bool = False,
     axis_name: str | None = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    trust_clip: bool = False,
+    decoupled_decay: bool = False,
+    caution: bool = False,
+    grad_averaging: bool = True,
+    eps_root: float = 0.0,
 ) -> optax.GradientTransformation:
-  r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``).
+  r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``), and its other flavours.
 
   Per leaf :math:`w` with gradient :math:`g_t`, :math:`s` = ``rescale_grad``,
   :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd`` (times the leaf's
@@ -1269,6 +1421,31 @@ def lamb(
   path, as does :func:`lars_optax.create` for every ``aggregate_num`` (which it
   accepts and ignores); ``tests/test_schedules.py`` pins that.
 
+  The flavours of other libraries (``docs/porting.md`` lists each with its
+  measured error) each change one link; the defaults keep MXNet's rule:
+
+  * ``trust_clip=True``: :math:`\rho \le 1` (timm's LAMBC);
+  * ``decoupled_decay=True``: the decay is applied to the weights before
+    the step, :math:`w' = w - \alpha_t\lambda w`, and the step is taken from
+    :math:`w'` without the decay term, so the ratio is
+    :math:`\|w'\|/\|\Delta_t\|` (Keras 3's ``Lamb(weight_decay=)``, timm's
+    ``lambw``): :func:`~lars_optax.add_decoupled_weight_decay` around the
+    chain;
+  * ``caution=True``: the Cautious Optimizers' mask on Adam's direction,
+    before the decay (timm's ``caution``, ``"clamb"``):
+    :func:`~lars_optax.scale_by_caution`;
+  * ``grad_averaging=False``: :math:`m_t = \beta_1 m_{t-1} + u_t` (timm's);
+  * ``eps_root``: added under the square root (:func:`optax.lamb`'s).
+
+  timm's ``Lamb`` with its defaults (a global gradient-norm clip at 1,
+  ``weight_decay=0.01``, and no decay nor ratio for 1-d leaves):
+
+  >>> import optax
+  >>> timm_lamb = optax.chain(
+  ...     lars_optax.clip_by_global_norm(1.0),
+  ...     lars_optax.lamb(1e-3, wd=0.01, skip=lars_optax.by_ndim(1),
+  ...                     wd_skip=lars_optax.by_ndim(1)))
+
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
     beta1: :math:`\beta_1` in [0, 1).
@@ -1308,6 +1485,14 @@ def lamb(
       and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
       and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
       give a stacked leaf one value per layer (a numpy array of length L).
+    trust_clip: bound the ratio by 1 (timm's LAMBC).
+    decoupled_decay: decay the weights before the step, outside the ratio
+      (Keras 3, timm's ``lambw``); the decay is :math:`\alpha_t\lambda w`
+      times the leaf's ``wd_mult`` and ``lr_mult``.
+    caution: mask Adam's direction where it disagrees in sign with the
+      gradient (timm's ``caution``).
+    grad_averaging: False adds each gradient whole to the first moment.
+    eps_root: >= 0, added under the square root (optax's).
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -1315,24 +1500,42 @@ def lamb(
   References:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
-    2.0 ``mxnet.optimizer.LAMB``.
+    2.0 ``mxnet.optimizer.LAMB``; timm ``timm.optim.Lamb``; Keras 3
+    ``keras.optimizers.Lamb``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("eps_root", eps_root, low=0.0)
   bias_correction = base.check_flag("bias_correction", bias_correction)
   multi_precision = base.check_flag("multi_precision", multi_precision)
+  for flag, value in (("trust_clip", trust_clip), ("decoupled_decay", decoupled_decay),
+                      ("caution", caution), ("grad_averaging", grad_averaging)):
+    base.check_flag(flag, value)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
+  decays = not utils.is_const(wd, 0)
+  direction: GradientTransformation = scale_by_lamb_adam(
+      beta1, beta2, epsilon, bias_correction=bias_correction,
+      grad_averaging=bool(grad_averaging), eps_root=eps_root)
+  if caution:
+    direction = scale_by_caution(direction, stacked=stacked)
+  step = [direction]
+  if decays and not decoupled_decay:
+    step.append(add_decayed_weights_per_leaf(wd, decay_mult, arg_name="wd_mult",
+                                             stacked=stacked))
+  step += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
+                                     skip=skip, axis_name=axis_name, stacked=stacked,
+                                     trust_clip=bool(trust_clip)),
+           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts.append(scale_by_lamb_adam(beta1, beta2, epsilon, bias_correction=bias_correction))
-  if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, decay_mult, arg_name="wd_mult",
-                                              stacked=stacked))
-  parts += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
-                                      skip=skip, axis_name=axis_name, stacked=stacked),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+  if decays and decoupled_decay:
+    parts.append(add_decoupled_weight_decay(optax.chain(*step), learning_rate, wd,
+                                            wd_mult=decay_mult, lr_mult=lr_mult,
+                                            stacked=stacked))
+  else:
+    parts += step
   return base.finish(parts, "lamb", multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],

@@ -42,10 +42,12 @@ from lars_optax import masks
 
 __all__ = [
     "AddLangevinNoiseState",
+    "DampenedTraceState",
     "DelayCompensationState",
     "MXNetMomentumState",
     "add_delay_compensation",
     "add_langevin_noise",
+    "dampened_trace",
     "dcasgd",
     "mxnet_momentum",
     "nag",
@@ -139,6 +141,91 @@ def mxnet_momentum(
                                        new_m)
 
   return GradientTransformation(init_fn, update_fn)
+
+
+class DampenedTraceState(NamedTuple):
+  """State of :func:`dampened_trace`.
+
+  Attributes:
+    count: number of updates done so far (int32); the first update fills the
+      buffer undamped.
+    trace: the momentum buffer, like the params.
+  """
+
+  count: jax.Array  # type: ignore[assignment]
+  trace: optax.Updates
+
+
+def dampened_trace(
+    momentum: float,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+) -> GradientTransformation:
+  r"""PyTorch's momentum buffer: :func:`optax.trace` with ``dampening``.
+
+  .. math::
+
+    b_1 = u_1, \qquad b_t = \mu\,b_{t-1} + (1 - d)\,u_t \quad (t > 1), \qquad
+    \text{update} = b_t \quad\text{or, with Nesterov,}\quad u_t + \mu\,b_t,
+
+  with :math:`\mu` = ``momentum`` and :math:`d` = ``dampening``: the rule of
+  ``torch.optim.SGD`` (and of timm's ``Lars``), whose buffer starts as the
+  first update, undamped. With :math:`d = 0` it equals
+  ``optax.trace(momentum, nesterov)``, which the optimizers use then.
+  The learning rate is not in it: follow it with
+  :func:`optax.scale_by_learning_rate` for PyTorch's rule, or put the rate in
+  front of it to accumulate rate-scaled steps.
+
+  Args:
+    momentum: :math:`\mu` in [0, 1).
+    dampening: :math:`d` in [0, 1).
+    nesterov: Nesterov's look-ahead (PyTorch's ``nesterov``); needs
+      ``momentum > 0`` and ``dampening == 0``, as PyTorch does.
+
+  Returns:
+    A :class:`optax.GradientTransformation` with :class:`DampenedTraceState`.
+
+  References:
+    Sutskever, Martens, Dahl and Hinton, `On the importance of initialization
+    and momentum in deep learning <https://proceedings.mlr.press/v28/sutskever13.html>`_,
+    ICML 2013; PyTorch ``torch.optim.SGD``.
+  """
+  check_torch_momentum(momentum, dampening, nesterov)
+
+  def init_fn(params: optax.Params) -> DampenedTraceState:
+    v.check_float_params(params, "dampened_trace", allow_complex=True)
+    return DampenedTraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    first = state.count == 0
+
+    def step(b, u):
+      u = u.astype(b.dtype)
+      later = utils.cast(momentum, b.dtype) * b + utils.cast(1 - dampening, b.dtype) * u
+      return jnp.where(first, u, later)
+
+    trace = jax.tree.map(step, state.trace, updates)
+    if nesterov:
+      out = jax.tree.map(lambda b, u: (u + utils.cast(momentum, b.dtype) * b).astype(u.dtype),
+                         trace, updates)
+    else:
+      out = jax.tree.map(lambda b, u: b.astype(u.dtype), trace, updates)
+    return out, DampenedTraceState(optax.safe_int32_increment(state.count), trace)
+
+  return GradientTransformation(init_fn, update_fn)
+
+
+def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
+  """PyTorch's checks of ``momentum``, ``dampening`` and ``nesterov``."""
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
+  if not isinstance(nesterov, (bool, np.bool_)):
+    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
+  if nesterov and (utils.is_const(momentum, 0)
+                   or (v.is_constant(dampening) and not utils.is_const(dampening, 0))):
+    raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
+                     f"(as in PyTorch), got momentum={momentum!r}, dampening={dampening!r}.")
 
 
 @v.mxnet_names

@@ -8,6 +8,11 @@ links that optax lacks and that optimizers of several families use:
 * :func:`scale_per_leaf` and :func:`add_decayed_weights_per_leaf` -- a factor
   and a weight decay that differ per leaf (or per layer of a stacked leaf),
   looked up by leaf name (MXNet's ``lr_mult`` and ``wd_mult``);
+* :func:`scale_by_caution` -- the Cautious Optimizers' mask on any inner
+  transformation's output (timm's ``caution=True``);
+* :func:`add_decoupled_weight_decay` -- weight decay applied to the weights
+  before the step, the step computed from the decayed weights (Keras 3's
+  ``weight_decay``, timm's ``decoupled_decay``);
 * :func:`check_inputs` -- the first link of every optimizer.
 
 Each family's own transformations live beside its optimizers:
@@ -60,10 +65,14 @@ _MOVED = {
 }
 
 __all__ = [
+  "AddDecoupledWeightDecayState",
   "LowPrecisionWarning",
   "PerLeafState",
+  "ScaleByCautionState",
   "add_decayed_weights_per_leaf",
+  "add_decoupled_weight_decay",
   "check_inputs",
+  "scale_by_caution",
   "scale_per_leaf",
 ]
 __all__.extend(sorted(_MOVED))  # the old paths of moved names still star-import
@@ -219,6 +228,215 @@ def add_decayed_weights_per_leaf(
     return jax.tree.unflatten(treedef, out), state
 
   return GradientTransformation(init_fn, update_fn)
+
+
+class ScaleByCautionState(NamedTuple):
+  """State of :func:`scale_by_caution`.
+
+  Attributes:
+    inner_state: the state of the inner transformation.
+    layers: the layer markers of stacked leaves (as :class:`PerLeafState`
+      keeps them), ``()`` when no leaf is stacked.
+  """
+
+  inner_state: optax.OptState
+  layers: tuple[Any, ...] = ()
+
+
+def scale_by_caution(
+    inner: GradientTransformation,
+    *,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""Masks the output of ``inner`` where it disagrees in sign with its input.
+
+  For every leaf with incoming gradient :math:`g` and :math:`u = \mathrm{inner}(g)`:
+
+  .. math::
+
+    \phi = \mathbb{1}[u \odot g > 0], \qquad
+    u \leftarrow \frac{u \odot \phi}{\max(\mathrm{mean}(\phi), 10^{-3})},
+
+  the mean taken over the leaf (over each layer of a stacked leaf). Entries
+  whose step would move against the current gradient are left out, and the
+  rest is scaled up so that the leaf's average step size is kept: the
+  Cautious Optimizers of Liang et al. as timm implements them
+  (``caution=True``). ``inner`` must output a *direction* (before the
+  learning rate, whose minus sign would flip every comparison): wrap
+  ``scale_by_lamb_adam`` or ``optax.scale_by_adam``, not a whole optimizer.
+  For complex leaves the test is :math:`\mathrm{Re}(u\,\bar g) > 0`.
+
+  >>> import optax
+  >>> import lars_optax
+  >>> cautious_adamw = optax.chain(
+  ...     lars_optax.scale_by_caution(optax.scale_by_adam()),
+  ...     optax.add_decayed_weights(1e-2),
+  ...     optax.scale_by_learning_rate(1e-3))
+
+  Args:
+    inner: the transformation whose output is masked (an Adam direction).
+    stacked: the leaves that hold a stack of layers (see
+      :mod:`lars_optax.stacked`): each layer gets its own mean, as in the
+      unrolled model.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with
+    :class:`ScaleByCautionState`.
+
+  References:
+    Liang, Chen, Liu and Liu, `Cautious Optimizers: Improving Training with
+    One Line of Code <https://arxiv.org/abs/2411.16085>`_, 2024; timm
+    ``timm.optim``'s ``caution``.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  stacked_mod.check_stacked(stacked)
+  inner_tx = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    ks = stacked_mod.resolve(stacked, params)
+    return ScaleByCautionState(inner_tx.init(params), stacked_mod.layer_markers(params, ks))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    new, inner_state = inner_tx.update(updates, state.inner_state, params, **extra_args)
+    flat_g, treedef = jax.tree.flatten(updates)
+    flat_u = treedef.flatten_up_to(new)
+    ks = stacked_mod.axes_from_markers(state.layers, len(flat_g))
+
+    def mask(u, g, k):
+      agree = jnp.real(u * jnp.conj(g.astype(u.dtype))) > 0
+      dt = utils.norm_dtype(utils.real_dtype(u.dtype))
+      phi = agree.astype(dt)
+      scale = jnp.maximum(jnp.mean(phi, axis=tuple(range(k, u.ndim))), 1e-3)
+      return (u * (phi / stacked_mod.per_layer(scale, u)).astype(u.dtype)).astype(u.dtype)
+
+    out = [mask(u, g, k) for u, g, k in zip(flat_u, flat_g, ks)]
+    return jax.tree.unflatten(treedef, out), ScaleByCautionState(inner_state, state.layers)
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class AddDecoupledWeightDecayState(NamedTuple):
+  """State of :func:`add_decoupled_weight_decay`.
+
+  Attributes:
+    count: number of updates done so far (int32), with which a
+      learning-rate schedule is called.
+    inner_state: the state of the inner transformation.
+    layers: the layer markers of stacked leaves, ``()`` when none is stacked.
+  """
+
+  count: jax.Array  # type: ignore[assignment]
+  inner_state: optax.OptState
+  layers: tuple[Any, ...] = ()
+
+
+def add_decoupled_weight_decay(
+    inner: GradientTransformation,
+    learning_rate: optax.ScalarOrSchedule,
+    weight_decay: float,
+    *,
+    wd_mult: masks.LeafValues = None,
+    lr_mult: masks.LeafValues = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""Decays the weights first, then runs ``inner`` on the decayed weights.
+
+  For every leaf :math:`w` with gradient :math:`g`, at step :math:`t`:
+
+  .. math::
+
+    w' = w - \alpha_t \lambda_i w, \qquad
+    \text{update} = (w' - w) + \mathrm{inner}(g;\ w'),
+
+  with :math:`\lambda_i = \lambda \cdot` ``wd_mult`` :math:`\cdot` ``lr_mult``
+  of the leaf, so that applying the update gives
+  :math:`w' + \mathrm{inner}(g; w')`: the decay is a separate step that the
+  inner rule does not see, except through the weights it reads. That is how
+  Keras 3 applies ``weight_decay`` to every optimizer (``variable -= variable
+  * wd * lr`` before ``update_step``) and how timm's ``Lamb(decoupled_decay=
+  True)`` ("lambw") does it: LAMB's trust ratio is then taken from the
+  decayed weight, and the decay is outside the ratio. ``inner`` must already
+  contain the learning rate (it is the whole step). Leaves whose rate is 0
+  are left alone.
+
+  Args:
+    inner: the step taken from the decayed weights (e.g. LAMB's chain up to
+      and including its learning rate).
+    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule (called with
+      the number of updates done so far): the optimizer's own.
+    weight_decay: :math:`\lambda` >= 0.
+    wd_mult: per-leaf multipliers of ``weight_decay`` (a dict ``{leaf name:
+      value}`` or ``(mask, value)`` rules, :data:`lars_optax.masks.LeafValues`).
+    lr_mult: per-leaf learning-rate multipliers, so that a leaf with its own
+      learning rate (timm's parameter groups) decays with it.
+    stacked: the leaves that hold a stack of layers (see
+      :mod:`lars_optax.stacked`): rules judge one layer, and a stacked leaf
+      may get one multiplier per layer.
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with
+    :class:`AddDecoupledWeightDecayState`; ``update`` requires ``params``.
+
+  References:
+    Loshchilov and Hutter, `Decoupled Weight Decay Regularization
+    <https://arxiv.org/abs/1711.05101>`_, ICLR 2019; Keras 3
+    ``keras.optimizers.Optimizer(weight_decay=...)``; timm ``Lamb``.
+  """
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  masks.check_leaf_values(wd_mult, "wd_mult")
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  stacked_mod.check_stacked(stacked)
+  inner_tx = optax.with_extra_args_support(inner)
+  name = "add_decoupled_weight_decay"
+
+  def rates(params, ks):
+    wd = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
+    lr = masks.resolve_leaf_values(lr_mult, params, "lr_mult", layer_axes=ks)
+    return [utils.times(utils.times(weight_decay, a), b) for a, b in zip(wd, lr)]
+
+  def init_fn(params):
+    v.check_float_params(params, name, allow_complex=True)
+    v.check_representable("weight_decay", weight_decay, params)
+    if wd_mult is not None or lr_mult is not None:
+      masks.check_unique_names(params)
+    ks = stacked_mod.resolve(stacked, params)
+    masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
+    masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True, layer_axes=ks)
+    return AddDecoupledWeightDecayState(jnp.zeros([], jnp.int32), inner_tx.init(params),
+                                        stacked_mod.layer_markers(params, ks))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is None:
+      raise ValueError(f"params: {name} needs the params (update(grads, state, params)).")
+    params = v.align_params(updates, params)
+    v.check_same_structure(updates, params, name)
+    flat_p, treedef = jax.tree.flatten(params)
+    ks = stacked_mod.axes_from_markers(state.layers, len(flat_p))
+    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+    decays = []
+    for p, r in zip(flat_p, rates(params, ks)):
+      if utils.is_const(r, 0):
+        decays.append(None)
+      else:
+        rate = jnp.asarray(lr, p.dtype) * stacked_mod.per_layer(jnp.asarray(r, p.dtype), p)
+        decays.append(p * rate)
+    decayed = jax.tree.unflatten(treedef, [p if d is None else p - d
+                                           for p, d in zip(flat_p, decays)])
+    new, inner_state = inner_tx.update(updates, state.inner_state, decayed, **extra_args)
+    flat_u = treedef.flatten_up_to(new)
+    out = [u if d is None else (u - d.astype(u.dtype)).astype(u.dtype)
+           for u, d in zip(flat_u, decays)]
+    return (jax.tree.unflatten(treedef, out),
+            AddDecoupledWeightDecayState(optax.safe_int32_increment(state.count), inner_state,
+                                         state.layers))
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
