@@ -59,33 +59,12 @@ counted in ``state.total_notfinite`` (:func:`lars_optax.skip_nonfinite`).
 ``optax.apply_if_finite(tx, max_consecutive_errors)`` does the same for the
 optimizers without ``multi_precision``.
 
-Recipe: the LARS of BYOL and SimCLR (and of :func:`optax.lars`). Their rule
-differs from MXNet's and TF's: weight decay is added to the gradient first
-(masked like the ratio), the ratio is taken from the decayed gradient,
-:math:`\\rho = \\eta\\|w\\| / \\|g + \\lambda w\\|`, the momentum accumulates
-:math:`\\rho(g + \\lambda w)`, and the learning rate multiplies the
-momentum from outside (:math:`m_t = \\mu m_{t-1} + \\rho u_t`,
-:math:`w_t = w_{t-1} - \\alpha_t m_t`). Biases and norm parameters get neither
-decay nor a ratio. It is a chain of public transformations::
-
-  import optax
-  import lars_optax
-
-  skip = lars_optax.by_ndim(1)  # biases and norm scales: no decay, ratio 1
-  byol_lars = optax.chain(
-      lars_optax.check_inputs("byol_lars"),
-      lars_optax.add_decayed_weights_per_leaf(1e-6, [(skip, 0.0)]),  # u = g + wd * w
-      lars_optax.scale_by_lars_trust_ratio(eta=0.001, skip=skip),    # rho from ||u||
-      optax.trace(decay=0.9),                                         # m = mu * m + rho * u
-      optax.scale_by_learning_rate(0.2),                              # w -= lr * m
-  )
-
-With a constant learning rate this equals ``optax.lars(0.2, weight_decay=1e-6,
-weight_decay_mask=keep, trust_coefficient=0.001, trust_ratio_mask=keep,
-momentum=0.9)`` with ``keep`` the complement of ``skip`` (optax.lars puts a
-scheduled rate inside the momentum); :func:`lars` instead takes the ratio from
-:math:`\\|g\\| + \\lambda\\|w\\|` and puts the rate inside the momentum
-(MXNet). Use ``skip="flax"`` (or another preset) to select by name.
+Recipes: the LARS of BYOL, SimCLR and :func:`optax.lars` are :func:`lars`
+calls. All three take the ratio from the decayed update (``update_norm=True``,
+``epsilon=0.0``); BYOL applies the learning rate after the momentum buffer
+(``lr_in_momentum=False``), SimCLR and optax inside it (the default). The
+flavours of timm, torch.optim, Keras 3 and ALBERT, each with its measured error
+against the peer's own code, are in ``docs/porting.md``.
 """
 
 from __future__ import annotations

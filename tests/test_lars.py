@@ -6,6 +6,7 @@ skipping and the trust-ratio read-out.
 """
 
 import math
+import pathlib
 import textwrap
 import warnings
 
@@ -798,17 +799,64 @@ def test_byol_lars_recipe_equals_optax_lars_with_a_constant_learning_rate():
   chex.assert_trees_all_close(p_ours, p_ref, rtol=1e-5, atol=1e-6)
 
 
-def test_byol_lars_recipe_in_the_module_docs_is_the_tested_chain():
-  doc = lars_optax.optimizers.__doc__
-  code = doc.split("It is a chain of public transformations::\n")[1].split("\nWith a constant")[0]
+def _docs_recipe():
+  """The BYOL/SimCLR recipe block of docs/optimizers.md, run: its namespace."""
+  page = (pathlib.Path(__file__).parent.parent / "docs" / "optimizers.md").read_text()
+  section = page.split("### Recipe: BYOL-, SimCLR- and optax-style LARS")[1]
+  code = section.split("```python\n")[1].split("```")[0]
   namespace: dict = {}
-  exec(textwrap.dedent(code), namespace)
-  params64, grads64 = _byol_problem()
+  exec(code, namespace)
+  return namespace
+
+
+def _run32(tx, params64, grads64, steps):
   params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
-  grads = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grads64[0])
-  documented, tested = namespace["byol_lars"], _byol_lars(0.2, weight_decay=1e-6, eta=0.001)
-  chex.assert_trees_all_equal(documented.update(grads, documented.init(params), params)[0],
-                              tested.update(grads, tested.init(params), params)[0])
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for t in range(steps):
+    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grads64[t % len(grads64)])
+    updates, state = update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+def test_docs_byol_recipe_is_byols_rule_with_its_warmup_schedule():
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  grads64 = grads64 * 3  # 15 steps: through the warm-up and into the decay
+  ours = _run32(ns["byol_lars"], params64, grads64, len(grads64))
+  expected = _byol_numpy(params64, grads64, lambda t: float(ns["schedule"](t)),
+                         weight_decay=1.5e-6, eta=0.001)
+  for name, value in masks.named_leaves(ours):
+    np.testing.assert_allclose(value, expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+def test_docs_simclr_recipe_is_optax_lars_with_its_warmup_schedule():
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  grads64 = grads64 * 3
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
+  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
+                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
+  chex.assert_trees_all_close(_run32(ns["simclr_lars"], params64, grads64, len(grads64)),
+                              _run32(ref, params64, grads64, len(grads64)), rtol=1e-6, atol=1e-7)
+
+
+def test_the_old_recipe_was_far_from_optax_lars_with_a_schedule():
+  """The chain the docs gave before for SimCLR and optax.lars (the rate after the buffer)."""
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
+  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
+                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
+  a = _run32(ns["byol_lars"], params64, grads64 * 3, 15)
+  b = _run32(ref, params64, grads64 * 3, 15)
+  p0 = jax.tree.map(np.asarray, params64)
+  moved = max(float(np.max(np.abs(np.asarray(x) - y))) for x, y in
+              zip(jax.tree.leaves(b), jax.tree.leaves(p0)))
+  gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+            zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  assert gap > 0.1 * moved
 
 
 def test_default_skip_does_not_warn_on_flat_names():
@@ -913,3 +961,99 @@ def test_wd_skip_names_that_match_no_leaf_raise_at_init(name):
   with pytest.raises(ValueError,
                      match=r"^wd_skip: no parameter name has the last component 'bais'"):
     tx.init(_flax_params())
+
+
+# --------------------------------------------------------------------------
+# The flavours of other libraries (lr_in_momentum, update_norm, trust_clip,
+# nesterov, dampening); docs/porting.md and tests/test_reference_peers.py
+# check each against its peer's own numbers.
+# --------------------------------------------------------------------------
+
+
+def _flavour_run(tx, steps=4):
+  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.1, -0.2])}
+  state = tx.init(params)
+  for k in range(steps):
+    g = {"w": jnp.array([[0.3, -0.1], [0.0, 0.4]]) * (k + 1), "b": jnp.array([0.5, -0.5])}
+    updates, state = jax.jit(tx.update)(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def test_lr_in_momentum_only_matters_when_the_rate_changes():
+  kw = {"momentum": 0.9, "wd": 1e-3, "eta": 0.1}
+  inside, _ = _flavour_run(lars_optax.lars(0.5, **kw))
+  outside, _ = _flavour_run(lars_optax.lars(0.5, lr_in_momentum=False, **kw))
+  chex.assert_trees_all_close(inside, outside, rtol=1e-6)
+  sched = optax.linear_schedule(0.05, 0.5, 3)
+  inside, _ = _flavour_run(lars_optax.lars(sched, **kw))
+  outside, _ = _flavour_run(lars_optax.lars(sched, lr_in_momentum=False, **kw))
+  assert float(jnp.max(jnp.abs(inside["w"] - outside["w"]))) > 1e-3
+
+
+def test_update_norm_without_weight_decay_is_mxnets_ratio():
+  a, _ = _flavour_run(lars_optax.lars(0.5, momentum=0.9, eta=0.1))
+  b, _ = _flavour_run(lars_optax.lars(0.5, momentum=0.9, eta=0.1, update_norm=True))
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+def test_trust_clip_bounds_the_ratio_by_the_learning_rate_and_survives_a_zero_rate():
+  sched = optax.linear_schedule(0.0, 0.5, 2)  # 0 at the first step: rho / 0 -> clipped to 1
+  tx = lars_optax.lars(sched, momentum=0.9, eta=10.0, trust_clip=True, skip=None)
+  params, state = _flavour_run(tx, steps=1)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert all(float(r) == 1.0 for r in ratios.values())
+  params, state = _flavour_run(tx, steps=3)
+  assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(params))
+  ratios = lars_optax.trust_ratios(state)
+  assert bool(jnp.all(ratios <= 1.0))
+
+
+def test_the_default_lars_chain_has_no_new_link_and_no_new_state():
+  """The flavour keywords at their defaults build MXNet's chain as before."""
+  tx = lars_optax.lars(0.1, momentum=0.9, wd=1e-4)
+  state = tx.init({"w": jnp.ones((2, 2))})
+  assert len(state) == 3  # check_inputs, the ratio (wrapping clip/decay), mxnet_momentum
+  assert state[1].count == ()  # no step count without trust_clip
+  assert isinstance(state[2], lars_optax.MXNetMomentumState)
+
+
+@pytest.mark.parametrize("scalar", [float, np.float32, jnp.float32, jnp.bfloat16],
+                         ids=["python", "numpy", "jax", "bfloat16"])
+def test_flavour_scalars_of_any_kind_give_the_same_step(scalar):
+  def make(s):
+    return lars_optax.lars(s(0.25), momentum=s(0.75), dampening=s(0.5), eta=s(0.125),
+                           wd=s(0.0625), lr_in_momentum=False, update_norm=True,
+                           trust_clip=True)
+  ours, _ = _flavour_run(make(scalar))
+  ref, _ = _flavour_run(make(float))
+  chex.assert_trees_all_close(ours, ref, rtol=1e-6)
+
+
+def test_flavours_keep_bfloat16_params_and_state():
+  params = {"w": jnp.ones((2, 3), jnp.bfloat16)}
+  for kw in ({"lr_in_momentum": False, "dampening": 0.1}, {"nesterov": True, "trust_clip": True},
+             {"update_norm": True, "lr_in_momentum": False}):
+    tx = lars_optax.lars(np.float32(0.1), momentum=np.float32(0.9), wd=1e-3, **kw)
+    state = tx.init(params)
+    updates, new_state = jax.jit(tx.update)(params, state, params)
+    assert updates["w"].dtype == jnp.bfloat16, kw
+    chex.assert_trees_all_equal_dtypes(new_state, state)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"lr_in_momentum": 1}, TypeError, "^lr_in_momentum: expected a bool"),
+    ({"update_norm": "yes"}, TypeError, "^update_norm: expected a bool"),
+    ({"trust_clip": None}, TypeError, "^trust_clip: expected a bool"),
+    ({"nesterov": True}, ValueError, "^nesterov: Nesterov momentum needs momentum > 0"),
+    ({"momentum": 0.9, "nesterov": True, "dampening": 0.5}, ValueError, "^nesterov"),
+    ({"momentum": 0.9, "dampening": 1.5}, ValueError, "^dampening"),
+])
+def test_flavour_keywords_are_checked_at_construction(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    lars_optax.lars(0.1, **kwargs)
+
+
+def test_scale_by_lars_trust_ratio_checks_trust_clip():
+  with pytest.raises(ValueError, match="^trust_clip"):
+    lars_optax.scale_by_lars_trust_ratio(trust_clip=-0.1)

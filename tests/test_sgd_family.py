@@ -408,3 +408,54 @@ class MXNetMomentumTest(chex.TestCase):
     for bad in (-0.1, 1.0, float("inf")):
       with pytest.raises(ValueError, match="momentum"):
         lars_optax.mxnet_momentum(0.1, bad)
+
+
+# --------------------------------------------------------------------------
+# dampened_trace: PyTorch's momentum buffer
+# --------------------------------------------------------------------------
+
+
+def _torch_sgd_buffer(grads, momentum, dampening, nesterov):
+  """torch.optim.SGD's buffer rule, transcribed in float64 (the update before the lr)."""
+  buf, out = None, []
+  for g in grads:
+    buf = g.copy() if buf is None else momentum * buf + (1 - dampening) * g
+    out.append(g + momentum * buf if nesterov else buf.copy())
+  return out
+
+
+@pytest.mark.parametrize("momentum,dampening,nesterov", [
+    (0.9, 0.0, False), (0.9, 0.3, False), (0.8, 0.0, True), (0.5, 0.99, False)])
+def test_dampened_trace_is_pytorchs_buffer(momentum, dampening, nesterov):
+  rng = np.random.default_rng(0)
+  grads = [rng.standard_normal(5) for _ in range(4)]
+  tx = lars_optax.dampened_trace(momentum, dampening, nesterov)
+  state = tx.init(jnp.zeros(5))
+  update = jax.jit(tx.update)
+  for g, want in zip(grads, _torch_sgd_buffer(grads, momentum, dampening, nesterov)):
+    out, state = update(jnp.asarray(g, jnp.float32), state)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-7)
+
+
+def test_dampened_trace_without_dampening_is_optax_trace():
+  g = jnp.array([1.0, -2.0])
+  a, b = lars_optax.dampened_trace(0.9, nesterov=True), optax.trace(0.9, nesterov=True)
+  sa, sb = a.init(g), b.init(g)
+  for k in range(3):
+    ua, sa = a.update(g * (k + 1), sa)
+    ub, sb = b.update(g * (k + 1), sb)
+    chex.assert_trees_all_close(ua, ub)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"momentum": 0.0, "nesterov": True}, "^nesterov: Nesterov momentum needs momentum > 0"),
+    ({"momentum": 0.9, "dampening": 0.1, "nesterov": True}, "^nesterov: .*dampening = 0"),
+    ({"momentum": 0.9, "dampening": 1.0}, "^dampening"),
+    ({"momentum": 0.9, "dampening": -0.1}, "^dampening"),
+    ({"momentum": 1.0}, "^momentum"),
+])
+def test_dampened_trace_and_lars_reject_what_pytorch_rejects(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    lars_optax.dampened_trace(**kwargs)
+  with pytest.raises(ValueError, match=match):
+    lars_optax.lars(0.1, **kwargs)

@@ -107,6 +107,16 @@ CASES = {
   "lamb_bounds_skip": lambda **kw: lars_optax.lamb(
       0.05, wd=0.01, lower_bound=0.5, upper_bound=3.0, skip="flax", **kw),
   "lans": lambda **kw: lars_optax.lans(0.05, wd=0.01, **kw),
+  # The flavours of timm, optax and Keras (docs/porting.md), with a schedule.
+  "lars_timm_larc_nesterov": lambda **kw: lars_optax.lars(
+      optax.linear_schedule(0.05, 0.5, 4), momentum=0.9, eta=0.05, wd=1e-3,
+      lr_in_momentum=False, nesterov=True, trust_clip=True, skip="flax", **kw),
+  "lars_optax_dampened": lambda **kw: lars_optax.lars(
+      optax.linear_schedule(0.05, 0.5, 4), momentum=0.9, wd=1e-3, update_norm=True,
+      dampening=0.1, **kw),
+  "lamb_timm_cautious_decoupled_clipped": lambda **kw: lars_optax.lamb(
+      optax.linear_schedule(0.005, 0.05, 4), wd=0.01, caution=True, decoupled_decay=True,
+      trust_clip=True, grad_averaging=False, eps_root=1e-8, **kw),
   "lans_bounds_clip": lambda **kw: lars_optax.lans(
       0.05, wd=0.01, lower_bound=0.5, upper_bound=3.0, clip_gradient=0.3, skip="flax", **kw),
   "create_lars": lambda **kw: lars_optax.create("lars", learning_rate=0.5, momentum=0.9,
@@ -137,8 +147,9 @@ def test_without_stacked_one_norm_over_the_stack_differs():
 @pytest.mark.parametrize("make", [
   lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, **kw),
   lambda **kw: lars_optax.lamb(0.05, wd=0.01, **kw),
+  lambda **kw: lars_optax.lamb(0.05, wd=0.01, decoupled_decay=True, caution=True, **kw),
   lambda **kw: lars_optax.lans(0.05, wd=0.01, **kw),
-], ids=["lars", "lamb", "lans"])
+], ids=["lars", "lamb", "lamb_decoupled_cautious", "lans"])
 def test_per_layer_lr_mult_and_wd_mult_equal_one_multiplier_per_unrolled_layer(make):
   lr_s, lr_u = _per_layer(lambda i: float(PER_LAYER_LR[i]))
   wd_s, wd_u = _per_layer(lambda i: 0.5 * i)

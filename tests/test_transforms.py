@@ -4,6 +4,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import lars_optax
@@ -72,3 +73,77 @@ def test_bias_correction_is_accurate_in_float32():
   t = jnp.arange(1.0, 5.0)
   np.testing.assert_allclose(one_minus_pow(0.999, t), 1 - 0.999 ** np.arange(1, 5), rtol=1e-6)
 
+
+
+# --------------------------------------------------------------------------
+# scale_by_caution, add_decoupled_weight_decay
+# --------------------------------------------------------------------------
+
+
+def test_scale_by_caution_drops_disagreeing_entries_and_keeps_the_mean_step():
+  g = {"w": jnp.array([1.0, -1.0, 2.0, 0.5])}
+  inner = lars_optax.scale_per_leaf({"w": 1.0})  # a direction equal to g...
+  flip = optax.scale(-1.0)  # ...and one against it
+  tx = lars_optax.scale_by_caution(inner)
+  out, _ = tx.update(g, tx.init(g))
+  chex.assert_trees_all_close(out, g)  # all agree: mean 1, unchanged
+  tx = lars_optax.scale_by_caution(flip)
+  out, _ = tx.update(g, tx.init(g))
+  chex.assert_trees_all_close(out, {"w": jnp.zeros(4)})  # none agree: all masked (1e-3 floor)
+  mixed = {"w": jnp.array([1.0, 1.0, -2.0, -0.5])}  # agrees on the first two
+  tx = lars_optax.scale_by_caution(lars_optax.scale_per_leaf({"w": 1.0}))
+  out, _ = tx.update(mixed, tx.init(g))
+  chex.assert_trees_all_close(out, mixed)  # u = g: agrees everywhere
+  # |g| agrees with g on 3 of 4 entries: those are scaled by 4/3, the other dropped.
+  half = optax.GradientTransformation(lambda p: optax.EmptyState(),
+                                      lambda u, s, p=None: (jax.tree.map(jnp.abs, u), s))
+  tx = lars_optax.scale_by_caution(half)
+  out, _ = jax.jit(tx.update)(g, tx.init(g))
+  chex.assert_trees_all_close(out, {"w": jnp.array([1.0, 0.0, 2.0, 0.5]) * 4 / 3})
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_scale_by_caution_keeps_dtypes(dtype):
+  g = {"w": jnp.array([1.0, -1.0, 2.0, 0.5], dtype)}
+  tx = lars_optax.scale_by_caution(optax.scale_by_adam())
+  out, state = jax.jit(tx.update)(g, tx.init(g))
+  assert out["w"].dtype == dtype and state.inner_state.mu["w"].dtype == dtype
+
+
+def test_scale_by_caution_rejects_a_non_transformation():
+  with pytest.raises(TypeError, match="^inner: expected an optax.GradientTransformation"):
+    lars_optax.scale_by_caution(lambda g: g)
+
+
+def test_add_decoupled_weight_decay_decays_first_and_passes_the_decayed_weights():
+  seen = {}
+
+  def update(u, s, params=None):
+    seen["params"] = params
+    return u, s
+
+  inner = optax.GradientTransformation(lambda p: optax.EmptyState(), update)
+  w = {"kernel": jnp.array([[2.0, -4.0]]), "bias": jnp.array([1.0])}
+  g = {"kernel": jnp.array([[0.5, 0.5]]), "bias": jnp.array([0.5])}
+  tx = lars_optax.add_decoupled_weight_decay(
+      inner, optax.linear_schedule(0.1, 0.2, 1), 0.5,
+      wd_mult=[(lars_optax.by_ndim(1), 0.0)], lr_mult={"kernel": 2.0})
+  state = tx.init(w)
+  for lr in (0.1, 0.2):  # the schedule is called with the count
+    out, state = tx.update(g, state, w)
+    decay = lr * 0.5 * 2.0 * w["kernel"]
+    chex.assert_trees_all_close(seen["params"], {"kernel": w["kernel"] - decay, "bias": w["bias"]})
+    chex.assert_trees_all_close(out, {"kernel": g["kernel"] - decay, "bias": g["bias"]})
+
+
+def test_add_decoupled_weight_decay_checks_its_arguments():
+  with pytest.raises(ValueError, match="^weight_decay"):
+    lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, -1.0)
+  with pytest.raises(ValueError, match="^learning_rate"):
+    lars_optax.add_decoupled_weight_decay(optax.identity(), -0.1, 1e-2)
+  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2)
+  with pytest.raises(ValueError, match="^params: add_decoupled_weight_decay needs the params"):
+    tx.update(_G, tx.init(_TREE))
+  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2, wd_mult={"nope": 0.0})
+  with pytest.raises(ValueError, match="wd_mult"):
+    tx.init(_TREE)
