@@ -7,7 +7,6 @@ skipping and the trust-ratio read-out.
 
 import math
 import pathlib
-import textwrap
 import warnings
 
 import chex
@@ -1055,5 +1054,5 @@ def test_flavour_keywords_are_checked_at_construction(kwargs, error, match):
 
 
 def test_scale_by_lars_trust_ratio_checks_trust_clip():
-  with pytest.raises(ValueError, match="^trust_clip"):
+  with pytest.raises(ValueError, match=r"^trust_clip"):
     lars_optax.scale_by_lars_trust_ratio(trust_clip=-0.1)

@@ -111,7 +111,7 @@ def test_scale_by_caution_keeps_dtypes(dtype):
 
 
 def test_scale_by_caution_rejects_a_non_transformation():
-  with pytest.raises(TypeError, match="^inner: expected an optax.GradientTransformation"):
+  with pytest.raises(TypeError, match=r"^inner: expected an optax.GradientTransformation"):
     lars_optax.scale_by_caution(lambda g: g)
 
 
@@ -137,12 +137,12 @@ def test_add_decoupled_weight_decay_decays_first_and_passes_the_decayed_weights(
 
 
 def test_add_decoupled_weight_decay_checks_its_arguments():
-  with pytest.raises(ValueError, match="^weight_decay"):
+  with pytest.raises(ValueError, match=r"^weight_decay"):
     lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, -1.0)
-  with pytest.raises(ValueError, match="^learning_rate"):
+  with pytest.raises(ValueError, match=r"^learning_rate"):
     lars_optax.add_decoupled_weight_decay(optax.identity(), -0.1, 1e-2)
   tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2)
-  with pytest.raises(ValueError, match="^params: add_decoupled_weight_decay needs the params"):
+  with pytest.raises(ValueError, match=r"^params: add_decoupled_weight_decay needs the params"):
     tx.update(_G, tx.init(_TREE))
   tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2, wd_mult={"nope": 0.0})
   with pytest.raises(ValueError, match="wd_mult"):
