@@ -119,6 +119,8 @@ def timm_rows():
       "timm_clamb": (factory("clamb", LAMB_LR, **lamb_kw), LAMB_LR, "... 'clamb' ..."),
       "timm_lamb_no_grad_averaging": (factory("lamb", LAMB_LR, grad_averaging=False, **lamb_kw),
                                       LAMB_LR, "... 'lamb', grad_averaging=False ..."),
+      "timm_cadamw": (factory("cadamw", LAMB_LR, **lamb_kw), LAMB_LR,
+                      "create_optimizer_v2(model, 'cadamw', lr, weight_decay=0.01)"),
       "timm_lamb_class": (lambda model: Lamb(model.parameters(), lr=LAMB_LR), LAMB_LR,
                           ("Lamb(model.parameters(), lr) (its defaults: weight_decay=0.01, "
                           "max_grad_norm=1.0, one group)")),
