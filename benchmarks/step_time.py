@@ -2,8 +2,10 @@
 
 One jit-compiled step = ``opt.update`` + ``optax.apply_updates`` with params and
 optimizer state donated. All optimizers run in the same process, interleaved
-round by round (so a noisy neighbour hits them all alike); the table gives the
-median step time, its ratio to ``optax.sgd(momentum=0.9)`` measured in the same
+round by round in a new random order each round (so a noisy neighbour hits them
+all alike, and no row always runs after a step that frees large temporaries);
+the table gives the median step time, its spread (interquartile range over the
+median), its ratio to ``optax.sgd(momentum=0.9)`` measured in the same
 run, its ratio to the optax peer (``PEERS``: ``optax.lars`` for LARS rows,
 ``optax.adam`` for Adam rows, ...), and the median compile time and its ratio.
 
@@ -29,6 +31,7 @@ import argparse
 import gc
 import json
 import platform
+import random
 import statistics
 import sys
 import time
@@ -55,6 +58,14 @@ PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
 PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
               "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
 PEERS.update({"lamb": "optax.lamb", "lans": "optax.lamb"})
+# Rows whose peer is not the one of their function's name: the ports of docs/porting.md.
+ROW_PEERS = {
+    "lars_optax.lars(update_norm, epsilon=0)  # optax.lars": "optax.lars",
+    "lars_optax.lars(update_norm, nesterov, epsilon=0)  # optax.lars(nesterov)":
+        "optax.lars(nesterov=True)",
+    "lars_optax.lamb(wd, eps_root)  # optax.lamb(eps_root)": "optax.lamb(eps_root)",
+    "scale_by_caution(optax.scale_by_adam()) chain  # timm cadamw": "optax.adamw",
+}
 
 
 def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
@@ -67,6 +78,21 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.lars(momentum=0.9, wd, rescale_grad, clip_gradient)":
           lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, rescale_grad=1 / 256,
                                   clip_gradient=1.0),
+      "optax.lars(nesterov=True)": lambda: optax.lars(LR, nesterov=True),
+      "lars_optax.lars(update_norm, epsilon=0)  # optax.lars":
+          lambda: lars_optax.lars(LR, momentum=0.9, epsilon=0.0, update_norm=True),
+      "lars_optax.lars(update_norm, nesterov, epsilon=0)  # optax.lars(nesterov)":
+          lambda: lars_optax.lars(LR, momentum=0.9, epsilon=0.0, update_norm=True,
+                                  nesterov=True),
+      "lars_optax.lars(lr_in_momentum=False, wd, skip)  # timm lars":
+          lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, lr_in_momentum=False,
+                                  skip=lars_optax.by_ndim(1), wd_skip=lars_optax.by_ndim(1)),
+      "lars_optax.lars(lr_in_momentum=False, nesterov, trust_clip, wd, skip)  # timm nlarc":
+          lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, lr_in_momentum=False,
+                                  nesterov=True, trust_clip=True, skip=lars_optax.by_ndim(1),
+                                  wd_skip=lars_optax.by_ndim(1)),
+      "lars_optax.lars(lr_in_momentum=False, dampening)":
+          lambda: lars_optax.lars(LR, momentum=0.9, lr_in_momentum=False, dampening=0.1),
       "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
           lambda: lars_optax.tf_lars(LR, use_nesterov=True, skip_list=["bias", "_bn_"]),
@@ -107,9 +133,22 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "lars_optax.lamb(wd, bounds, clip_gradient, skip)":
           lambda: lars_optax.lamb(1e-3, wd=1e-4, lower_bound=1e-3, upper_bound=10.0,
                                   clip_gradient=1.0, skip=lars_optax.by_ndim(1)),
+      "lars_optax.lamb(wd, trust_clip)  # timm lambc":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, trust_clip=True),
+      "lars_optax.lamb(wd, decoupled_decay)  # timm lambw, Keras":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, decoupled_decay=True),
+      "lars_optax.lamb(wd, caution)  # timm clamb":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, caution=True),
+      "optax.lamb(eps_root)": lambda: optax.lamb(1e-3, weight_decay=1e-4, eps_root=1e-8),
+      "lars_optax.lamb(wd, eps_root)  # optax.lamb(eps_root)":
+          lambda: lars_optax.lamb(1e-3, wd=1e-4, eps_root=1e-8),
       "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=1e-4),
       "optax.adamw": lambda: optax.adamw(1e-3, weight_decay=1e-2),
       "lars_optax.adamw(wd)": lambda: lars_optax.adamw(1e-3, wd=1e-2),
+      "scale_by_caution(optax.scale_by_adam()) chain  # timm cadamw":
+          lambda: optax.chain(lars_optax.scale_by_caution(optax.scale_by_adam()),
+                              optax.add_decayed_weights(1e-2),
+                              optax.scale_by_learning_rate(1e-3)),
       "optax.adamax": lambda: optax.adamax(2e-3),
       "lars_optax.adamax": lambda: lars_optax.adamax(2e-3),
       "optax.nadam": lambda: optax.nadam(1e-3),
@@ -184,15 +223,17 @@ def format_table(result: dict) -> str:
        f"{result['optax']}; median of {result['rounds']} calls of "
        f"{result['steps_per_call']} steps each, per step; copy rate "
        f"{result['copy_GBps']:.0f} GB/s (read + written)."), "",
-      ("| optimizer | step (ms) | step / sgd-momentum | step / peer | GB/s "
+      ("| optimizer | step (ms) | spread | step / sgd-momentum | step / peer | GB/s "
        "| of copy rate | compile (s) | compile / sgd-momentum |"),
-      "|---|---:|---:|---:|---:|---:|---:|---:|"]
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     short = r["optimizer"].split("(")[0].rsplit(".", 1)[-1]
-    peer = by_name.get(PEERS.get(short, ""), {}).get("step_ms")
+    peer_name = ROW_PEERS.get(r["optimizer"], PEERS.get(short, ""))
+    peer = by_name.get(peer_name, {}).get("step_ms")
     vs_peer = f"{r['step_ms'] / peer:.2f}" if peer else "-"
     gbps = r["bytes"] / r["step_ms"] / 1e6
-    lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.3f} | {r['step_ratio']:.2f} | "
+    spread = f"{r['spread']:.0%}" if "spread" in r else "-"
+    lines.append(f"| `{r['optimizer']}` | {r['step_ms']:.3f} | {spread} | {r['step_ratio']:.2f} | "
                  f"{vs_peer} | {gbps:.0f} | {gbps / result['copy_GBps']:.0%} | "
                  f"{r['compile_s']:.2f} | {r['compile_ratio']:.2f} |")
   return "\n".join(lines)
@@ -241,8 +282,13 @@ def main(argv: list[str] | None = None) -> dict:
     jax.block_until_ready((p, s))
     runs[name] = {"fn": compiled, "p": p, "s": s, "times": [],
                   "bytes": 2 * tree_bytes(p) + tree_bytes(grads) + 2 * tree_bytes(s)}
+  names, order = list(runs), random.Random(0)
   for _ in range(args.rounds):
-    for run in runs.values():
+    # A new order every round: a step that frees large temporaries slows the one
+    # after it, and a fixed order would charge that to the same row every time.
+    order.shuffle(names)
+    for name in names:
+      run = runs[name]
       t0 = time.perf_counter()
       p, s = run["fn"](run["p"], run["s"], grads)
       jax.block_until_ready((p, s))
@@ -271,8 +317,10 @@ def main(argv: list[str] | None = None) -> dict:
   }
   for name, run in runs.items():
     step = statistics.median(run["times"])
+    q1, _, q3 = statistics.quantiles(run["times"], n=4) if len(run["times"]) > 1 else (step,) * 3
     result["rows"].append({
         "optimizer": name, "step_ms": step * 1e3, "step_ratio": step / b_step,
+        "spread": (q3 - q1) / step,
         "bytes": run["bytes"],
         "compile_s": ctimes[name], "compile_ratio": ctimes[name] / b_comp})
 

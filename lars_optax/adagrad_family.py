@@ -138,7 +138,8 @@ def _row_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _row_mean_square(u: jax.Array) -> jax.Array:
   if u.ndim <= 1:
     return jnp.square(u)
-  return jnp.mean(jnp.square(u), axis=tuple(range(1, u.ndim)), keepdims=True)
+  wide = u.astype(utils.norm_dtype(u.dtype))  # the row's sum in float32 or wider
+  return jnp.mean(jnp.square(wide), axis=tuple(range(1, u.ndim)), keepdims=True).astype(u.dtype)
 
 
 def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:

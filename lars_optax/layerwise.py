@@ -675,7 +675,7 @@ def lars(
         optax.chain(*inner) if inner else None,
         eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip, rescale=rescale_grad,
         wd_mult=decay_mult, axis_name=axis_name, stacked=stacked, trust_clip=clip)]
-  return base.finish([
+  tx = base.finish([
       *ratio_part,
       *base.lr_mult_part(lr_mult, stacked),
       *_momentum_and_lr(learning_rate, momentum, dampening, nesterov, lr_in_momentum),
@@ -684,6 +684,7 @@ def lars(
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
                    ("eta", eta, True), ("epsilon", epsilon, True)])
+  return stacked_mod.warn_unstacked(tx, stacked, "lars")
 
 
 def _momentum_and_lr(learning_rate: Any, momentum: Any, dampening: Any, nesterov: bool,
@@ -818,7 +819,7 @@ def tf_lars(
             "(e.g. 'bias' in a model without biases), pass "
             f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
     names = [("skip_list", skip, hint)]
-  return base.finish([
+  tx = base.finish([
       scale_by_lars_trust_ratio(
           utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
           eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
@@ -827,6 +828,7 @@ def tf_lars(
   ], "tf_lars", names=names, complex_params=True,
       hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
                    ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
+  return stacked_mod.warn_unstacked(tx, stacked, "tf_lars")
 
 
 # --------------------------------------------------------------------------
@@ -1536,12 +1538,13 @@ def lamb(
                                             stacked=stacked))
   else:
     parts += step
-  return base.finish(parts, "lamb", multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                     names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad, epsilon=epsilon))
+  tx = base.finish(parts, "lamb", multi_precision=multi_precision,
+                   complex_params=clip_gradient is None,
+                   names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
+                   leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                   hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                rescale_grad=rescale_grad, epsilon=epsilon))
+  return stacked_mod.warn_unstacked(tx, stacked, "lamb")
 
 
 @v.mxnet_names
@@ -1659,11 +1662,12 @@ def lans(
                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
                          axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
-  return base.finish(parts, "lans", multi_precision=multi_precision,
-                     names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad))
+  tx = base.finish(parts, "lans", multi_precision=multi_precision,
+                   names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
+                   leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                   hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                rescale_grad=rescale_grad))
+  return stacked_mod.warn_unstacked(tx, stacked, "lans")
 
 
 _RATIO_STATES = (ScaleByLarsTrustRatioState, ScaleByLambTrustRatioState, ScaleByLansState)

@@ -27,15 +27,28 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
 from lars_optax import _utils as utils
+from lars_optax import sparse as _sparse
 
 __all__ = ["skip_nonfinite"]
 
 
+def _finite(x: Any) -> jax.Array:
+  """All of ``x`` finite; for a row-sparse leaf, the values of the rows it holds.
+
+  A row-sparse gradient's padding slots (row index == number of rows) are not
+  in the array, and every optimizer ignores them: a NaN there is no NaN step.
+  """
+  if not _sparse.is_row_sparse(x):
+    return jnp.all(jnp.isfinite(x))
+  used = (x.indices[..., 0] < x.shape[0]).reshape((-1,) + (1,) * (x.data.ndim - 1))
+  return jnp.all(jnp.isfinite(x.data) | ~used)
+
+
 def _all_finite(tree: Any) -> jax.Array:
-  leaves = jax.tree.leaves(tree)
+  leaves = jax.tree.leaves(tree, is_leaf=_sparse.is_row_sparse)
   if not leaves:
     return jnp.array(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  return jnp.all(jnp.stack([_finite(x) for x in leaves]))
 
 
 def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:

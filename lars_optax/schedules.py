@@ -72,6 +72,9 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     raise TypeError(f"{name}: expected an int, got {value!r}.")
   if value < minimum:
     raise ValueError(f"{name}: must be >= {minimum}, got {value}.")
+  if value > v.INT32_MAX:
+    raise ValueError(f"{name}: must be <= {v.INT32_MAX} (update counts are int32, and a "
+                     f"schedule saturates there), got {value}.")
   return int(value)
 
 
@@ -97,9 +100,13 @@ def _count(num_update: Any) -> jax.Array:
                     f"update), got an array of {dtype}.")
   if jnp.ndim(num_update) != 0:
     raise TypeError(f"num_update: expected a scalar count, got shape {jnp.shape(num_update)}.")
-  if dtype is None:
-    num_update = min(max(int(num_update), -v.INT32_MAX), v.INT32_MAX)
-  return jnp.asarray(num_update, jnp.int32)
+  if dtype is None or isinstance(num_update, (np.generic, np.ndarray)):  # Python or numpy
+    return jnp.asarray(min(max(int(num_update), -v.INT32_MAX), v.INT32_MAX), jnp.int32)
+  if jnp.iinfo(dtype).bits > 32 or (jnp.iinfo(dtype).max > v.INT32_MAX):
+    # A wider (or unsigned 32-bit) count saturates instead of wrapping around.
+    low = max(int(jnp.iinfo(dtype).min), -v.INT32_MAX)
+    num_update = jnp.clip(num_update, low, v.INT32_MAX)
+  return jnp.asarray(num_update).astype(jnp.int32)
 
 
 class _Scheduler:

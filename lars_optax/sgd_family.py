@@ -411,8 +411,12 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
     def compensate(u, w, prev):
       if utils.is_const(variance_control, 0):
         return u
-      lam = utils.cast(variance_control, u.dtype)
-      return jnp.square(u) * (w - prev).astype(u.dtype) * lam + u  # MXNet's order
+      # In float32 or wider: a float16 g * g overflows for |g| > 256, and
+      # inf * 0 (an unchanged weight) would be NaN; the product itself is small.
+      dt = utils.norm_dtype(u.dtype)
+      lam = utils.cast(variance_control, dt)
+      wide = u.astype(dt)
+      return (jnp.square(wide) * (w - prev).astype(dt) * lam + wide).astype(u.dtype)
 
     updates = jax.tree.map(compensate, updates, params, state.previous_params)
     return updates, DelayCompensationState(params)

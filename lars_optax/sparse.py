@@ -157,6 +157,9 @@ class RowSparseUpdate(BCOO):
     ``jit`` at run time). Sum such trees with :func:`tree_add`.
   """
 
+  # numpy defers to __radd__: ``numpy_params + update`` is the scatter-add too.
+  __array_ufunc__ = None
+
   def __init__(self, args: tuple[Any, Any], *, shape: Sequence[int],
                indices_sorted: bool = False, unique_indices: bool = False):
     super().__init__(args, shape=shape, indices_sorted=indices_sorted,
@@ -209,8 +212,17 @@ def row_sparse(values: jax.Array, rows: jax.Array, num_rows: int) -> RowSparseUp
   (a :class:`RowSparseUpdate`), the layout :func:`lars_optax.lazy_update`
   takes. Repeated rows are summed by the optimizer; the index ``num_rows``
   marks padding.
+
+  Raises:
+    TypeError: for ``rows`` that are not integers (float indices would put the
+      values on truncated rows), or a ``num_rows`` that is not an int.
   """
   rows = jnp.asarray(rows)
+  if not jnp.issubdtype(rows.dtype, jnp.integer):
+    raise TypeError(f"rows: expected integer row indices, got an array of {rows.dtype}; "
+                    "cast them, e.g. rows.astype(jnp.int32).")
+  if isinstance(num_rows, (bool, np.bool_)) or not isinstance(num_rows, (int, np.integer)):
+    raise TypeError(f"num_rows: expected an int, got {num_rows!r}.")
   return RowSparseUpdate((jnp.asarray(values), rows.reshape(-1, 1)),
                          shape=(num_rows, *jnp.shape(values)[1:]))
 
@@ -524,6 +536,7 @@ def shape_view(tree: Any) -> Any:
 def _gather(x: jax.Array, rows: jax.Array) -> jax.Array:
   # Padding rows (index num_rows) read the last row; their results are dropped
   # by the scatter back, so the gather need not check bounds.
+  x = jnp.asarray(x)  # a numpy leaf (a restored checkpoint) has no .at
   if x.shape[0] == 0:
     return jnp.zeros((rows.shape[0], *x.shape[1:]), x.dtype)
   return x.at[jnp.minimum(rows, x.shape[0] - 1)].get(mode="promise_in_bounds")
@@ -702,6 +715,9 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
   except (ValueError, TypeError):
     raise ValueError(f"{where}: gradients and params have different tree structures: "
                      f"{treedef} vs {jax.tree.structure(params)}.") from None
+  # numpy params (flax.serialization.from_bytes, a checkpoint) are taken as the
+  # dense optimizers take them: as jax arrays.
+  flat_p = [jnp.asarray(p) if isinstance(p, np.ndarray) else p for p in flat_p]
   names = _leaf_names(treedef)
   sparse = [is_row_sparse(g) for g in flat_g]
   rows: list[Any] = []
@@ -765,7 +781,7 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
       elif r is None:
         out.append(dense_step(n, o, g))
       else:
-        out.append(o.at[r].set(n.astype(o.dtype), mode="drop"))
+        out.append(jnp.asarray(o).at[r].set(n.astype(o.dtype), mode="drop"))  # numpy too
     return out
 
   new_state = _buffers(new_state, treedef, row_shapes, scatter_bufs, state)

@@ -61,6 +61,7 @@ import optax
 from jax.experimental.sparse import BCOO
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import sparse as _sparse
@@ -239,12 +240,15 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
 
 def _sum_sq(x: Any) -> jax.Array:
   """The squared norm of a dense leaf, or of a row-sparse leaf's dense equivalent."""
+  # In float32 or wider: a float16 gradient of 4096 entries of 4 has a norm of
+  # 256, but its sum of squares (65536) overflows float16.
   if not _sparse.is_row_sparse(x):
-    return jnp.sum(jnp.square(jnp.abs(x)))
+    return jnp.sum(utils.abs_sq(x.astype(utils.norm_dtype(x.dtype))))
   num_rows = x.shape[0]
   rows, values = _sparse._combine(x, num_rows)  # repeated rows summed
   keep = (rows < num_rows).reshape((-1,) + (1,) * (values.ndim - 1))  # padding: not in the array
-  return jnp.sum(jnp.where(keep, jnp.square(values), 0))
+  values = values.astype(utils.norm_dtype(values.dtype))
+  return jnp.sum(jnp.where(keep, utils.abs_sq(values), 0))
 
 
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
@@ -282,7 +286,8 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
     def clip(x):
       values = x.data if _sparse.is_row_sparse(x) else x
-      out = jnp.where(trigger, values, (values / g_norm.astype(values.dtype)) * max_norm)
+      wide = values.astype(utils.norm_dtype(values.dtype))  # a float16 norm may not fit float16
+      out = jnp.where(trigger, wide, (wide / g_norm.astype(wide.dtype)) * max_norm)
       out = out.astype(values.dtype)
       return _like(x, out, x.indices) if _sparse.is_row_sparse(x) else out
 

@@ -47,6 +47,8 @@ with their metadata), and kept in the state (:func:`layer_markers`), so
 from __future__ import annotations
 
 import difflib
+import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -259,6 +261,45 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
           f"layer axes: a layer needs at least one axis of its own (k < ndim = "
           f"{np.ndim(leaf)}).")
   return ks
+
+
+# Module names that scanned stacks get: Flax linen's nn.scan(Block) is a module
+# class "ScanBlock" (instances "ScanBlock_0"), Haiku's hk.layer_stack without a
+# name "__layer_stack_no_per_layer".
+_SCANNED_NAME = re.compile(r"(?:^|/)(Scan[A-Z]\w*_\d+|__layer_stack\w*)(?:/|$)")
+
+
+def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
+  """``tx`` whose ``init`` warns when ``stacked`` is the default and leaves look scanned.
+
+  A Flax ``nn.scan`` model without partition metadata (``ScanBlock_0/...``) or
+  a Haiku ``hk.layer_stack`` (``__layer_stack_no_per_layer/...``) keeps each
+  stack as one leaf; with ``stacked`` left at its default, nothing marks it,
+  and a layer-wise rule takes one norm over the whole stack. The state and
+  the update are ``tx``'s own.
+  """
+  if stacked is not FROM_METADATA:
+    return tx
+
+  def init_fn(params: Any) -> Any:
+    named = masks.named_leaves(params)
+    ks = resolve(stacked, params)
+    hits = [n for (n, leaf), k in zip(named, ks)
+            if not k and np.ndim(leaf) >= 2 and _SCANNED_NAME.search(n)]
+    if hits:
+      prefix = hits[0][:_SCANNED_NAME.search(hits[0]).end(1)]  # type: ignore[union-attr]
+      more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
+      warnings.warn(
+          f"stacked: {hits[:3]}{more} look like a scanned stack of layers (Flax nn.scan, "
+          f"Haiku hk.layer_stack), but stacked= was left at its default and they carry no "
+          f"'layers' partition metadata, so {name} takes one norm and one trust ratio "
+          f"over each whole stack instead of one per layer as the unrolled model would. "
+          f"Pass stacked=lars_optax.by_regex({'^' + re.escape(prefix) + '/'!r}) (one "
+          f"leading layer axis; see lars_optax.stacked), or stacked=None to keep one "
+          f"ratio per stack and silence this warning.", UserWarning, stacklevel=2)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
 
 
 def layer_axes(params: Any, stacked: StackedLike = FROM_METADATA) -> dict[str, int]:

@@ -305,11 +305,13 @@ def scale_by_caution(
     ks = stacked_mod.axes_from_markers(state.layers, len(flat_g))
 
     def mask(u, g, k):
-      agree = jnp.real(u * jnp.conj(g.astype(u.dtype))) > 0
+      g = g.astype(u.dtype)
+      agree = (jnp.real(u * jnp.conj(g)) if jnp.iscomplexobj(u) else u * g) > 0
       dt = utils.norm_dtype(utils.real_dtype(u.dtype))
-      phi = agree.astype(dt)
-      scale = jnp.maximum(jnp.mean(phi, axis=tuple(range(k, u.ndim))), 1e-3)
-      return (u * (phi / stacked_mod.per_layer(scale, u)).astype(u.dtype)).astype(u.dtype)
+      # The share of entries kept, counted in float32 (a float16 count saturates).
+      kept = jnp.mean(agree, axis=tuple(range(k, u.ndim)), dtype=dt)
+      scale = (1 / jnp.maximum(kept, 1e-3)).astype(utils.real_dtype(u.dtype))
+      return jnp.where(agree, u * stacked_mod.per_layer(scale, u), jnp.zeros_like(u))
 
     out = [mask(u, g, k) for u, g, k in zip(flat_u, flat_g, ks)]
     return jax.tree.unflatten(treedef, out), ScaleByCautionState(inner_state, state.layers)

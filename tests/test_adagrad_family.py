@@ -332,3 +332,15 @@ def test_adagrad_bcoo_with_weight_decay_names_the_leaf(kwargs):
       r"wd: gradient 'emb' is row-sparse \(a BCOO\), but its weight decay is 0.1 .*"
       r"wd_mult=\{'emb': 0.0\}")):
     tx.update(grads, tx.init(params), params)
+
+
+def test_groupadagrad_row_mean_of_float16_squares_is_taken_in_float32():
+  """A row of 100 entries of 100: each square (1e4) fits float16, their sum (1e6) does not."""
+  params = {"w": jnp.zeros((2, 100), jnp.float16)}
+  tx = lars_optax.groupadagrad(0.1)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", lars_optax.LowPrecisionWarning)
+    state = tx.init(params)
+  updates, state = tx.update({"w": jnp.full((2, 100), 100.0, jnp.float16)}, state, params)
+  assert bool(jnp.all(jnp.isfinite(updates["w"])))
+  np.testing.assert_allclose(np.asarray(updates["w"], np.float32), -0.1, rtol=1e-2)

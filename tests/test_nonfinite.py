@@ -329,3 +329,19 @@ def test_nan_gradient_element_shows_in_the_update_of_every_registered_optimizer(
 # Rules whose state keeps gradient statistics (where the old zero-step froze the weight).
 _STATISTICS = {"adam", "adamw", "nadam", "adamax", "adabelief", "ftml", "lamb", "lans",
                "adagrad", "groupadagrad", "ftrl", "rmsprop", "adadelta"}
+
+
+def test_skip_nonfinite_ignores_a_nan_in_a_row_sparse_padding_slot():
+  """The padding slot (row == num_rows) is not in the array; the optimizer ignores it."""
+  params = {"emb": jnp.ones((4, 2))}
+  tx = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True))
+  state = tx.init(params)
+  values = jnp.array([[1.0, 1.0], [jnp.nan, jnp.nan]])
+  padded = lars_optax.row_sparse(values, jnp.array([1, 4]), 4)  # slot 2 is padding
+  updates, state = tx.update({"emb": padded}, state, params)
+  assert int(state.total_notfinite) == 0 and bool(state.last_finite)
+  new = optax.apply_updates(params, updates)
+  assert bool(jnp.all(jnp.isfinite(new["emb"]))) and float(new["emb"][1, 0]) != 1.0
+  used = lars_optax.row_sparse(values, jnp.array([1, 2]), 4)  # the NaN is on row 2: skipped
+  _, state = tx.update({"emb": used}, state, params)
+  assert int(state.total_notfinite) == 1 and not bool(state.last_finite)

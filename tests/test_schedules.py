@@ -251,3 +251,31 @@ def test_float_count_under_jit_is_a_type_error():
 def test_to_optax_rejects_other_schedulers():
   with pytest.raises(TypeError, match=r"^scheduler: .*mxnet_schedule"):
     schedules.to_optax(lambda n: 0.1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: n, np.int64, np.uint64, np.array, lambda n: jnp.asarray(n, jnp.int64),
+    lambda n: jnp.asarray(n, jnp.uint32)],
+    ids=["python", "numpy_int64", "numpy_uint64", "numpy_array", "jax_int64", "jax_uint32"])
+def test_counts_past_int32_saturate_instead_of_wrapping(make):
+  """PolyScheduler gave -2147483.6 at jnp.int64(2**31) (the count wrapped to -2**31)."""
+  from conftest import x64  # pylint: disable=g-import-not-at-top
+  sched = schedules.PolyScheduler(max_update=1000, base_lr=0.1, warmup_steps=100)
+  with x64():
+    for n in (2**31, 2**31 + 7, 2**40):
+      if n >= 2**32 and str(getattr(make(0), "dtype", "")) == "uint32":
+        continue
+      assert float(sched(make(n))) == pytest.approx(float(sched(2**31 - 1)))
+      assert float(jax.jit(sched)(make(n))) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("make,arg", [
+    (lambda n: schedules.FactorScheduler(step=n), "step"),
+    (lambda n: schedules.MultiFactorScheduler(step=[10, n]), "step"),
+    (lambda n: schedules.PolyScheduler(max_update=n), "max_update"),
+    (lambda n: schedules.CosineScheduler(max_update=n), "max_update"),
+    (lambda n: schedules.PolyScheduler(max_update=100, warmup_steps=n), "warmup_steps"),
+])
+def test_lengths_past_int32_are_rejected_naming_the_argument(make, arg):
+  with pytest.raises(ValueError, match=rf"^{arg}: must be <= 2147483647"):
+    make(2**31)

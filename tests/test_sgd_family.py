@@ -459,3 +459,16 @@ def test_dampened_trace_and_lars_reject_what_pytorch_rejects(kwargs, match):
     lars_optax.dampened_trace(**kwargs)
   with pytest.raises(ValueError, match=match):
     lars_optax.lars(0.1, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_dcasgd_low_precision_gradient_above_256_stays_finite(dtype):
+  """g * g overflows float16 for |g| > 256; times an unchanged weight that was inf * 0 = NaN."""
+  params = {"w": jnp.zeros((2, 2), dtype)}
+  tx = lars_optax.dcasgd(0.001, momentum=0.9, lamda=1e-6)
+  state = tx.init(params)
+  for _ in range(3):
+    updates, state = jax.jit(tx.update)({"w": jnp.full((2, 2), 300.0, dtype)}, state, params)
+    params = optax.apply_updates(params, updates)
+    assert params["w"].dtype == dtype
+    assert bool(jnp.all(jnp.isfinite(params["w"])))

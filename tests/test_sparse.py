@@ -1107,3 +1107,39 @@ def test_value_and_grad_inside_shard_map_with_check_vma_equals_the_dense_gradien
 
   chex.assert_trees_all_close(grads(sparse_value_and_grad(loss, "embedding")),
                               grads(jax.value_and_grad(loss)), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: lars_optax.adam(0.1, lazy_update=True), lambda: lars_optax.sgd(0.1, momentum=0.9,
+                                                                           lazy_update=True),
+    lambda: lars_optax.adagrad(0.1), lambda: lars_optax.ftrl()],
+    ids=["adam", "sgd", "adagrad", "ftrl"])
+def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer):
+  """flax.serialization.from_bytes and checkpoints give numpy arrays."""
+  params = {"emb": np.arange(12.0, dtype=np.float32).reshape(6, 2), "w": np.ones(2, np.float32)}
+  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 2)), jnp.array([1, 4]), 6),
+           "w": np.full(2, 0.5, np.float32)}
+  tx = optimizer()
+  want_u, want_s = tx.update(grads, tx.init(jax.tree.map(jnp.asarray, params)),
+                             jax.tree.map(jnp.asarray, params))
+  state = jax.tree.map(np.asarray, tx.init(params))  # a restored state: numpy leaves
+  updates, _ = tx.update(grads, state, params)
+  for apply in (optax.apply_updates, lars_optax.apply_updates):
+    chex.assert_trees_all_close(apply(params, updates), apply(params, want_u))
+  del want_s
+
+
+def test_row_sparse_rejects_float_rows_naming_them():
+  with pytest.raises(TypeError, match=r"^rows: expected integer row indices, got an array "
+                                      r"of float32"):
+    lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([1.0, 2.0]), 5)
+  with pytest.raises(TypeError, match=r"^num_rows: expected an int"):
+    lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([1, 2]), 5.0)
+
+
+def test_sparse_value_and_grad_with_float_ids_fails_as_jax_indexing_does():
+  def loss(p, ids):
+    return jnp.sum(p["table"][ids])
+  params = {"table": jnp.ones((10, 3))}
+  with pytest.raises(TypeError, match="Indexer must have integer"):
+    sparse_value_and_grad(loss, sparse="table")(params, jnp.array([1.0, 2.0]))

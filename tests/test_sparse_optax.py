@@ -87,6 +87,21 @@ def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
   chex.assert_trees_all_close(p, rp, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "row_sparse"])
+def test_clip_by_global_norm_takes_a_low_precision_norm_in_float32(dtype, sparse):
+  """4,096 entries of 4 have norm 256; their sum of squares (65,536) overflows float16."""
+  g = jnp.full((64, 64), 4.0, dtype)
+  grad = lars_optax.row_sparse(g, jnp.arange(64), 64) if sparse else g
+  out, _ = lars_optax.clip_by_global_norm(1.0).update({"w": grad}, optax.EmptyState())
+  values = out["w"].data if sparse else out["w"]
+  assert values.dtype == dtype
+  np.testing.assert_allclose(np.asarray(values, np.float32), 4.0 / 256, rtol=1e-2)
+  big = jnp.full((64, 64), 2000.0, dtype)  # norm 128,000: not even the norm fits float16
+  out, _ = lars_optax.clip_by_global_norm(1.0).update({"w": big}, optax.EmptyState())
+  np.testing.assert_allclose(np.asarray(out["w"], np.float32), 1 / 64, rtol=1e-2)
+
+
 @pytest.mark.parametrize("max_norm", [0, -1.0])
 def test_clip_by_global_norm_bad_max_norm(max_norm):
   with pytest.raises(ValueError, match="max_norm"):

@@ -12,6 +12,7 @@ initial values; the parameters must agree to float32 noise.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -407,3 +408,71 @@ def test_shard_map_layer_split_needs_no_axis_name(name):
     return tx.update(g, tx.init(p), p)[0]
 
   assert_close(step(params, _grads(params)), want)
+
+
+# --------------------------------------------------------------------------
+# A scanned model that forgot stacked=: a warning at init.
+# --------------------------------------------------------------------------
+
+
+def _scanned_without_metadata():
+  nn = pytest.importorskip("flax.linen")
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _=None):
+      return x + jnp.tanh(nn.Dense(D)(x)), None
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x, _ = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                     length=L)()(x, None)  # no metadata_params: nothing marks the stack
+      return nn.Dense(3)(x)
+
+  return Model().init(jax.random.key(0), jnp.ones((2, D)))["params"]
+
+
+def _haiku_layer_stack_params():
+  hk = pytest.importorskip("haiku")
+
+  def f(x):
+    return hk.layer_stack(L)(lambda x: x + jnp.tanh(hk.Linear(D)(x)))(x)
+
+  return hk.transform(f).init(jax.random.key(0), jnp.ones((2, D)))
+
+
+WARNS = {
+    "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, skip=None, **kw),
+    "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, **kw),
+    "lamb": lambda **kw: lars_optax.lamb(1e-3, **kw),
+    "lans": lambda **kw: lars_optax.lans(1e-3, **kw),
+    "create_lamb": lambda **kw: lars_optax.create("lamb", learning_rate=1e-3, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WARNS))
+@pytest.mark.parametrize("params", [_scanned_without_metadata, _haiku_layer_stack_params],
+                         ids=["flax_nn_scan", "haiku_layer_stack"])
+def test_a_scanned_model_without_stacked_warns_at_init(name, params):
+  p = params()
+  with pytest.warns(UserWarning, match=r"^stacked: .* look like a scanned stack of layers"):
+    WARNS[name]().init(p)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    WARNS[name](stacked=None).init(p)  # one ratio per stack, on purpose: silent
+
+
+@pytest.mark.parametrize("params", [_scanned_without_metadata, _haiku_layer_stack_params],
+                         ids=["flax_nn_scan", "haiku_layer_stack"])
+def test_the_warning_names_a_stacked_rule_that_silences_it(params):
+  p = params()
+  with pytest.warns(UserWarning) as record:
+    lars_optax.lamb(1e-3).init(p)
+  rule = eval(str(record[0].message).split("stacked=")[2].split(" (one")[0],
+              {"lars_optax": lars_optax})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    lars_optax.lamb(1e-3, stacked=rule).init(p)
+  assert lars_optax.layer_axes(p, rule)  # the stack's leaves, one layer axis each
+
