@@ -286,7 +286,7 @@ def scale_by_lars_trust_ratio(
     skip: masks.MaskLike = None,
     rescale: float = 1.0,
     wd_mult: masks.LeafValues = None,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     trust_clip: optax.ScalarOrSchedule | None = None,
 ) -> GradientTransformationExtraArgs:
@@ -349,6 +349,9 @@ def scale_by_lars_trust_ratio(
       it, so every block is scaled by the ratio of the whole leaf. Leave it
       None under ``jit`` with sharded arrays (norms are global there) and for
       params that are replicated over the axis (``pmap`` data parallelism).
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers (see
       :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
       name: k}`` or ``[(mask, k)]`` rules, or the default,
@@ -377,7 +380,7 @@ def scale_by_lars_trust_ratio(
                     f"{type(inner).__name__}.")
   masks.check_mask_like(skip, "skip")
   masks.check_leaf_values(wd_mult, "wd_mult")
-  v.check_axis_name(axis_name)
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   if trust_clip is not None:
     v.check_learning_rate("trust_clip", trust_clip)
@@ -396,6 +399,7 @@ def scale_by_lars_trust_ratio(
     masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
+    stacked_mod.resolve_axis_names(axis_name, params, ks)  # a bad name fails here already
     return ScaleByLarsTrustRatioState(
         _ratio_vector(params), inner_tx.init(params), _layer_ratios(params, ks),
         () if trust_clip is None else jnp.zeros([], jnp.int32))
@@ -411,7 +415,7 @@ def scale_by_lars_trust_ratio(
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
                           [utils.times(weight_decay, m) for m in mults], epsilon, rescale,
-                          axis_name, ks)
+                          stacked_mod.resolve_axis_names(axis_name, params, ks), ks)
     count = state.count
     if trust_clip is not None:
       ratios = _clip_ratios(ratios, trust_clip(count) if callable(trust_clip) else trust_clip)
@@ -511,7 +515,7 @@ def lars(
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     nesterov: bool = False,
     dampening: float = 0.0,
@@ -614,6 +618,9 @@ def lars(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers, as scanned models keep
       their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
       layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
@@ -715,7 +722,7 @@ def tf_lars(
     use_nesterov: bool = False,
     *,
     skip: masks.MaskLike = None,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
@@ -765,6 +772,9 @@ def tf_lars(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers, as scanned models keep
       their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
       layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
@@ -906,7 +916,7 @@ def scale_by_lamb_trust_ratio(
     lower_bound: float | None = None,
     upper_bound: float | None = None,
     skip: masks.MaskLike = None,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     trust_clip: bool = False,
 ) -> GradientTransformation:
@@ -946,6 +956,9 @@ def scale_by_lamb_trust_ratio(
     axis_name: for params split over this mesh axis under
       ``shard_map``/``pmap``: the squared norms are summed over it (one
       collective for all leaves), giving every block its whole leaf's ratio.
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers (see
       :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
       name: k}`` or ``[(mask, k)]`` rules, or the default,
@@ -965,7 +978,7 @@ def scale_by_lamb_trust_ratio(
   """
   _check_bounds(lower_bound, upper_bound)
   masks.check_mask_like(skip, "skip")
-  v.check_axis_name(axis_name)
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   trust_clip = base.check_flag("trust_clip", trust_clip)
   name = "scale_by_lamb_trust_ratio"
@@ -973,6 +986,7 @@ def scale_by_lamb_trust_ratio(
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
     ks = _check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked,
                              allow_complex=True)
+    stacked_mod.resolve_axis_names(axis_name, params, ks)
     return ScaleByLambTrustRatioState(_ratio_vector(params), _layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
@@ -983,7 +997,8 @@ def scale_by_lamb_trust_ratio(
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     squares = stacked_mod.layer_sq_norms(
-        [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks, axis_name)
+        [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks,
+        stacked_mod.resolve_axis_names(axis_name, params, ks))
     ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound, trust_clip)
               for sq in squares]
     return (jax.tree.unflatten(treedef, _apply_ratios(flat_u, ratios)),
@@ -1133,7 +1148,7 @@ class NormalizePerLeafState(NamedTuple):
 
 def normalize_per_leaf(
     *,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> GradientTransformation:
   r"""Divides each leaf's update by its own norm (LANS's gradient normalisation).
@@ -1151,6 +1166,9 @@ def normalize_per_leaf(
   Args:
     axis_name: for leaves split over this mesh axis under
       ``shard_map``/``pmap``: the squared norms are summed over it.
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers, each layer normalised on
       its own (see :mod:`lars_optax.stacked`; default: from Flax metadata).
 
@@ -1164,19 +1182,22 @@ def normalize_per_leaf(
     54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
     2.0 ``mxnet.optimizer.LANS``.
   """
-  v.check_axis_name(axis_name)
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
 
   def init_fn(params):
     v.check_float_params(params, "normalize_per_leaf")
-    markers = stacked_mod.layer_markers(params, stacked_mod.resolve(stacked, params))
+    ks = stacked_mod.resolve(stacked, params)
+    stacked_mod.resolve_axis_names(axis_name, params, ks)
+    markers = stacked_mod.layer_markers(params, ks)
     return NormalizePerLeafState(markers) if markers else optax.EmptyState()
 
   def update_fn(updates, state, params=None):
     del params
     flat, treedef = jax.tree.flatten(updates)
     ks = stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(flat))
-    squares = stacked_mod.layer_sq_norms([(u,) for u in flat], ks, axis_name)
+    squares = stacked_mod.layer_sq_norms([(u,) for u in flat], ks,
+                                         stacked_mod.resolve_axis_names(axis_name, updates, ks))
     out = []
     for u, (s,) in zip(flat, squares):
       n = stacked_mod.per_layer(jnp.sqrt(s), u)
@@ -1220,7 +1241,7 @@ def scale_by_lans(
     lower_bound: float | None = None,
     upper_bound: float | None = None,
     skip: masks.MaskLike = None,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> GradientTransformation:
   r"""LANS's scaling: Nesterov-style Adam with a trust ratio on each of its two parts.
@@ -1258,6 +1279,9 @@ def scale_by_lans(
     upper_bound: :math:`h` > 0, or None.
     skip: leaves whose two ratios are 1 (see :func:`scale_by_lamb_trust_ratio`).
     axis_name: sum the squared norms over this mesh axis (sharded params).
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers: each layer gets its own
       two ratios (see :func:`scale_by_lamb_trust_ratio`).
 
@@ -1277,7 +1301,7 @@ def scale_by_lans(
   masks.check_leaf_values(wd_mult, "wd_mult")
   _check_bounds(lower_bound, upper_bound)
   masks.check_mask_like(skip, "skip")
-  v.check_axis_name(axis_name)
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   name = "scale_by_lans"
 
@@ -1287,6 +1311,7 @@ def scale_by_lans(
     utils.warn_float16(params, name, utils.DEGRADES)
     v.check_representable("weight_decay", weight_decay, params, compute=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
+    stacked_mod.resolve_axis_names(axis_name, params, ks)
     # (Separate buffers for the two ratios: a step that donates the state
     # cannot donate one buffer twice.)
     return ScaleByLansState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
@@ -1318,7 +1343,7 @@ def scale_by_lans(
                     utils.safe_divide(g.astype(dt), d) + decay))
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, cm, cg) for p, (cm, cg), s in zip(flat_p, parts, skipped)],
-        ks, axis_name)
+        ks, stacked_mod.resolve_axis_names(axis_name, params, ks))
     ratios_m, ratios_g, out = [], [], []
     for g, (cm, cg), sq in zip(flat_g, parts, squares):
       rm = rg = None
@@ -1358,7 +1383,7 @@ def lamb(
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     trust_clip: bool = False,
     decoupled_decay: bool = False,
@@ -1479,6 +1504,9 @@ def lamb(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms over it so each block gets its whole layer's
       ratio.
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers, as scanned models keep
       their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
       layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
@@ -1564,7 +1592,7 @@ def lans(
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
-    axis_name: str | None = None,
+    axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> optax.GradientTransformation:
   r"""LANS as Apache MXNet implements it (``mx.optimizer.LANS``).
@@ -1632,6 +1660,9 @@ def lans(
     axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
       axis, sum the squared norms (of the gradient, the weight and both
       parts) over it.
+      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
+      leaves None), for a mesh axis that splits a stack by layers (None) and
+      other leaves by features (the axis); see ``docs/distributed.md``.
     stacked: the leaves that hold a stack of layers, as scanned models keep
       their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
       layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading

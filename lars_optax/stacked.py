@@ -337,8 +337,65 @@ def sq_norm(x: jax.Array, k: int = 0) -> jax.Array:
   return jnp.sum(utils.abs_sq(x), axis=tuple(range(k, x.ndim)))
 
 
+AxisNameLike = str | None | Mapping[str, "str | None"] | Sequence[tuple[Any, "str | None"]]
+"""A mesh axis for every leaf (a str, or None), or per leaf: ``{leaf name: axis}`` or
+``[(mask, axis)]`` rules (the first rule that selects a leaf wins); unlisted leaves None."""
+
+
+def _check_axis(axis: Any, arg_name: str) -> None:
+  if axis is not None and (not isinstance(axis, str) or not axis):
+    raise TypeError(f"{arg_name}: expected None or the name of a mesh axis (a non-empty "
+                    f"string), got {axis!r}.")
+
+
+def check_axis_names(axis_name: AxisNameLike, arg_name: str = "axis_name") -> None:
+  """``axis_name`` is None, a mesh axis, ``{leaf name: axis}`` or ``[(mask, axis)]`` rules."""
+  if axis_name is None or isinstance(axis_name, str):
+    _check_axis(axis_name, arg_name)
+  elif isinstance(axis_name, Mapping):
+    for key, axis in axis_name.items():
+      if not isinstance(key, str):
+        raise TypeError(f"{arg_name}: expected leaf names as keys, got {key!r}.")
+      _check_axis(axis, f"{arg_name}[{key!r}]")
+  elif isinstance(axis_name, (list, tuple)) and all(
+      isinstance(r, (list, tuple)) and len(r) == 2 for r in axis_name):
+    for mask, axis in axis_name:
+      masks.check_mask_like(mask, arg_name)
+      _check_axis(axis, arg_name)
+  else:
+    raise TypeError(f"{arg_name}: expected None, a mesh axis name, a dict {{leaf name: axis}} "
+                    f"or a list of (mask, axis) rules, got {axis_name!r}.")
+
+
+def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | None = None,
+                       arg_name: str = "axis_name") -> Any:
+  """``axis_name`` itself (a str or None), or its per-leaf form: one axis or None per leaf.
+
+  A dict key that names no leaf, or a rule whose mask is built from names and
+  matches none, raises a ValueError naming ``axis_name``.
+  """
+  if axis_name is None or isinstance(axis_name, str):
+    return axis_name
+  named = masks.named_leaves(tree)
+  names = [n for n, _ in named]
+  if isinstance(axis_name, Mapping):
+    unknown = [key for key in axis_name if key not in set(names)]
+    if unknown:
+      close = difflib.get_close_matches(unknown[0], names, n=3)
+      raise ValueError(f"{arg_name}: no parameter is named {unknown[0]!r}"
+                       + (f" (did you mean {close}?)" if close else "")
+                       + f". Leaf names look like {names[:3]}.")
+    return [axis_name.get(n) for n in names]
+  found: list[Any] = [False] * len(names)  # False: no rule yet (None is an axis choice)
+  for mask, axis in axis_name:
+    masks.check_matches(mask, tree, arg_name)
+    selected = masks.resolve_mask(mask, tree, arg_name, ks)
+    found = [axis if (f is False and s) else f for f, s in zip(found, selected)]
+  return [None if f is False else f for f in found]
+
+
 def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],
-                   axis_name: str | None = None) -> list[Any]:
+                   axis_name: str | Sequence[str | None] | None = None) -> list[Any]:
   """Per leaf, the per-layer squared norms of each array in its group.
 
   ``groups[i]`` is a tuple of arrays of leaf ``i``'s shape (e.g. the weight and
@@ -355,7 +412,15 @@ def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[in
   """
   squares = [None if g is None else tuple(sq_norm(x, k) for x in g)
              for g, k in zip(groups, ks)]
-  return utils.psum(squares, axis_name)
+  if axis_name is None or isinstance(axis_name, str):
+    return utils.psum(squares, axis_name)
+  # Per leaf (from resolve_axis_names): one collective per mesh axis, over its leaves.
+  out = list(squares)
+  for axis in sorted({a for a, sq in zip(axis_name, squares) if a is not None and sq}):
+    idx = [i for i, a in enumerate(axis_name) if a == axis and squares[i] is not None]
+    for i, summed in zip(idx, utils.psum([squares[i] for i in idx], axis)):
+      out[i] = summed
+  return out
 
 
 def per_layer(value: Any, x: jax.Array) -> Any:

@@ -310,3 +310,83 @@ def test_shard_map_svrg_full_gradient():
   np.testing.assert_allclose(loss, _loss(params, (x, y)), rtol=1e-5)
   chex.assert_trees_all_close(g, exact, rtol=2e-5, atol=1e-6)
   chex.assert_trees_all_close(g_snap, jax.grad(_loss)(snap, (x, y)), rtol=2e-5, atol=1e-6)
+
+
+# One mesh axis used two ways (FSDP-style): a stack split by layers, a head split by
+# features. axis_name takes per-leaf rules, as lr_mult does.
+
+_FSDP_L, _FSDP_D = 8, 4
+
+
+def _fsdp_case():
+  rng = np.random.default_rng(11)
+  stacked = {"blocks": {"kernel": rng.normal(size=(_FSDP_L, _FSDP_D, _FSDP_D)),
+                        "bias": 0.1 * rng.normal(size=(_FSDP_L, _FSDP_D))},
+             "head": {"kernel": rng.normal(size=(_FSDP_D, 16)), "bias": rng.normal(size=16)}}
+  grads = jax.tree.map(lambda x: 0.3 * x + 0.1 * rng.normal(size=x.shape), stacked)
+  stacked, grads = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), t)
+                    for t in (stacked, grads))
+
+  def unroll(t):
+    out = {f"block_{i}": jax.tree.map(lambda x, i=i: x[i], t["blocks"]) for i in range(_FSDP_L)}
+    return {**out, "head": t["head"]}
+
+  return stacked, grads, unroll
+
+
+_FSDP_SPEC = {"blocks": {"kernel": P("fsdp", None, None), "bias": P("fsdp", None)},
+              "head": {"kernel": P(None, "fsdp"), "bias": P("fsdp")}}
+_FSDP_MAKE = {
+    "lamb": lambda **kw: lars_optax.lamb(1e-2, wd=0.01, **kw),
+    "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3, skip=None, **kw),
+    "lans": lambda **kw: lars_optax.lans(1e-2, wd=0.01, **kw),
+}
+
+
+def _fsdp_step(tx):
+  mesh = Mesh(np.array(jax.devices()[:_FSDP_L]), ("fsdp",))
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(_FSDP_SPEC, _FSDP_SPEC),
+                     out_specs=_FSDP_SPEC)
+  def step(p, g):
+    return tx.update(g, tx.init(p), p)[0]
+
+  return step
+
+
+@pytest.mark.parametrize("name", sorted(_FSDP_MAKE))
+@pytest.mark.parametrize("axis_name", [
+    [(lars_optax.by_regex("^head/"), "fsdp")],
+    {"head/kernel": "fsdp", "head/bias": "fsdp", "blocks/kernel": None}],
+    ids=["rules", "dict"])
+def test_one_axis_splitting_layers_and_features_equals_the_unrolled_model(name, axis_name):
+  stacked, grads, unroll = _fsdp_case()
+  make = _FSDP_MAKE[name]
+  ref = make()
+  expected, _ = jax.jit(ref.update)(unroll(grads), ref.init(unroll(stacked)), unroll(stacked))
+  tx = make(stacked=lars_optax.by_regex("^blocks/"), axis_name=axis_name)
+  updates = _fsdp_step(tx)(stacked, grads)
+  chex.assert_trees_all_close(unroll(updates), expected, rtol=2e-5, atol=1e-7)
+  if name != "lamb" or not isinstance(axis_name, dict):
+    return
+  # One axis name for every leaf is wrong for one of the two either way.
+  for wrong in ("fsdp", None):
+    off = unroll(_fsdp_step(make(stacked=lars_optax.by_regex("^blocks/"),
+                                 axis_name=wrong))(stacked, grads))
+    gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+              zip(jax.tree.leaves(off), jax.tree.leaves(expected)))
+    assert gap > 1e-4, wrong
+
+
+def test_per_leaf_axis_name_rules_are_checked():
+  with pytest.raises(TypeError, match=r"^axis_name\['w'\]: expected None or the name"):
+    lars_optax.lars(0.1, axis_name={"w": 3})
+  with pytest.raises(TypeError, match=r"^axis_name: expected None, a mesh axis name"):
+    lars_optax.lamb(0.1, axis_name=7)
+  tx = lars_optax.lamb(0.1, axis_name={"nope": "x"})
+  with pytest.raises(ValueError, match=r"^axis_name: no parameter is named 'nope'"):
+    tx.init({"w": jnp.ones((2, 2))})
+  tx = lars_optax.lars(0.1, axis_name=[(lars_optax.by_leaf_name("nope"), "x")])
+  with pytest.raises(ValueError, match="axis_name"):
+    tx.init({"w": jnp.ones((2, 2))})
