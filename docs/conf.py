@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import pathlib
+import re
 import shutil
 
 project = "lars_optax"
@@ -48,3 +49,34 @@ myst_heading_anchors = 3
 
 html_theme = "alabaster"
 html_static_path: list[str] = []
+
+
+# sphinx.ext.viewcode links a module's source back to the docs under the first
+# name that documented the module: the public functions of lars_optax.masks are
+# documented as lars_optax.by_suffix etc., so its helpers documented as
+# lars_optax.masks.resolve_mask got links to lars_optax.resolve_mask, which does
+# not exist. Point each such link at the name the API page does have.
+def _fix_viewcode_backlinks(app, exception):
+  if exception is not None or app.builder.format != "html":
+    return
+  out = pathlib.Path(app.outdir)
+  api = (out / "api.html").read_text(encoding="utf-8")
+  anchors = set(re.findall(r'id="(lars_optax[^"]*)"', api))
+  for page in (out / "_modules").rglob("*.html"):
+    module = ".".join(page.relative_to(out / "_modules").with_suffix("").parts)
+    text = page.read_text(encoding="utf-8")
+
+    def fix(m, module=module):
+      name = m.group(2)
+      if name in anchors or not name.startswith("lars_optax."):
+        return m.group(0)
+      qualified = module + "." + name[len("lars_optax."):]
+      return m.group(1) + (qualified if qualified in anchors else name) + '"'
+
+    fixed = re.sub(r'(href="[./]*api\.html#)([^"]+)"', fix, text)
+    if fixed != text:
+      page.write_text(fixed, encoding="utf-8")
+
+
+def setup(app):
+  app.connect("build-finished", _fix_viewcode_backlinks)

@@ -173,6 +173,14 @@ def leaf_names(tree: Any) -> Any:
 
   >>> leaf_names({"params": {"Dense_0": {"bias": 0, "kernel": 0}}})
   {'params': {'Dense_0': {'bias': 'params/Dense_0/bias', 'kernel': 'params/Dense_0/kernel'}}}
+
+  It is a tree, not a list: zipping it with ``jax.tree.leaves(params)`` pairs
+  the tree's top-level *keys* with leaves, silently wrong. For the flat form
+  use :func:`named_leaves` (``[(name, leaf), ...]`` in ``jax.tree.leaves``
+  order), or ``jax.tree.leaves(leaf_names(tree))``:
+
+  >>> [name for name, _ in named_leaves({"b": 1.0, "a": {"w": 2.0}})]
+  ['a/w', 'b']
   """
   return _map_named(lambda name, _: name, tree)
 

@@ -278,7 +278,10 @@ class MultiFactorScheduler(_Scheduler):
       base_lr * factor**k
 
   (the product MXNet forms in float64, rounded once). The rate at update
-  ``step[i] + 1`` is the first with ``i + 1`` decays.
+  ``step[i] + 1`` is the first with ``i + 1`` decays: with ``step=[30, 60]``
+  the rate drops at updates 31 and 61, as MXNet's code does (its docstring
+  says 30 and 60; the code is what MXNet runs, and the reference values of
+  ``tests/reference/make_mxnet_schedules.py`` come from it).
 
   Args:
     step: the updates after which the rate decays: a list (or tuple) of ints

@@ -203,6 +203,7 @@ def test_shard_map_axis_name_gives_the_whole_layer_ratio(name):
   split = make(axis_name="model")
   spec = {"fc1_weight": P(None, "model"), "fc1_bias": P("model")}
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec),
                      out_specs=(spec, P()))
   def step(p, g):
@@ -223,6 +224,7 @@ def test_shard_map_without_axis_name_uses_block_norms():
   expected, _ = tx.update(grads, tx.init(params), params)
   spec = {"fc1_weight": P(None, "model")}
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec), out_specs=spec)
   def step(p, g):
     return tx.update(g, tx.init(p), p)[0]
@@ -244,7 +246,7 @@ def test_unbound_axis_name_is_named():
 
 @pytest.mark.parametrize("value", ["", 3, ["model"]])
 def test_axis_name_type(value):
-  with pytest.raises(TypeError, match="axis_name: expected None or the name of a mesh axis"):
+  with pytest.raises(TypeError, match=r"^axis_name: expected None"):
     lars_optax.lars(axis_name=value)
   with pytest.raises(TypeError, match="axis_name: expected None"):
     lars_optax.lazy_update(optax.sgd(0.1), axis_name=value)
@@ -272,6 +274,7 @@ def test_shard_map_lazy_update_rows_split_by_columns():
   split = lars_optax.lazy_update(lars_optax.adam(0.1), axis_name="model")
   spec = {"emb": P(None, "model")}
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=_split_mesh(), in_specs=(spec, spec), out_specs=spec)
   def step(p, g):
     return split.update(g, split.init(p), p)[0]
@@ -291,6 +294,7 @@ def test_shard_map_svrg_full_gradient():
   mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
   exact = jax.grad(_loss)(params, (x, y))
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
   def mu(p, data):
     return lars_optax.full_gradient(_loss, p, data, batch_size=4, axis_name="data")
@@ -301,6 +305,7 @@ def test_shard_map_svrg_full_gradient():
   # the helpers return the mean either way).
   snap = jax.tree.map(lambda p: 0.9 * p, params)
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P("data")),
                      out_specs=(P(), P(), P()))
   def pair(p, s, data):

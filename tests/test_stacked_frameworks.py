@@ -386,6 +386,7 @@ def test_shard_map_feature_split_with_axis_name_equals_one_device(name):
   want, _ = tx.update(_grads(params), tx.init(params), params)
   split = OPTIMIZERS[name](stacked=STACK, axis_name="x")
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
   def step(p, g):
     return split.update(g, split.init(p), p)[0]
@@ -403,6 +404,7 @@ def test_shard_map_layer_split_needs_no_axis_name(name):
   tx = OPTIMIZERS[name](stacked=STACK)
   want, _ = tx.update(_grads(params), tx.init(params), params)
 
+  @jax.jit
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
   def step(p, g):
     return tx.update(g, tx.init(p), p)[0]
