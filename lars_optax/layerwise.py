@@ -58,6 +58,7 @@ __all__ = [
   "ScaleByLambTrustRatioState",
   "ScaleByLansState",
   "ScaleByLarsTrustRatioState",
+  "TrustClipState",
   "lamb",
   "lans",
   "lars",
@@ -263,18 +264,34 @@ class ScaleByLarsTrustRatioState(NamedTuple):
       entry too, -1 (a ratio is never negative), so the vector still has
       one entry per leaf of the whole params tree. A stacked leaf's entry
       is the mean of its layers' ratios.
-    inner_state: the state of the inner transformation.
+    inner_state: the state of the inner transformation; with ``trust_clip``,
+      a :class:`TrustClipState` holding it and the step count.
     layer_trust_ratio: ``()`` when no leaf is stacked; else per leaf None
       (not stacked) or the ratios of its layers, an array of shape
       ``shape[:k]``. :func:`trust_ratios` returns these for stacked leaves.
-    count: with ``trust_clip``, the number of updates done so far (int32),
-      with which a learning-rate schedule is called; ``()`` otherwise.
   """
 
   trust_ratio: jax.Array
   inner_state: optax.OptState
   layer_trust_ratio: tuple[Any, ...] = ()
-  count: Any = ()
+
+
+class TrustClipState(NamedTuple):
+  """The ``inner_state`` of :func:`scale_by_lars_trust_ratio` with ``trust_clip``.
+
+  (The count lives here, not in a new field of
+  :class:`ScaleByLarsTrustRatioState`, so that the state of every optimizer
+  without ``trust_clip`` keeps its fields, and checkpoints written before the
+  option existed still restore.)
+
+  Attributes:
+    count: the number of updates done so far (int32), with which a
+      learning-rate schedule given as ``trust_clip`` is called.
+    inner_state: the state of the inner transformation.
+  """
+
+  count: jax.Array  # type: ignore[assignment]
+  inner_state: optax.OptState
 
 
 def scale_by_lars_trust_ratio(
@@ -400,9 +417,11 @@ def scale_by_lars_trust_ratio(
     masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)  # a bad name fails here already
-    return ScaleByLarsTrustRatioState(
-        _ratio_vector(params), inner_tx.init(params), _layer_ratios(params, ks),
-        () if trust_clip is None else jnp.zeros([], jnp.int32))
+    inner_state = inner_tx.init(params)
+    if trust_clip is not None:
+      inner_state = TrustClipState(jnp.zeros([], jnp.int32), inner_state)
+    return ScaleByLarsTrustRatioState(_ratio_vector(params), inner_state,
+                                      _layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
@@ -416,18 +435,19 @@ def scale_by_lars_trust_ratio(
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
                           [utils.times(weight_decay, m) for m in mults], epsilon, rescale,
                           stacked_mod.resolve_axis_names(axis_name, params, ks), ks)
-    count = state.count
+    inner_state = state.inner_state
     if trust_clip is not None:
+      count, inner_state = inner_state
       ratios = _clip_ratios(ratios, trust_clip(count) if callable(trust_clip) else trust_clip)
-      count = optax.safe_int32_increment(count)
     if not utils.is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
-    inner_updates, inner_state = inner_tx.update(
-        updates, state.inner_state, params, **extra_args)
+    inner_updates, inner_state = inner_tx.update(updates, inner_state, params, **extra_args)
+    if trust_clip is not None:
+      inner_state = TrustClipState(optax.safe_int32_increment(count), inner_state)
     scaled = _apply_ratios(treedef.flatten_up_to(inner_updates), ratios)
     return (jax.tree.unflatten(treedef, scaled),
             ScaleByLarsTrustRatioState(_ratio_vector(params, ratios), inner_state,
-                                       _layer_ratios(params, ks, ratios), count))
+                                       _layer_ratios(params, ks, ratios)))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 

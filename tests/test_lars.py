@@ -1013,7 +1013,8 @@ def test_the_default_lars_chain_has_no_new_link_and_no_new_state():
   tx = lars_optax.lars(0.1, momentum=0.9, wd=1e-4)
   state = tx.init({"w": jnp.ones((2, 2))})
   assert len(state) == 3  # check_inputs, the ratio (wrapping clip/decay), mxnet_momentum
-  assert state[1].count == ()  # no step count without trust_clip
+  assert state[1]._fields == ("trust_ratio", "inner_state", "layer_trust_ratio")
+  assert not isinstance(state[1].inner_state, lars_optax.TrustClipState)
   assert isinstance(state[2], lars_optax.MXNetMomentumState)
 
 
