@@ -583,8 +583,9 @@ def lars(
     \alpha_t b_t` (PyTorch's SGD, timm's ``Lars``, BYOL): a momentum trace
     followed by :func:`optax.scale_by_learning_rate` instead of
     :func:`mxnet_momentum`. The two differ once the rate changes (a warm-up).
-  * ``nesterov``, ``dampening``: PyTorch's (:func:`lars_optax.dampened_trace`;
-    the first step fills the buffer undamped).
+  * ``nesterov``, ``dampening``: PyTorch's (the first step fills the buffer
+    undamped): :func:`lars_optax.dampened_trace` with the rate after the
+    buffer, :func:`mxnet_momentum`'s ``dampening`` with the rate inside it.
   * ``update_norm=True``: the ratio divides by the decayed update's norm,
     :math:`\rho = \eta\|w\| / (\|u\| + \epsilon)` with
     :math:`u = \mathrm{clip}(g_r) + \lambda w` (optax, BYOL, SimCLR): the
@@ -718,17 +719,16 @@ def _momentum_and_lr(learning_rate: Any, momentum: Any, dampening: Any, nesterov
                      lr_in_momentum: bool) -> list[GradientTransformation]:
   """Where the learning rate meets the momentum buffer: inside it (MXNet's
   :func:`mxnet_momentum`) or after it (a trace, then the rate, PyTorch's)."""
+  if lr_in_momentum:
+    return [mxnet_momentum(learning_rate, momentum, nesterov, dampening)]
   no_buffer = utils.is_const(momentum, 0)
-  if lr_in_momentum and (no_buffer or utils.is_const(dampening, 0)):
-    return [mxnet_momentum(learning_rate, momentum, nesterov)]
   if no_buffer:
     trace = []
   elif utils.is_const(dampening, 0):
     trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
   else:
     trace = [dampened_trace(momentum, dampening, nesterov)]
-  lr = base.learning_rate_part(learning_rate)
-  return [lr, *trace] if lr_in_momentum else [*trace, lr]
+  return [*trace, base.learning_rate_part(learning_rate)]
 
 
 @v.tf_names

@@ -78,6 +78,7 @@ def mxnet_momentum(
     learning_rate: optax.ScalarOrSchedule,
     momentum: float = 0.0,
     nesterov: bool = False,
+    dampening: float = 0.0,
 ) -> GradientTransformation:
   r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
 
@@ -97,12 +98,19 @@ def mxnet_momentum(
   momentum step ahead, :math:`\text{update} = \mu\,m_t - \alpha_t u_t`
   (MXNet's ``nag_mom_update``; :func:`lars_optax.nag`).
 
+  With ``dampening`` :math:`d` (PyTorch's), each step after the first adds
+  :math:`(1 - d)` of its contribution, :math:`m_t = \mu\,m_{t-1} - (1 - d)\,
+  \alpha_t u_t`, and the first fills the buffer undamped (``lars(...,
+  dampening=)`` with the rate inside the buffer).
+
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
       the number of updates done before this one (0 at the first update, optax's
       convention).
     momentum: :math:`\mu` in [0, 1).
     nesterov: Nesterov's look-ahead update (no effect when ``momentum == 0``).
+    dampening: :math:`d` in [0, 1), 0 by default (MXNet's rule); not with
+      ``nesterov``, as in PyTorch.
 
   Returns:
     A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
@@ -111,7 +119,12 @@ def mxnet_momentum(
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   if not isinstance(nesterov, (bool, np.bool_)):
     raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
+  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
+  if nesterov and v.is_constant(dampening) and not utils.is_const(dampening, 0):
+    raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
+                     f"dampening={dampening!r}.")
   use_buffer = not utils.is_const(momentum, 0)
+  damped = use_buffer and not utils.is_const(dampening, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
     v.check_float_params(params, "mxnet_momentum", allow_complex=True)
@@ -126,9 +139,15 @@ def mxnet_momentum(
     def step(u):
       return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
 
-    if use_buffer:
+    if damped:  # PyTorch's dampening: the first step fills the buffer undamped
+      keep = jnp.where(state.count == 0, 1.0, 1.0 - jnp.asarray(dampening, jnp.float32))
+      new_m = jax.tree.map(
+          lambda m, u: utils.cast(momentum, m.dtype) * m - keep.astype(m.dtype) * step(u),
+          state.momentum, updates)
+    elif use_buffer:
       new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
                            state.momentum, updates)
+    if use_buffer:
       if nesterov:
         updates = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
                                new_m, updates)

@@ -472,3 +472,28 @@ def test_dcasgd_low_precision_gradient_above_256_stays_finite(dtype):
     params = optax.apply_updates(params, updates)
     assert params["w"].dtype == dtype
     assert bool(jnp.all(jnp.isfinite(params["w"])))
+
+
+def test_mxnet_momentum_dampening_is_pytorchs_with_the_rate_inside():
+  """m_1 = -lr u_1; m_t = mu m - (1 - d) lr u_t: a constant rate gives PyTorch's SGD."""
+  rng = np.random.default_rng(1)
+  grads = [rng.standard_normal(4) for _ in range(4)]
+  tx = lars_optax.mxnet_momentum(0.1, 0.9, dampening=0.3)
+  state = tx.init(jnp.zeros(4))
+  for g, want in zip(grads, _torch_sgd_buffer(grads, 0.9, 0.3, False)):
+    out, state = jax.jit(tx.update)(jnp.asarray(g, jnp.float32), state)
+    np.testing.assert_allclose(out, -0.1 * want, rtol=1e-6, atol=1e-7)
+
+
+def test_lars_under_inject_hyperparams_keeps_mxnets_momentum_state():
+  """An injected dampening (an array, 0) keeps MXNetMomentumState and the same steps."""
+  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]])}
+  g = {"w": jnp.array([[0.3, -0.1], [0.0, 0.4]])}
+  injected = optax.inject_hyperparams(lars_optax.lars)(learning_rate=0.1, momentum=0.9)
+  plain = lars_optax.lars(0.1, momentum=0.9)
+  s_i, s_p = injected.init(params), plain.init(params)
+  assert isinstance(s_i.inner_state[2], lars_optax.MXNetMomentumState)
+  for _ in range(3):
+    u_i, s_i = jax.jit(injected.update)(g, s_i, params)
+    u_p, s_p = plain.update(g, s_p, params)
+    chex.assert_trees_all_close(u_i, u_p, rtol=1e-6)
