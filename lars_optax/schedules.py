@@ -89,7 +89,8 @@ def _lr_dtype() -> Any:
 
 
 def _count(num_update: Any) -> jax.Array:
-  """``num_update`` as an int32 scalar; a float or bool count is a TypeError."""
+  """``num_update`` as an int32 scalar, saturated (never wrapped) at the int32 range;
+  a float or bool count is a TypeError."""
   dtype = getattr(num_update, "dtype", None)
   if dtype is None:
     if isinstance(num_update, (bool, np.bool_)) or not isinstance(num_update, (int, np.integer)):
@@ -102,7 +103,7 @@ def _count(num_update: Any) -> jax.Array:
     raise TypeError(f"num_update: expected a scalar count, got shape {jnp.shape(num_update)}.")
   if dtype is None or isinstance(num_update, (np.generic, np.ndarray)):  # Python or numpy
     return jnp.asarray(min(max(int(num_update), -v.INT32_MAX), v.INT32_MAX), jnp.int32)
-  if jnp.iinfo(dtype).bits > 32 or (jnp.iinfo(dtype).max > v.INT32_MAX):
+  if jnp.iinfo(dtype).max > v.INT32_MAX:
     # A wider (or unsigned 32-bit) count saturates instead of wrapping around.
     low = max(int(jnp.iinfo(dtype).min), -v.INT32_MAX)
     num_update = jnp.clip(num_update, low, v.INT32_MAX)
