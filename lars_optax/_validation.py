@@ -234,10 +234,10 @@ def check_same_structure(updates: Any, params: Any, where: str) -> None:
       + ".")
 
 
-def check_axis_name(axis_name: Any) -> None:
+def check_axis_name(axis_name: Any, arg_name: str = "axis_name") -> None:
   """An ``axis_name`` option is None or a non-empty string (a mesh axis)."""
   if axis_name is not None and (not isinstance(axis_name, str) or not axis_name):
-    raise TypeError(f"axis_name: expected None or the name of a mesh axis (a non-empty "
+    raise TypeError(f"{arg_name}: expected None or the name of a mesh axis (a non-empty "
                     f"string), got {axis_name!r}.")
 
 

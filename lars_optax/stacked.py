@@ -58,6 +58,7 @@ import numpy as np
 from jax import tree_util as jtu
 
 from lars_optax import _utils as utils
+from lars_optax import _validation as v
 from lars_optax import masks
 
 __all__ = [
@@ -217,6 +218,17 @@ def _check_selects(mask: Any, tree: Any, selected: list[bool], arg_name: str) ->
                      "lars_optax.leaf_names(params) shows the names.")
 
 
+def _check_keys(rules: Mapping[str, Any], names: Sequence[str], arg_name: str) -> None:
+  """A ValueError naming ``arg_name`` for a dict key that names no leaf (and the closest names)."""
+  unknown = [key for key in rules if key not in set(names)]
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], names, n=3)
+    raise ValueError(
+        f"{arg_name}: no parameter is named {unknown[0]!r}"
+        + (f" (did you mean {close}?)" if close else "")
+        + f". Leaf names look like {names[:3]}.")
+
+
 def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[int]:
   """The number of leading layer axes of each leaf of ``tree`` (``jax.tree.leaves`` order).
 
@@ -239,13 +251,7 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
       ks = [1 if s else 0 for s in selected]
     elif isinstance(rules, dict):
       names = [n for n, _ in named]
-      unknown = [key for key in rules if key not in set(names)]
-      if unknown:
-        close = difflib.get_close_matches(unknown[0], names, n=3)
-        raise ValueError(
-            f"{arg_name}: no parameter is named {unknown[0]!r}"
-            + (f" (did you mean {close}?)" if close else "")
-            + f". Leaf names look like {names[:3]}.")
+      _check_keys(rules, names, arg_name)
       ks = [int(rules.get(n, 0)) for n in names]
     else:
       found: list[int | None] = [None] * len(named)
@@ -342,26 +348,20 @@ AxisNameLike = str | None | Mapping[str, "str | None"] | Sequence[tuple[Any, "st
 ``[(mask, axis)]`` rules (the first rule that selects a leaf wins); unlisted leaves None."""
 
 
-def _check_axis(axis: Any, arg_name: str) -> None:
-  if axis is not None and (not isinstance(axis, str) or not axis):
-    raise TypeError(f"{arg_name}: expected None or the name of a mesh axis (a non-empty "
-                    f"string), got {axis!r}.")
-
-
 def check_axis_names(axis_name: AxisNameLike, arg_name: str = "axis_name") -> None:
   """``axis_name`` is None, a mesh axis, ``{leaf name: axis}`` or ``[(mask, axis)]`` rules."""
   if axis_name is None or isinstance(axis_name, str):
-    _check_axis(axis_name, arg_name)
+    v.check_axis_name(axis_name, arg_name)
   elif isinstance(axis_name, Mapping):
     for key, axis in axis_name.items():
       if not isinstance(key, str):
         raise TypeError(f"{arg_name}: expected leaf names as keys, got {key!r}.")
-      _check_axis(axis, f"{arg_name}[{key!r}]")
+      v.check_axis_name(axis, f"{arg_name}[{key!r}]")
   elif isinstance(axis_name, (list, tuple)) and all(
       isinstance(r, (list, tuple)) and len(r) == 2 for r in axis_name):
     for mask, axis in axis_name:
       masks.check_mask_like(mask, arg_name)
-      _check_axis(axis, arg_name)
+      v.check_axis_name(axis, arg_name)
   else:
     raise TypeError(f"{arg_name}: expected None, a mesh axis name, a dict {{leaf name: axis}} "
                     f"or a list of (mask, axis) rules, got {axis_name!r}.")
@@ -379,12 +379,7 @@ def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | N
   named = masks.named_leaves(tree)
   names = [n for n, _ in named]
   if isinstance(axis_name, Mapping):
-    unknown = [key for key in axis_name if key not in set(names)]
-    if unknown:
-      close = difflib.get_close_matches(unknown[0], names, n=3)
-      raise ValueError(f"{arg_name}: no parameter is named {unknown[0]!r}"
-                       + (f" (did you mean {close}?)" if close else "")
-                       + f". Leaf names look like {names[:3]}.")
+    _check_keys(axis_name, names, arg_name)
     return [axis_name.get(n) for n in names]
   found: list[Any] = [False] * len(names)  # False: no rule yet (None is an axis choice)
   for mask, axis in axis_name:

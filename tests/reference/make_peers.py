@@ -30,7 +30,6 @@ Running it again gives the same file.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
@@ -267,13 +266,6 @@ def byol_rows(peers_dir):
 # --------------------------------------------------------------------------
 
 
-def _as_json(rows):
-  return {key: {"peer": row["peer"],
-                **{mode: {n: [float(x) for x in np.ravel(row[mode][n])] for n in row[mode]}
-                   for mode in ("constant", "warmup")}}
-          for key, row in rows.items()}
-
-
 def versions():
   import importlib.metadata as md
   return {p: md.version(p) for p in ("torch", "timm", "keras", "jax", "optax", "numpy")}
@@ -287,13 +279,9 @@ def main():
   args = parser.parse_args()
   rows = {**timm_rows(), **sparse_adam_row(), **keras_rows(), **optax_rows(),
           **byol_rows(args.peers)}
-  data = {"generator": "tests/reference/make_peers.py", "versions": versions(),
-          "checksum": case.checksum(), "lr_factors": case.lr_factors(),
-          "hyperparameters": {"lars_lr": LARS_LR, "lars_eta": LARS_ETA, "lars_wd": LARS_WD,
-                              "momentum": MOMENTUM, "lamb_lr": LAMB_LR, "lamb_wd": LAMB_WD},
-          "rows": _as_json(rows)}
-  pathlib.Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-  print(f"wrote {len(rows)} rows to {args.out}")
+  case.write_fixture(args.out, "tests/reference/make_peers.py", versions(),
+                     {"lars_lr": LARS_LR, "lars_eta": LARS_ETA, "lars_wd": LARS_WD,
+                      "momentum": MOMENTUM, "lamb_lr": LAMB_LR, "lamb_wd": LAMB_WD}, rows)
 
 
 if __name__ == "__main__":

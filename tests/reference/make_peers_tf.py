@@ -25,11 +25,9 @@ runs 12 steps with a constant rate and with the warm-up-then-cosine rate
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
-import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -105,18 +103,11 @@ def main():
   sys.path.insert(0, args.peers)
   import importlib.metadata as md
   rows = {**simclr_rows(), **albert_rows()}
-  data = {"generator": "tests/reference/make_peers_tf.py",
-          "versions": {p: md.version(p) for p in ("tensorflow-cpu", "numpy")},
-          "checksum": case.checksum(), "lr_factors": case.lr_factors(),
-          "hyperparameters": {"lars_lr": LARS_LR, "lars_eta": LARS_ETA, "lars_wd": LARS_WD,
-                              "momentum": MOMENTUM, "lamb_lr": LAMB_LR, "lamb_wd": LAMB_WD,
-                              "exclude": EXCLUDE},
-          "rows": {key: {"peer": row["peer"],
-                         **{mode: {n: [float(x) for x in np.ravel(row[mode][n])]
-                                   for n in row[mode]} for mode in ("constant", "warmup")}}
-                   for key, row in rows.items()}}
-  pathlib.Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
-  print(f"wrote {len(rows)} rows to {args.out}")
+  case.write_fixture(args.out, "tests/reference/make_peers_tf.py",
+                     {p: md.version(p) for p in ("tensorflow-cpu", "numpy")},
+                     {"lars_lr": LARS_LR, "lars_eta": LARS_ETA, "lars_wd": LARS_WD,
+                      "momentum": MOMENTUM, "lamb_lr": LAMB_LR, "lamb_wd": LAMB_WD,
+                      "exclude": EXCLUDE}, rows)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ ratio's fallback to 1).
 
 from __future__ import annotations
 
+import json
 import math
+import pathlib
+from typing import Any
 
 import numpy as np
 
@@ -119,3 +122,17 @@ def checksum() -> float:
   total += float(np.sum(np.abs(table), dtype=np.float64))
   total += sum(float(np.sum(np.abs(x), dtype=np.float64)) for _, x in grads)
   return total
+
+
+def write_fixture(out: str, generator: str, versions: dict[str, str],
+                  hyperparameters: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
+  """Writes a generator's rows (``{key: {"peer": str, "constant"|"warmup": {name: array}}}``)
+  as JSON, with the case's checksum and learning-rate factors."""
+  data = {"generator": generator, "versions": versions, "checksum": checksum(),
+          "lr_factors": lr_factors(), "hyperparameters": hyperparameters,
+          "rows": {key: {"peer": row["peer"],
+                         **{mode: {n: [float(x) for x in np.ravel(row[mode][n])]
+                                   for n in row[mode]} for mode in ("constant", "warmup")}}
+                   for key, row in rows.items()}}
+  pathlib.Path(out).write_text(json.dumps(data, indent=1) + "\n")
+  print(f"wrote {len(rows)} rows to {out}")
