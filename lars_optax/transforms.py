@@ -311,7 +311,10 @@ def scale_by_caution(
       # The share of entries kept, counted in float32 (a float16 count saturates).
       kept = jnp.mean(agree, axis=tuple(range(k, u.ndim)), dtype=dt)
       scale = (1 / jnp.maximum(kept, 1e-3)).astype(utils.real_dtype(u.dtype))
-      return jnp.where(agree, u * stacked_mod.per_layer(scale, u), jnp.zeros_like(u))
+      # A product, not a select (as timm does it): a NaN or inf direction stays
+      # visible in the update (NaN * 0 is NaN) instead of becoming a zero step.
+      phi = agree.astype(scale.dtype) * stacked_mod.per_layer(scale, u)
+      return (u * phi).astype(u.dtype)
 
     out = [mask(u, g, k) for u, g, k in zip(flat_u, flat_g, ks)]
     return jax.tree.unflatten(treedef, out), ScaleByCautionState(inner_state, state.layers)

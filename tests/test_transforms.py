@@ -147,3 +147,16 @@ def test_add_decoupled_weight_decay_checks_its_arguments():
   tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2, wd_mult={"nope": 0.0})
   with pytest.raises(ValueError, match="wd_mult"):
     tx.init(_TREE)
+
+
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf], ids=["nan", "inf"])
+def test_scale_by_caution_keeps_a_nonfinite_gradient_visible(bad):
+  """A masked-out entry is multiplied by 0, as in timm: NaN stays NaN, not a zero step."""
+  g = {"w": jnp.array([1.0, bad, -2.0, 0.5])}
+  tx = lars_optax.scale_by_caution(optax.scale_by_adam())
+  out, _ = tx.update(g, tx.init(g))
+  assert not bool(jnp.all(jnp.isfinite(out["w"])))
+  params = {"w": jnp.ones((2, 2))}
+  tx = lars_optax.lamb(1e-2, wd=0.01, caution=True)
+  updates, _ = tx.update({"w": jnp.array([[1.0, bad], [0.5, -1.0]])}, tx.init(params), params)
+  assert not bool(jnp.all(jnp.isfinite(updates["w"])))
