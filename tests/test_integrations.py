@@ -94,6 +94,13 @@ def _make_tx(name: str, fw: Framework) -> optax.GradientTransformation:
     return lars_optax.signum(0.01, momentum=0.9, wd=1e-4, wd_mult=[(fw.skip, 0.0)])
   if name == "adam":
     return lars_optax.adam(0.01, wd=1e-4, wd_mult=[(fw.skip, 0.0)])
+  if name == "lars_flavours":  # timm/optax-style: rate after the buffer, decayed-update norm
+    return lars_optax.lars(optax.linear_schedule(0.02, 0.1, 5), momentum=0.9, eta=1.0, wd=1e-4,
+                           skip=fw.skip, wd_skip=fw.skip, lr_in_momentum=False, nesterov=True,
+                           update_norm=True)
+  if name == "lamb_flavours":  # timm/Keras-style: decoupled decay, caution
+    return lars_optax.lamb(optax.linear_schedule(0.005, 0.02, 5), wd=1e-2, skip=fw.skip,
+                           wd_skip=fw.skip, decoupled_decay=True, caution=True)
   raise ValueError(name)
 
 
@@ -460,7 +467,7 @@ def test_linen_partitioned_boxes_are_named_by_the_box():
   assert names == sorted(n for n, _ in lars_optax.named_leaves(nn.meta.unbox(params)))
 
 
-@pytest.mark.parametrize("opt_name", LARS_LIKE)
+@pytest.mark.parametrize("opt_name", [*LARS_LIKE, "lars_flavours", "lamb_flavours"])
 def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
   """Boxed params as ``init`` returns them: norm scales and biases keep ratio 1."""
   pytest.importorskip("flax")
@@ -468,8 +475,9 @@ def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
 
   model = _boxed_linen_model()
   params = model.init(jax.random.key(0), X)["params"]
-  tx = (lars_optax.lars(0.1, momentum=0.9, eta=1.0, wd=1e-4, skip="flax")
-        if opt_name == "lars" else lars_optax.tf_lars(0.05, eeta=1.0, skip="flax"))
+  tx = (lars_optax.lars(0.1, momentum=0.9, eta=1.0, wd=1e-4, skip="flax") if opt_name == "lars"
+        else lars_optax.tf_lars(0.05, eeta=1.0, skip="flax") if opt_name == "tf_lars"
+        else _make_tx(opt_name, LINEN))
   opt_state = tx.init(params)
 
   @jax.jit
@@ -506,7 +514,8 @@ def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("opt_name", ["lars", "tf_lars", "signum", "adam", "sgd"])
+@pytest.mark.parametrize("opt_name", ["lars", "tf_lars", "signum", "adam", "sgd",
+                                      "lars_flavours", "lamb_flavours"])
 def test_equinox_update_with_the_model_as_params(opt_name):
   """The model's non-array leaves (activations) sit where the grads hold None."""
   pytest.importorskip("equinox")
