@@ -8,16 +8,16 @@ Adam step (update + apply, jit-compiled, params and state donated):
   environment with ``mxnet==2.0.0b1`` and ``numpy<1.24``); skipped when that
   Python cannot import mxnet;
 * ``optax.adam`` on the dense gradient;
-* ``lars_optax.adam(lazy_update=True)`` on the dense gradient (the dense lazy
+* ``lars_optax.mxnet.adam(lazy_update=True)`` on the dense gradient (the dense lazy
   path);
-* ``lars_optax.adam(lazy_update=True)`` on a row-sparse BCOO gradient (also
+* ``lars_optax.mxnet.adam(lazy_update=True)`` on a row-sparse BCOO gradient (also
   with repeated rows, and on a float16 table with ``multi_precision=True``'s
-  float32 masters), and wrapped in ``lars_optax.dense_updates`` with the
+  float32 masters), and wrapped in ``lars_optax.sparse.dense_updates`` with the
   update applied as ``eqx.apply_updates`` applies it;
 
 and a whole train step of an embedding-bag model (``batch x bag`` ids, mean of
 their rows, a linear layer, squared error): gradients from
-``lars_optax.sparse_value_and_grad`` plus the sparse lazy Adam step, against
+``lars_optax.sparse.value_and_grad`` plus the sparse lazy Adam step, against
 ``jax.value_and_grad`` plus ``optax.adam``.
 
     python benchmarks/sparse_embedding.py --mxnet-python .venv-mx2/bin/python
@@ -27,8 +27,8 @@ their rows, a linear layer, squared error): gradients from
 
 ``--companions`` times, on the same table and gradient, the sparse Adam step
 with its run-time index checks left out (the cost of the checks), and
-``lars_optax.clip_by_global_norm`` chained before it (target: within 1.5x of
-the plain step); and compares ``lars_optax.multi_steps``' compiled temporary
+``lars_optax.sparse.clip_by_global_norm`` chained before it (target: within 1.5x of
+the plain step); and compares ``lars_optax.sparse.multi_steps``' compiled temporary
 memory (``memory_analysis()``, donated buffers) for the table and one 10x
 smaller (target: independent of the table's size).
 
@@ -137,36 +137,36 @@ def optimizer_cases(rows: int, dim: int, touched: int, sparse_only: bool) -> lis
     return {"table": jnp.asarray(rng.standard_normal((rows, dim), dtype=np.float32))}
 
   cases = []
-  lazy = lars_optax.adam(LR, lazy_update=True)
+  lazy = lars_optax.mxnet.adam(LR, lazy_update=True)
   if not sparse_only:
     dense_g = {"table": sparse_g["table"].todense()}
     p = params()
     cases.append(Case("optax.adam, dense gradient", _optimizer_step(optax.adam(LR)), p,
                       optax.adam(LR).init(p), (dense_g,), dense=True))
     p = params()
-    cases.append(Case("lars_optax.adam(lazy_update=True), dense gradient",
+    cases.append(Case("lars_optax.mxnet.adam(lazy_update=True), dense gradient",
                       _optimizer_step(lazy), p, lazy.init(p), (dense_g,), dense=True))
   if not sparse_only:
     p = params()
-    cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient, duplicates summed",
+    cases.append(Case("lars_optax.mxnet.adam(lazy_update=True), BCOO gradient, duplicates summed",
                       _optimizer_step(lazy), p, lazy.init(p), (dup_g,)))
     # A float16 table with float32 masters (MXNet's multi_precision=True).
-    mp = lars_optax.adam(LR, lazy_update=True, multi_precision=True)
+    mp = lars_optax.mxnet.adam(LR, lazy_update=True, multi_precision=True)
     p16 = jax.tree.map(lambda x: x.astype(jnp.float16), params())
     g16 = {"table": BCOO((jnp.asarray(values, jnp.float16), jnp.asarray(idx)[:, None]),
                          shape=(rows, dim), unique_indices=True)}
-    cases.append(Case("lars_optax.adam(lazy_update=True, multi_precision=True), float16 "
+    cases.append(Case("lars_optax.mxnet.adam(lazy_update=True, multi_precision=True), float16 "
                       "table, BCOO gradient (unique_indices=True)",
                       _optimizer_step(mp), p16, mp.init(p16), (g16,)))
   # dense_updates: the update as an array, applied over the updates (Equinox's idiom).
-  dense_lazy = lars_optax.dense_updates(lazy)
+  dense_lazy = lars_optax.sparse.dense_updates(lazy)
   p = params()
-  cases.append(Case("lars_optax.dense_updates(adam(lazy_update=True)), same gradient, "
+  cases.append(Case("lars_optax.sparse.dense_updates(adam(lazy_update=True)), same gradient, "
                     "applied as eqx.apply_updates does",
                     _optimizer_step(dense_lazy, updates_first=True), p, dense_lazy.init(p),
                     (sparse_g,)))
   p = params()
-  cases.append(Case("lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True)",
+  cases.append(Case("lars_optax.mxnet.adam(lazy_update=True), BCOO gradient (unique_indices=True)",
                     _optimizer_step(lazy), p, lazy.init(p), (sparse_g,)))
   # (the headline sparse step stays last: the table's ratios are to it)
   return cases
@@ -200,10 +200,10 @@ def train_cases(rows: int, dim: int, batch: int, bag: int,
     cases.append(Case("train step: jax.value_and_grad + optax.adam",
                       make_step(jax.value_and_grad(loss), optax.adam(LR)), p,
                       optax.adam(LR).init(p), (ids, y), dense=True))
-  lazy = lars_optax.adam(LR, lazy_update=True)
-  grad_fn = lars_optax.sparse_value_and_grad(loss, "table", max_rows=batch * bag)
+  lazy = lars_optax.mxnet.adam(LR, lazy_update=True)
+  grad_fn = lars_optax.sparse.value_and_grad(loss, sparse="table", max_rows=batch * bag)
   p = params()
-  cases.append(Case("train step: sparse_value_and_grad + lars_optax.adam(lazy_update=True)",
+  cases.append(Case("train step: sparse_value_and_grad + lars_optax.mxnet.adam(lazy_update=True)",
                     make_step(grad_fn, lazy), p, lazy.init(p), (ids, y)))
   return cases
 
@@ -228,7 +228,7 @@ def companion_cases(rows: int, dim: int, touched: int) -> list[Case]:
   rng = np.random.default_rng(0)
   idx = np.sort(rng.choice(rows, touched, replace=False)).astype(np.int32)
   values = rng.normal(size=(touched, dim)).astype(np.float32)
-  grads = {"table": lars_optax.RowSparseUpdate(
+  grads = {"table": lars_optax.sparse.RowSparseUpdate(
       (jnp.asarray(values), jnp.asarray(idx)[:, None]), shape=(rows, dim), unique_indices=True)}
 
   def case(name, tx, checks=True):
@@ -236,21 +236,22 @@ def companion_cases(rows: int, dim: int, touched: int) -> list[Case]:
     make = (lambda: Case(name, _optimizer_step(tx), p, tx.init(p), (grads,)))
     return make() if checks else _unchecked(make)()
 
-  lazy = lars_optax.adam(LR, lazy_update=True)
+  lazy = lars_optax.mxnet.adam(LR, lazy_update=True)
   return [
       case("sparse Adam step, run-time index checks left out", lazy, checks=False),
       case("sparse Adam step (with the checks)", lazy),
-      case("lars_optax.clip_by_global_norm(1.0) + sparse Adam step",
-           optax.chain(lars_optax.clip_by_global_norm(1.0), lazy)),
+      case("lars_optax.sparse.clip_by_global_norm(1.0) + sparse Adam step",
+           optax.chain(lars_optax.sparse.clip_by_global_norm(1.0), lazy)),
   ]
 
 
 def multi_steps_temp_bytes(rows: int, dim: int, touched: int, k: int = 4) -> int:
   """Compiled temporary bytes of a multi_steps(lazy Adam) step, buffers donated."""
   params = {"table": jnp.zeros((rows, dim), jnp.float32)}
-  tx = lars_optax.multi_steps(lars_optax.adam(LR, lazy_update=True), k, sparse="table",
-                              nse=touched)
-  grads = {"table": lars_optax.row_sparse(jnp.ones((touched, dim)), jnp.arange(touched), rows)}
+  tx = lars_optax.sparse.multi_steps(lars_optax.mxnet.adam(LR, lazy_update=True),
+                                     every_k_schedule=k, sparse="table", nse=touched)
+  grads = {"table": lars_optax.sparse.row_sparse(jnp.ones((touched, dim)), rows=jnp.arange(touched),
+                                                 num_rows=rows)}
 
   def step(params, state, grads):
     updates, state = tx.update(grads, state, params)

@@ -7,10 +7,10 @@ For a ``rows x width`` float32 table and a gradient in ``touched`` rows
 (params and state donated):
 
 * a bare ``table.at[rows].add(values)`` (the floor for any row update);
-* ``lars_optax.adam(lazy_update=True)`` + ``optax.apply_updates`` on a
-  :class:`lars_optax.RowSparseUpdate` gradient and on a plain BCOO one (its
+* ``lars_optax.mxnet.adam(lazy_update=True)`` + ``optax.apply_updates`` on a
+  :class:`lars_optax.sparse.RowSparseUpdate` gradient and on a plain BCOO one (its
   update is a plain BCOO, which XLA folds into the same scatter);
-* ``lars_optax.dense_updates`` of it, applied over the updates as
+* ``lars_optax.sparse.dense_updates`` of it, applied over the updates as
   ``eqx.apply_updates`` applies them.
 
 These are cost-model estimates, not measured times. Nothing runs on a TPU.
@@ -40,12 +40,12 @@ import lars_optax
 
 def variants() -> dict[str, tuple[str, Callable[[], Any], bool]]:
   """name -> (gradient kind, optimizer factory, apply over the updates)."""
-  lazy = lambda: lars_optax.adam(1e-3, lazy_update=True)
+  lazy = lambda: lars_optax.mxnet.adam(1e-3, lazy_update=True)
   return {
       "adam(lazy_update=True), RowSparseUpdate gradient": ("row_sparse", lazy, False),
       "adam(lazy_update=True), plain BCOO gradient": ("bcoo", lazy, False),
       "dense_updates(adam(lazy_update=True)), applied as eqx.apply_updates does":
-          ("bcoo", lambda: lars_optax.dense_updates(lazy()), True),
+          ("bcoo", lambda: lars_optax.sparse.dense_updates(lazy()), True),
   }
 
 
@@ -74,7 +74,7 @@ def step_costs(devices: Sequence[Any], rows: int, width: int, touched: int) -> d
 
     def grads(kind=kind):
       values, rows_ = jnp.zeros((touched, width)), jnp.zeros((touched, 1), jnp.int32)
-      cls = lars_optax.RowSparseUpdate if kind == "row_sparse" else BCOO
+      cls = lars_optax.sparse.RowSparseUpdate if kind == "row_sparse" else BCOO
       return {"table": cls((values, rows_), shape=(rows, width), unique_indices=True)}
 
     def step(params, state, grads, tx=tx, updates_first=updates_first):

@@ -58,14 +58,14 @@ PEERS = {"lars": "optax.lars", "tf_lars": "optax.lars", "adam": "optax.adam",
 PEERS.update({"adagrad": "optax.adagrad", "groupadagrad": "optax.adagrad",
               "rmsprop": "optax.rmsprop", "adadelta": "optax.adadelta"})
 PEERS.update({"lamb": "optax.lamb", "lans": "optax.lamb"})
+PEERS.update({"timm_optimizer": "optax.lars", "timm_lars": "optax.lars", "timm_lamb": "optax.lamb"})
 # Rows whose peer is not the one of their function's name: the ports of docs/porting.md.
 ROW_PEERS = {
     "hand-written LARS step (the floor)": "optax.lars",
-    "lars_optax.lars(update_norm, epsilon=0)  # optax.lars": "optax.lars",
-    "lars_optax.lars(update_norm, nesterov, epsilon=0)  # optax.lars(nesterov)":
-        "optax.lars(nesterov=True)",
-    "lars_optax.lamb(wd, eps_root)  # optax.lamb(eps_root)": "optax.lamb(eps_root)",
-    "scale_by_caution(optax.scale_by_adam()) chain  # timm cadamw": "optax.adamw",
+    "porting.optax_lars": "optax.lars",
+    "porting.optax_lars(nesterov)": "optax.lars(nesterov=True)",
+    "porting.optax_lamb(wd, eps_root)": "optax.lamb(eps_root)",
+    "porting.timm_optimizer('cadamw', wd)": "optax.adamw",
 }
 
 
@@ -111,20 +111,15 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
           lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, rescale_grad=1 / 256,
                                   clip_gradient=1.0),
       "optax.lars(nesterov=True)": lambda: optax.lars(LR, nesterov=True),
-      "lars_optax.lars(update_norm, epsilon=0)  # optax.lars":
-          lambda: lars_optax.lars(LR, momentum=0.9, epsilon=0.0, update_norm=True),
-      "lars_optax.lars(update_norm, nesterov, epsilon=0)  # optax.lars(nesterov)":
-          lambda: lars_optax.lars(LR, momentum=0.9, epsilon=0.0, update_norm=True,
-                                  nesterov=True),
-      "lars_optax.lars(lr_in_momentum=False, wd, skip)  # timm lars":
-          lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, lr_in_momentum=False,
-                                  skip=lars_optax.by_ndim(1), wd_skip=lars_optax.by_ndim(1)),
-      "lars_optax.lars(lr_in_momentum=False, nesterov, trust_clip, wd, skip)  # timm nlarc":
-          lambda: lars_optax.lars(LR, momentum=0.9, wd=1e-4, lr_in_momentum=False,
-                                  nesterov=True, trust_clip=True, skip=lars_optax.by_ndim(1),
-                                  wd_skip=lars_optax.by_ndim(1)),
-      "lars_optax.lars(lr_in_momentum=False, dampening)":
-          lambda: lars_optax.lars(LR, momentum=0.9, lr_in_momentum=False, dampening=0.1),
+      "porting.optax_lars": lambda: lars_optax.porting.optax_lars(LR),
+      "porting.optax_lars(nesterov)": lambda: lars_optax.porting.optax_lars(LR, nesterov=True),
+      "porting.timm_optimizer('lars', wd)":
+          lambda: lars_optax.porting.timm_optimizer("lars", lr=LR, weight_decay=1e-4),
+      "porting.timm_optimizer('nlarc', wd)":
+          lambda: lars_optax.porting.timm_optimizer("nlarc", lr=LR, weight_decay=1e-4),
+      "porting.timm_lars(dampening, always_adapt)":
+          lambda: lars_optax.porting.timm_lars(LR, momentum=0.9, dampening=0.1,
+                                               always_adapt=True),
       "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
           lambda: lars_optax.tf_lars(LR, use_nesterov=True, skip_list=["bias", "_bn_"]),
@@ -133,61 +128,65 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
           lambda: lars_optax.signum(LR, wd=1e-4, wd_lh=1e-4, rescale_grad=1 / 256,
                                     clip_gradient=1.0),
       "optax.adam": lambda: optax.adam(1e-3),
-      "lars_optax.adam": lambda: lars_optax.adam(1e-3),
-      "lars_optax.adam(wd, rescale_grad, clip_gradient)":
-          lambda: lars_optax.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
-      "lars_optax.adam(lazy_update=True)": lambda: lars_optax.adam(1e-3, lazy_update=True),
+      "lars_optax.mxnet.adam": lambda: lars_optax.mxnet.adam(1e-3),
+      "lars_optax.mxnet.adam(wd, rescale_grad, clip_gradient)":
+          lambda: lars_optax.mxnet.adam(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0),
+      "lars_optax.mxnet.adam(lazy_update=True)":
+          lambda: lars_optax.mxnet.adam(1e-3, lazy_update=True),
       "optax.sgd(momentum=0.9, nesterov=True)":
           lambda: optax.sgd(LR, momentum=0.9, nesterov=True),
-      "lars_optax.nag(momentum=0.9)": lambda: lars_optax.nag(LR, momentum=0.9),
-      "lars_optax.nag(momentum=0.9, wd, rescale_grad, clip_gradient)":
-          lambda: lars_optax.nag(LR, momentum=0.9, wd=1e-4, rescale_grad=1 / 256,
+      "lars_optax.mxnet.nag(momentum=0.9)": lambda: lars_optax.mxnet.nag(LR, momentum=0.9),
+      "lars_optax.mxnet.nag(momentum=0.9, wd, rescale_grad, clip_gradient)":
+          lambda: lars_optax.mxnet.nag(LR, momentum=0.9, wd=1e-4, rescale_grad=1 / 256,
                                  clip_gradient=1.0),
-      "lars_optax.dcasgd(momentum=0.9)": lambda: lars_optax.dcasgd(LR, momentum=0.9),
+      "lars_optax.mxnet.dcasgd(momentum=0.9)": lambda: lars_optax.mxnet.dcasgd(LR, momentum=0.9),
       "optax.noisy_sgd": lambda: optax.noisy_sgd(1e-4, key=0),
-      "lars_optax.sgld": lambda: lars_optax.sgld(1e-4),
+      "lars_optax.mxnet.sgld": lambda: lars_optax.mxnet.sgld(1e-4),
       "optax.adagrad": lambda: optax.adagrad(0.01),
-      "lars_optax.adagrad": lambda: lars_optax.adagrad(0.01),
-      "lars_optax.groupadagrad": lambda: lars_optax.groupadagrad(0.01),
+      "lars_optax.mxnet.adagrad": lambda: lars_optax.mxnet.adagrad(0.01),
+      "lars_optax.mxnet.groupadagrad": lambda: lars_optax.mxnet.groupadagrad(0.01),
       "optax.rmsprop": lambda: optax.rmsprop(1e-3, eps_in_sqrt=False),
-      "lars_optax.rmsprop": lambda: lars_optax.rmsprop(1e-3),
-      "lars_optax.rmsprop(wd, rescale_grad, clip_gradient, clip_weights)":
-          lambda: lars_optax.rmsprop(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0,
+      "lars_optax.mxnet.rmsprop": lambda: lars_optax.mxnet.rmsprop(1e-3),
+      "lars_optax.mxnet.rmsprop(wd, rescale_grad, clip_gradient, clip_weights)":
+          lambda: lars_optax.mxnet.rmsprop(1e-3, wd=1e-4, rescale_grad=1 / 256, clip_gradient=1.0,
                                      clip_weights=10.0),
       "optax.rmsprop(centered=True, momentum=0.9)":
           lambda: optax.rmsprop(1e-3, centered=True, momentum=0.9),
-      "lars_optax.rmsprop(centered=True)": lambda: lars_optax.rmsprop(1e-3, centered=True),
+      "lars_optax.mxnet.rmsprop(centered=True)":
+          lambda: lars_optax.mxnet.rmsprop(1e-3, centered=True),
       "optax.adadelta": lambda: optax.adadelta(1.0),
-      "lars_optax.adadelta": lambda: lars_optax.adadelta(),
-      "lars_optax.ftrl": lambda: lars_optax.ftrl(),
+      "lars_optax.mxnet.adadelta": lambda: lars_optax.mxnet.adadelta(),
+      "lars_optax.mxnet.ftrl": lambda: lars_optax.mxnet.ftrl(),
       "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=1e-4),
       "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=1e-4),
       "lars_optax.lamb(wd, bounds, clip_gradient, skip)":
           lambda: lars_optax.lamb(1e-3, wd=1e-4, lower_bound=1e-3, upper_bound=10.0,
                                   clip_gradient=1.0, skip=lars_optax.by_ndim(1)),
-      "lars_optax.lamb(wd, trust_clip)  # timm lambc":
-          lambda: lars_optax.lamb(1e-3, wd=1e-4, trust_clip=True),
-      "lars_optax.lamb(wd, decoupled_decay)  # timm lambw, Keras":
-          lambda: lars_optax.lamb(1e-3, wd=1e-4, decoupled_decay=True),
-      "lars_optax.lamb(wd, caution)  # timm clamb":
-          lambda: lars_optax.lamb(1e-3, wd=1e-4, caution=True),
+      "porting.timm_lamb(wd, trust_clip)":
+          lambda: lars_optax.porting.timm_lamb(1e-3, weight_decay=1e-4, trust_clip=True,
+                                               max_grad_norm=None),
+      "porting.timm_lamb(wd, decoupled_decay)":
+          lambda: lars_optax.porting.timm_lamb(1e-3, weight_decay=1e-4, decoupled_decay=True,
+                                               max_grad_norm=None),
+      "porting.timm_lamb(wd, caution)":
+          lambda: lars_optax.porting.timm_lamb(1e-3, weight_decay=1e-4, caution=True,
+                                               max_grad_norm=None),
       "optax.lamb(eps_root)": lambda: optax.lamb(1e-3, weight_decay=1e-4, eps_root=1e-8),
-      "lars_optax.lamb(wd, eps_root)  # optax.lamb(eps_root)":
-          lambda: lars_optax.lamb(1e-3, wd=1e-4, eps_root=1e-8),
+      "porting.optax_lamb(wd, eps_root)":
+          lambda: lars_optax.porting.optax_lamb(1e-3, weight_decay=1e-4, eps_root=1e-8),
       "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=1e-4),
       "optax.adamw": lambda: optax.adamw(1e-3, weight_decay=1e-2),
-      "lars_optax.adamw(wd)": lambda: lars_optax.adamw(1e-3, wd=1e-2),
-      "scale_by_caution(optax.scale_by_adam()) chain  # timm cadamw":
-          lambda: optax.chain(lars_optax.scale_by_caution(optax.scale_by_adam()),
-                              optax.add_decayed_weights(1e-2),
-                              optax.scale_by_learning_rate(1e-3)),
+      "lars_optax.mxnet.adamw(wd)": lambda: lars_optax.mxnet.adamw(1e-3, wd=1e-2),
+      "porting.timm_optimizer('cadamw', wd)":
+          lambda: lars_optax.porting.timm_optimizer("cadamw", lr=1e-3, weight_decay=1e-2,
+                                                    filter_bias_and_bn=False),
       "optax.adamax": lambda: optax.adamax(2e-3),
-      "lars_optax.adamax": lambda: lars_optax.adamax(2e-3),
+      "lars_optax.mxnet.adamax": lambda: lars_optax.mxnet.adamax(2e-3),
       "optax.nadam": lambda: optax.nadam(1e-3),
-      "lars_optax.nadam": lambda: lars_optax.nadam(1e-3),
+      "lars_optax.mxnet.nadam": lambda: lars_optax.mxnet.nadam(1e-3),
       "optax.adabelief": lambda: optax.adabelief(1e-3),
-      "lars_optax.adabelief": lambda: lars_optax.adabelief(1e-3),
-      "lars_optax.ftml": lambda: lars_optax.ftml(2.5e-3),
+      "lars_optax.mxnet.adabelief": lambda: lars_optax.mxnet.adabelief(1e-3),
+      "lars_optax.mxnet.ftml": lambda: lars_optax.mxnet.ftml(2.5e-3),
   }
 
 

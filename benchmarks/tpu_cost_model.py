@@ -56,10 +56,10 @@ _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 def optimizers(flax_names: bool) -> dict[str, Callable[[], optax.GradientTransformation]]:
   """name -> factory, sgd-momentum first. Both LARS skip biases and norm params."""
   if flax_names:  # Flax names: Conv_0/kernel, BatchNorm_0/scale, Dense_0/bias
-    skip, keep = lars_optax.FLAX_SKIP, ~lars_optax.FLAX_SKIP
+    skip, keep = lars_optax.masks.FLAX_SKIP, ~lars_optax.masks.FLAX_SKIP
     ours = lambda: lars_optax.lars(LR, momentum=0.9, wd=WD, skip="flax")
   else:  # MXNet names (resnet50_tree): ..._gamma, ..._beta, fc_bias
-    skip, keep = lars_optax.MXNET_SKIP, ~lars_optax.MXNET_SKIP
+    skip, keep = lars_optax.masks.MXNET_SKIP, ~lars_optax.masks.MXNET_SKIP
     ours = lambda: lars_optax.lars(LR, momentum=0.9, wd=WD)
   del skip
   result = {

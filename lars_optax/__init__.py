@@ -1,107 +1,28 @@
 """lars_optax: large-batch and sign-based optimizers for JAX, as optax chains.
 
-Ports of every optimizer of Apache MXNet 2.0's registry (LARS, LAMB, LANS,
-Signum/signSGD, Adam, SGD and the rest: :func:`create` builds each by name) and
-of TensorFlow's LARS, reproduced number for number, built from small public
-transformations that compose with the rest of optax.
+The top level holds the library's own optimizers and their links: MXNet's
+LARS (:func:`lars`, the namesake; it differs from :func:`optax.lars`, see its
+docstring), TensorFlow's LARS (:func:`tf_lars`), LAMB, LANS, Signum and
+signSGD, the trust-ratio, momentum and decay links they are chained from, the
+wrappers (:func:`multi_precision`, :func:`skip_nonfinite`) and the name-based
+masks. Every other name here that optax also has follows optax's rule with
+optax's defaults.
+
+Each origin has its namespace:
+
+* :mod:`lars_optax.mxnet` -- MXNet 2.0's whole registry under MXNet's names
+  (``mxnet.adam``, ``mxnet.sgd``, ..., ``mxnet.create``, ``mxnet.lr_scheduler``);
+* :mod:`lars_optax.sparse` -- row-sparse gradients and lazy steps
+  (``sparse.value_and_grad``, ``sparse.lazy_update``, and the row-sparse
+  companions of optax's ``clip_by_global_norm``, ``multi_steps``, ``apply_updates``);
+* :mod:`lars_optax.porting` -- one constructor per peer (timm, torch.optim,
+  Keras, optax, BYOL, SimCLR, ALBERT), in the peer's own words;
+* :mod:`lars_optax.svrg` -- SVRG;
+* :mod:`lars_optax.masks` and :mod:`lars_optax.stacked` -- the mask builders and
+  presets, and the stacked-layer rules (``stacked.from_metadata``).
 """
 
-from lars_optax import layerwise, masks, schedules, stacked
-from lars_optax.adagrad_family import (
-    FtrlProximalState,
-    ScaleByGroupAdagradState,
-    adadelta,
-    adagrad,
-    clip_params,
-    ftrl,
-    ftrl_proximal,
-    groupadagrad,
-    rmsprop,
-    scale_by_group_adagrad,
-    scale_by_mxnet_adagrad,
-)
-from lars_optax.adam_family import (
-    ScaleByAdamMomentsState,
-    ScaleByBiasCorrectionState,
-    ScaleByFTMLState,
-    ScaleByNadamState,
-    adabelief,
-    adam,
-    adamax,
-    adamw,
-    ftml,
-    nadam,
-    scale_by_adam_moments,
-    scale_by_bias_correction,
-    scale_by_ftml,
-    scale_by_mxnet_adam,
-    scale_by_mxnet_adamax,
-    scale_by_mxnet_belief,
-    scale_by_mxnet_nadam,
-)
-from lars_optax.lazy import lazy_update, present_rows
-from lars_optax.masks import (
-    EQUINOX_SKIP,
-    FLAX_SKIP,
-    HAIKU_SKIP,
-    MXNET_SKIP,
-    Mask,
-    by_leaf_name,
-    by_ndim,
-    by_predicate,
-    by_regex,
-    by_substring,
-    by_suffix,
-    leaf_names,
-    named_leaves,
-)
-from lars_optax.nonfinite import skip_nonfinite
-from lars_optax.precision import (
-    LOW_PRECISION,
-    MultiPrecisionState,
-    master_params,
-    multi_precision,
-)
-from lars_optax.registry import create, mxnet_schedule, register, registered
-from lars_optax.sgd_family import (
-    AddLangevinNoiseState,
-    DampenedTraceState,
-    DelayCompensationState,
-    MXNetMomentumState,
-    add_delay_compensation,
-    add_langevin_noise,
-    dampened_trace,
-    dcasgd,
-    mxnet_momentum,
-    nag,
-    sgd,
-    sgld,
-)
-from lars_optax.sign import signsgd, signum
-from lars_optax.sparse import (
-    RowSparseUpdate,
-    is_row_sparse,
-    row_sparse,
-    sparse_psum,
-    sparse_value_and_grad,
-)
-from lars_optax.sparse_optax import (
-    MultiStepsState,
-    apply_updates,
-    clip_by_global_norm,
-    dense_updates,
-    multi_steps,
-    tree_add,
-)
-from lars_optax.svrg import (
-    SVRGState,
-    full_gradient,
-    svrg,
-    svrg_due,
-    svrg_refresh,
-    svrg_snapshot,
-    svrg_value_and_grads,
-)
+from lars_optax import masks, mxnet, porting, sparse, stacked, svrg
 from lars_optax.layerwise import (
     NormalizePerLeafState,
     ScaleByLambTrustRatioState,
@@ -120,7 +41,26 @@ from lars_optax.layerwise import (
     tf_lars,
     trust_ratios,
 )
-from lars_optax.stacked import FROM_METADATA, from_metadata, layer_axes
+from lars_optax.masks import (
+    Mask,
+    by_leaf_name,
+    by_ndim,
+    by_predicate,
+    by_regex,
+    by_substring,
+    by_suffix,
+    leaf_names,
+    named_leaves,
+)
+from lars_optax.momentum import (
+    DampenedTraceState,
+    MXNetMomentumState,
+    dampened_trace,
+    mxnet_momentum,
+)
+from lars_optax.nonfinite import skip_nonfinite
+from lars_optax.precision import MultiPrecisionState, master_params, multi_precision
+from lars_optax.sign import signsgd, signum
 from lars_optax.transforms import (
     AddDecoupledWeightDecayState,
     LowPrecisionWarning,
@@ -136,47 +76,21 @@ from lars_optax.transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "EQUINOX_SKIP",
-    "FLAX_SKIP",
-    "FROM_METADATA",
-    "HAIKU_SKIP",
-    "LOW_PRECISION",
-    "MXNET_SKIP",
     "AddDecoupledWeightDecayState",
-    "AddLangevinNoiseState",
     "DampenedTraceState",
-    "DelayCompensationState",
-    "FtrlProximalState",
     "LowPrecisionWarning",
     "MXNetMomentumState",
     "Mask",
     "MultiPrecisionState",
-    "MultiStepsState",
     "NormalizePerLeafState",
     "PerLeafState",
-    "RowSparseUpdate",
-    "SVRGState",
-    "ScaleByAdamMomentsState",
-    "ScaleByBiasCorrectionState",
     "ScaleByCautionState",
-    "ScaleByFTMLState",
-    "ScaleByGroupAdagradState",
     "ScaleByLambTrustRatioState",
     "ScaleByLansState",
     "ScaleByLarsTrustRatioState",
-    "ScaleByNadamState",
     "TrustClipState",
-    "adabelief",
-    "adadelta",
-    "adagrad",
-    "adam",
-    "adamax",
-    "adamw",
     "add_decayed_weights_per_leaf",
     "add_decoupled_weight_decay",
-    "add_delay_compensation",
-    "add_langevin_noise",
-    "apply_updates",
     "by_leaf_name",
     "by_ndim",
     "by_predicate",
@@ -184,72 +98,32 @@ __all__ = [
     "by_substring",
     "by_suffix",
     "check_inputs",
-    "clip_by_global_norm",
-    "clip_params",
-    "create",
     "dampened_trace",
-    "dcasgd",
-    "dense_updates",
-    "from_metadata",
-    "ftml",
-    "ftrl",
-    "ftrl_proximal",
-    "full_gradient",
-    "groupadagrad",
-    "is_row_sparse",
     "lamb",
     "lans",
     "lars",
     "lars_trust_ratio",
-    "layer_axes",
-    "layerwise",
-    "lazy_update",
     "leaf_names",
     "masks",
     "master_params",
     "multi_precision",
-    "multi_steps",
+    "mxnet",
     "mxnet_momentum",
-    "mxnet_schedule",
-    "nadam",
-    "nag",
     "named_leaves",
     "normalize_per_leaf",
-    "present_rows",
-    "register",
-    "registered",
-    "rmsprop",
-    "row_sparse",
-    "scale_by_adam_moments",
-    "scale_by_bias_correction",
+    "porting",
     "scale_by_caution",
-    "scale_by_ftml",
-    "scale_by_group_adagrad",
     "scale_by_lamb_adam",
     "scale_by_lamb_trust_ratio",
     "scale_by_lans",
     "scale_by_lars_trust_ratio",
-    "scale_by_mxnet_adagrad",
-    "scale_by_mxnet_adam",
-    "scale_by_mxnet_adamax",
-    "scale_by_mxnet_belief",
-    "scale_by_mxnet_nadam",
     "scale_per_leaf",
-    "schedules",
-    "sgd",
-    "sgld",
     "signsgd",
     "signum",
     "skip_nonfinite",
-    "sparse_psum",
-    "sparse_value_and_grad",
+    "sparse",
     "stacked",
     "svrg",
-    "svrg_due",
-    "svrg_refresh",
-    "svrg_snapshot",
-    "svrg_value_and_grads",
     "tf_lars",
-    "tree_add",
     "trust_ratios",
 ]

@@ -6,23 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import optax
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
-from lars_optax.lazy import lazy_update as _lazy_update
-from lars_optax.lazy import on_row_sparse as _on_row_sparse
 from lars_optax.precision import multi_precision as _multi_precision
+from lars_optax.sparse.lazy import lazy_update as _lazy_update
+from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse
 from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
-
-
-def check_flag(name: str, value: object) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{name}: expected a bool, got {value!r}.")
-  return bool(value)
 
 
 def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult):
@@ -38,7 +31,7 @@ def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
 
 def _exact_name(key: str) -> masks.Mask:
   """The leaf named exactly ``key`` (a dict key of ``lr_mult``/``wd_mult``)."""
-  return masks.by_predicate(lambda name, _: name == key, f"name == {key!r}")
+  return masks.by_predicate(lambda name, _: name == key, description=f"name == {key!r}")
 
 
 def wd_mult_with_skip(wd_mult: masks.LeafValues,
@@ -69,7 +62,7 @@ def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
   if clip_gradient is not None:
     parts.append(utils.keep_dtypes(optax.clip(clip_gradient), clip_gradient))
   if not utils.is_const(wd, 0):  # wd=0: the params are not read
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult",
+    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
                                               stacked=stacked))
   return parts
 
@@ -123,7 +116,7 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
   float16 params (without ``multi_precision``, whose master weights are
   float32). ``row_sparse``: the optimizer takes row-sparse (BCOO) gradients
   as MXNet's ``row_sparse`` kernel of it does, without a ``lazy_update`` flag
-  (see :func:`lars_optax.lazy.on_row_sparse`, which calls
+  (see :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls
   ``row_sparse_check``).
   """
   tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,

@@ -150,7 +150,7 @@ class LowPrecisionWarning(UserWarning):
   """Warned at ``init`` when an optimizer is known to fail in the params' dtype.
 
   Every rule that keeps squared gradients in its state, on float16 params
-  without float32 master weights: the Adam family (:func:`lars_optax.adam`,
+  without float32 master weights: the Adam family (:func:`lars_optax.mxnet.adam`,
   :func:`scale_by_mxnet_adam`, ...), LAMB and LANS, whose second moment
   underflows to 0 in float16 so that the steps blow up, and RMSProp, AdaGrad,
   GroupAdaGrad, AdaDelta and FTRL, whose accumulated squares overflow to inf

@@ -153,7 +153,7 @@ def check_representable(name: str, value: Any, params: Any, *, compute: bool = F
           f">= {float(info.tiny):g}.")
 
 
-COMPLEX_OPTIMIZERS = ("sgd", "nag", "adam", "lars", "tf_lars", "lamb")
+COMPLEX_OPTIMIZERS = ("mxnet.sgd", "mxnet.nag", "mxnet.adam", "lars", "tf_lars", "lamb")
 """The optimizers that take complex params (as :func:`optax.sgd` and
 :func:`optax.adam` do): their rules are defined with :math:`|g|^2` and norms of
 :math:`|w|`, :math:`|g|`. Sign-based rules, the AdaGrad family, FTRL and the
@@ -263,6 +263,13 @@ def align_params(updates: Any, params: Any) -> Any:
     return params
 
 
+def check_flag(name: str, value: object) -> bool:
+  """A bool (Python's or numpy's) named ``name``, as a Python bool."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name}: expected a bool, got {value!r}.")
+  return bool(value)
+
+
 # The largest initial count (begin_num_update, initial_count) and why.
 MAX_INITIAL_COUNT = INT32_MAX - 1
 COUNT_WHY = (" (the step count is int32, and the count of the first update, this + 1, "
@@ -272,19 +279,86 @@ COUNT_WHY = (" (the step count is int32, and the count of the first update, this
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+# optax's keywords (of optax.lars, lamb, adam, adamw, signum) and ours that mean the
+# same: the first of ours that a function takes is named in its error.
+_OPTAX_EQUIVALENTS: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("learning_rate",),
+    "lr": ("learning_rate",),
+    "b1": ("beta1", "momentum"),
+    "b2": ("beta2",),
+    "eps": ("epsilon",),
+    "weight_decay": ("wd",),
+    "trust_coefficient": ("eta", "eeta"),
+    "beta": ("momentum",),
+    "momentum": ("momentum",),
+    "weight_decay_mask": ("wd_skip", "skip_list", "wd_mult"),
+    "mask": ("wd_skip", "skip_list", "wd_mult"),
+    "trust_ratio_mask": ("skip", "skip_list"),
+}
+# Ours that are masks of the leaves to exempt (True = left out), the reverse of optax's.
+_EXEMPT_MASKS = ("wd_skip", "skip")
+# optax's keywords with no equivalent in a function that lacks them.
+_NO_EQUIVALENT = {
+    "eps_root": "MXNet's rules add epsilon outside the square root; "
+                "lars_optax.porting.optax_lamb takes eps_root",
+    "mu_dtype": "the moments take the params' dtype; multi_precision=True keeps float32 "
+                "masters and moments for float16/bfloat16 params",
+    "accumulator_dtype": "the momentum takes the params' dtype; multi_precision=True keeps "
+                         "float32 masters and momentum for float16/bfloat16 params",
+    "nesterov": "this rule has no Nesterov momentum (lars_optax.porting.optax_lars, "
+                "lars_optax.tf_lars(use_nesterov=True) and lars_optax.mxnet.nag have)",
+    "momentum": "this rule has no momentum argument",
+    "weight_decay_mask": "this rule takes no decay mask",
+    "mask": "this rule takes no decay mask",
+    "trust_ratio_mask": "this rule takes no trust-ratio mask",
+    "trust_coefficient": "this rule has no trust coefficient",
+    "b1": "this rule has no first-moment decay",
+    "b2": "this rule has no second-moment decay",
+    "eps": "this rule has no epsilon",
+    "beta": "this rule has no momentum",
+    "weight_decay": "this rule has no weight decay",
+}
+
+
+def _optax_hint(keyword: str, taken: set[str]) -> str | None:
+  """The advice for optax's ``keyword`` in a function taking ``taken``; None if taken."""
+  if keyword in taken:
+    return None
+  ours = next((o for o in _OPTAX_EQUIVALENTS.get(keyword, ()) if o in taken), None)
+  if ours is None:
+    why = _NO_EQUIVALENT.get(keyword)
+    return None if why is None else f"optax's {keyword!r} has no equivalent here: {why}."
+  advice = f"it takes {ours}= where optax takes {keyword}=."
+  if ours == "wd_mult":
+    advice += (" wd_mult gives per-leaf multipliers: 0.0 for the leaves optax's mask "
+               "marks False.")
+  elif ours == "skip_list":
+    advice += (" skip_list names the leaves to leave out (substrings of their names), "
+               "the reverse of optax's mask (True = apply).")
+  elif ours in _EXEMPT_MASKS:
+    advice += (f" {ours} lists the leaves to leave out (True = exempt), the reverse of "
+               f"optax's mask (True = apply): pass the leaves optax's mask marks False.")
+  return advice
+
+
 def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
-  """A decorator: a keyword of ``hints`` that the function does not take raises
-  a TypeError that starts with the keyword and says which one to use.
+  """A decorator: a keyword of ``hints``, or one of optax's, that the function does
+  not take raises a TypeError that starts with the keyword and says which one to use.
 
   ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
-  message. The function keeps its signature (:func:`functools.wraps`), so
-  :func:`inspect.signature`, :func:`lars_optax.create` and
-  ``optax.inject_hyperparams`` see its own arguments.
+  message; optax's keywords (those of ``optax.lars``, ``lamb``, ``adam``,
+  ``adamw`` and ``signum``) get the function's equivalent, or say there is
+  none, and for masks the polarity. The function keeps its signature
+  (:func:`functools.wraps`), so :func:`inspect.signature`,
+  :func:`lars_optax.mxnet.create` and ``optax.inject_hyperparams`` see its own
+  arguments.
   """
 
   def decorate(fn: _F) -> _F:
     taken = set(inspect.signature(fn).parameters)
-    wrong = {k: why for k, why in hints.items() if k not in taken}
+    wrong = {k: why for k in _OPTAX_EQUIVALENTS.keys() | _NO_EQUIVALENT.keys()
+             if (why := _optax_hint(k, taken)) is not None}
+    wrong.update({k: why for k, why in hints.items() if k not in taken})
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,7 @@
 Trains a small Flax CNN on scikit-learn's bundled 8x8 handwritten digits
 (1,797 images shipped inside scikit-learn: nothing is downloaded) three ways:
 
-1. small-batch SGD (:func:`lars_optax.sgd`, MXNet's SGD with momentum 0.9),
+1. small-batch SGD (:func:`lars_optax.mxnet.sgd`, MXNet's SGD with momentum 0.9),
    the baseline recipe, with a polynomial learning-rate decay;
 2. large-batch SGD, the same optimizer with the learning rate scaled linearly
    with the batch size (``lr * large_batch / small_batch``), a linear warm-up
@@ -204,7 +204,8 @@ def lr_schedule(peak_lr: float, total_steps: int, warmup_steps: int) -> optax.Sc
 
 
 def train(run: Run, tx: optax.GradientTransformation, model: Any, params: Any,
-          data: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]], *,
+          data: tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+          *,
           epochs: int, seed: int, quiet: bool) -> None:
   """Trains ``model`` from ``params`` with ``tx`` and records into ``run``."""
   from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
@@ -400,13 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   small_steps = args.epochs * (n_train // small)
   large_steps = args.epochs * (n_train // large)
   warmup = round(WARMUP_FRACTION * large_steps)
-  sgd_name = f"lars_optax.sgd (momentum {MOMENTUM})"
+  sgd_name = f"lars_optax.mxnet.sgd (momentum {MOMENTUM})"
   configs = [
       (Run("SGD", f"{sgd_name}, poly decay", small, args.lr),
-       lars_optax.sgd(lr_schedule(args.lr, small_steps, 0), momentum=MOMENTUM,
+       lars_optax.mxnet.sgd(lr_schedule(args.lr, small_steps, 0), momentum=MOMENTUM,
                       wd=WEIGHT_DECAY)),
       (Run("SGD", f"{sgd_name}, warm-up + poly decay", large, large_lr),
-       lars_optax.sgd(lr_schedule(large_lr, large_steps, warmup), momentum=MOMENTUM,
+       lars_optax.mxnet.sgd(lr_schedule(large_lr, large_steps, warmup), momentum=MOMENTUM,
                       wd=WEIGHT_DECAY)),
       (Run("LARS", f"lars_optax.lars (momentum {MOMENTUM}, eta {ETA}), warm-up + poly decay",
            large, large_lr, record_trust_ratios=True),
@@ -420,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   print()
   print(format_table(runs))
-  skip_flags = jax.tree.leaves(lars_optax.FLAX_SKIP(params0))
+  skip_flags = jax.tree.leaves(lars_optax.masks.FLAX_SKIP(params0))
   skipped = [name for (name, _), s in zip(lars_optax.named_leaves(params0), skip_flags) if s]
   lars_run = runs[-1]
   print("\nLARS trust ratios, first -> last step (biases are skipped: 1):")

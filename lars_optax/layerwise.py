@@ -24,9 +24,9 @@ The transformations they are chained from:
 Every one of them takes ``stacked=`` (:mod:`lars_optax.stacked`): a leaf that
 holds a stack of layers gets one norm and one ratio per layer, as the
 unrolled model would. All of them take their norms through
-:func:`lars_optax.stacked.layer_sq_norms`. The LARS of BYOL and SimCLR (the
-rule of :func:`optax.lars`) is a chain of these parts: see
-:mod:`lars_optax.optimizers`.
+:func:`lars_optax.stacked.layer_sq_norms`. The LARS and LAMB of timm, optax,
+Keras, BYOL, SimCLR and ALBERT are chains of these parts: see
+:mod:`lars_optax.porting`.
 """
 
 from __future__ import annotations
@@ -46,11 +46,9 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
-from lars_optax.sgd_family import check_torch_momentum, dampened_trace, mxnet_momentum
+from lars_optax.momentum import mxnet_momentum
 from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
-    add_decoupled_weight_decay,
-    scale_by_caution,
 )
 
 __all__ = [
@@ -92,6 +90,7 @@ def _ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
 def lars_trust_ratio(
     param: jax.Array,
     grad: jax.Array,
+    *,
     eta: float = 0.001,
     weight_decay: float = 0.0,
     epsilon: float = 0.0,
@@ -277,16 +276,14 @@ class ScaleByLarsTrustRatioState(NamedTuple):
 
 
 class TrustClipState(NamedTuple):
-  """The ``inner_state`` of :func:`scale_by_lars_trust_ratio` with ``trust_clip``.
+  """The ``inner_state`` of :func:`scale_by_lars_trust_ratio` with ``larc_learning_rate``.
 
-  (The count lives here, not in a new field of
-  :class:`ScaleByLarsTrustRatioState`, so that the state of every optimizer
-  without ``trust_clip`` keeps its fields, and checkpoints written before the
-  option existed still restore.)
+  (The count lives here, not in :class:`ScaleByLarsTrustRatioState`, so that
+  the optimizers without LARC's clip carry no count.)
 
   Attributes:
     count: the number of updates done so far (int32), with which a
-      learning-rate schedule given as ``trust_clip`` is called.
+      learning-rate schedule given as ``larc_learning_rate`` is called.
     inner_state: the state of the inner transformation.
   """
 
@@ -298,14 +295,14 @@ def scale_by_lars_trust_ratio(
     inner: GradientTransformation | None = None,
     *,
     eta: float = 0.001,
-    weight_decay: float = 0.0,
+    ratio_weight_decay: float = 0.0,
     epsilon: float = 0.0,
     skip: masks.MaskLike = None,
     rescale: float = 1.0,
     wd_mult: masks.LeafValues = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    trust_clip: optax.ScalarOrSchedule | None = None,
+    larc_learning_rate: optax.ScalarOrSchedule | None = None,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -317,7 +314,7 @@ def scale_by_lars_trust_ratio(
     \rho = \frac{\eta \, \|w\|}{\|g_r\| + \lambda \|w\| + \epsilon}, \qquad
     u = \rho \cdot \mathrm{inner}(g_r)
 
-  (:math:`s` = ``rescale``, :math:`\lambda` = ``weight_decay``; see
+  (:math:`s` = ``rescale``, :math:`\lambda` = ``ratio_weight_decay``; see
   :func:`lars_trust_ratio` for the fallback to 1). The ratio is taken from the
   gradient as it enters this transformation, whatever ``inner`` does to it
   afterwards, so
@@ -334,15 +331,15 @@ def scale_by_lars_trust_ratio(
   gradient norm is computed as :math:`|s|\,\|g\|`, so XLA never has to write
   the rescaled gradient to memory: one pass over the gradients less per step.
 
-  With ``weight_decay=0`` and no ``inner`` this is the ratio of
+  With ``ratio_weight_decay=0`` and no ``inner`` this is the ratio of
   :func:`optax.lars` (``scale_by_trust_ratio``):
   :math:`\rho = \eta\|w\|/(\|u\| + \epsilon)` of the update it receives, so
   placed after ``add_decayed_weights`` it divides by the decayed update's
   norm (optax, BYOL, SimCLR), and placed after a momentum trace by the
   buffer's (SimCLR's ``classic_momentum=False``).
 
-  ``trust_clip`` is LARC's clipping (You, Gitman and Ginsburg's ratio as
-  NVIDIA's apex ``LARC(clip=True)`` and timm's ``trust_clip`` bound it):
+  ``larc_learning_rate`` turns on LARC's clipping (You, Gitman and Ginsburg's
+  ratio as NVIDIA's apex ``LARC(clip=True)`` and timm's ``trust_clip`` bound it):
   :math:`\rho \leftarrow \min(\rho / \alpha_t, 1)`, with :math:`\alpha_t` the
   learning rate of the step, so that :math:`\alpha_t\rho` never exceeds
   :math:`\alpha_t`. Skipped leaves keep 1.
@@ -350,35 +347,30 @@ def scale_by_lars_trust_ratio(
   Args:
     inner: the transformation whose output is scaled (default: identity).
     eta: the LARS coefficient :math:`\eta` (MXNet ``eta``, TF ``eeta``).
-    weight_decay: :math:`\lambda` in the ratio's denominator. It only enters
-      the ratio; add the decay itself with ``optax.add_decayed_weights``.
+    ratio_weight_decay: :math:`\lambda` in the ratio's denominator. It only
+      enters the ratio (hence its name); add the decay itself with
+      ``optax.add_decayed_weights`` or inside ``inner``.
     epsilon: added to the denominator.
     skip: leaves whose ratio is 1 (a :class:`~lars_optax.masks.Mask`, a
       callable returning a bool pytree, or a bool pytree). Skipped leaves cost
       no norm computation.
     rescale: the factor :math:`s` applied to the incoming gradient first
       (MXNet's ``rescale_grad``).
-    wd_mult: per-leaf multipliers of ``weight_decay`` (MXNet's ``wd_mult``): a
+    wd_mult: per-leaf multipliers of ``ratio_weight_decay`` (MXNet's ``wd_mult``): a
       dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
       :data:`lars_optax.masks.LeafValues`.
-    axis_name: for manual partitioning (``shard_map``/``pmap``) where the
-      params are split over this mesh axis: the squared norms are summed over
-      it, so every block is scaled by the ratio of the whole leaf. Leave it
-      None under ``jit`` with sharded arrays (norms are global there) and for
-      params that are replicated over the axis (``pmap`` data parallelism).
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers (see
-      :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
-      name: k}`` or ``[(mask, k)]`` rules, or the default,
-      :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
-      with ``"layers"``). Each layer gets its own norms and ratio, exactly as
-      in the unrolled model; masks judge one layer.
-    trust_clip: None, or the learning rate :math:`\alpha_t` (a scalar or an
-      optax schedule, called with the number of updates done so far) to clip
-      the ratio with: :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`. Pass the
-      optimizer's own learning rate.
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    larc_learning_rate: None (no clip), or the learning rate :math:`\alpha_t`
+      (a scalar or an optax schedule, called with the number of updates done
+      so far) of LARC's clip: :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`.
+      Pass the optimizer's own learning rate.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs`; its state is a
@@ -389,7 +381,7 @@ def scale_by_lars_trust_ratio(
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
   v.check_scalar("eta", eta, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
   v.check_scalar("rescale", rescale, low=0.0, low_open=True)
   if inner is not None and not isinstance(inner, GradientTransformation):
@@ -399,14 +391,15 @@ def scale_by_lars_trust_ratio(
   masks.check_leaf_values(wd_mult, "wd_mult")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
-  if trust_clip is not None:
-    v.check_learning_rate("trust_clip", trust_clip)
+  if larc_learning_rate is not None:
+    v.check_learning_rate("larc_learning_rate", larc_learning_rate)
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     v.check_float_params(params, name, allow_complex=True)
-    for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+    for arg, value in (("eta", eta), ("ratio_weight_decay", ratio_weight_decay),
+                       ("epsilon", epsilon)):
       v.check_representable(arg, value, params, compute=True)
     v.check_representable("rescale", rescale, params)
     masks.check_unique_names(params)
@@ -418,7 +411,7 @@ def scale_by_lars_trust_ratio(
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)  # a bad name fails here already
     inner_state = inner_tx.init(params)
-    if trust_clip is not None:
+    if larc_learning_rate is not None:
       inner_state = TrustClipState(jnp.zeros([], jnp.int32), inner_state)
     return ScaleByLarsTrustRatioState(_ratio_vector(params), inner_state,
                                       _layer_ratios(params, ks))
@@ -433,16 +426,17 @@ def scale_by_lars_trust_ratio(
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
     ratios = _leaf_ratios(flat_p, flat_g, skipped, eta,
-                          [utils.times(weight_decay, m) for m in mults], epsilon, rescale,
+                          [utils.times(ratio_weight_decay, m) for m in mults], epsilon, rescale,
                           stacked_mod.resolve_axis_names(axis_name, params, ks), ks)
     inner_state = state.inner_state
-    if trust_clip is not None:
+    if larc_learning_rate is not None:
       count, inner_state = inner_state
-      ratios = _clip_ratios(ratios, trust_clip(count) if callable(trust_clip) else trust_clip)
+      rate = larc_learning_rate
+      ratios = _clip_ratios(ratios, rate(count) if callable(rate) else rate)
     if not utils.is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(updates, inner_state, params, **extra_args)
-    if trust_clip is not None:
+    if larc_learning_rate is not None:
       inner_state = TrustClipState(optax.safe_int32_increment(count), inner_state)
     scaled = _apply_ratios(treedef.flatten_up_to(inner_updates), ratios)
     return (jax.tree.unflatten(treedef, scaled),
@@ -523,6 +517,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
 @v.lars_names
 def lars(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     momentum: float = 0.0,
     eta: float = 0.001,
     epsilon: float = 1e-8,
@@ -530,20 +525,23 @@ def lars(
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     skip: masks.MaskLike = masks.MXNET_DEFAULT,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    nesterov: bool = False,
-    dampening: float = 0.0,
-    lr_in_momentum: bool = True,
-    update_norm: bool = False,
-    trust_clip: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""LARS as Apache MXNet implements it (``mx.optimizer.LARS``), and its other flavours.
+  r"""MXNet's LARS, not :func:`optax.lars`: its ratio divides by ‖g‖ + wd‖w‖ + ε.
+
+  LARS as Apache MXNet implements it (``mx.optimizer.LARS``). It differs
+  from :func:`optax.lars` in rule and defaults: the trust ratio divides by
+  ``‖g‖ + wd‖w‖ + ε`` where optax divides by the norm of the decayed update
+  ``‖g + wd·w‖`` (with ``eps=0``), biases and norm parameters are left out
+  of the ratio by name by default (optax: every leaf), and ``momentum``
+  defaults to 0 (optax: 0.9). :func:`lars_optax.porting.optax_lars` is
+  optax's rule with optax's arguments; docs/porting.md lists the other
+  libraries' LARS.
 
   Per leaf :math:`w` with gradient :math:`g`, :math:`s` = ``rescale_grad``,
   :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd``,
@@ -575,32 +573,9 @@ def lars(
   rescale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
   ratios of the last step are in the state: :func:`lars_optax.trust_ratios`.
 
-  The flavours of other libraries (``docs/porting.md`` lists each with its
-  measured error) are each a choice of links, the defaults keeping MXNet's:
-
-  * ``lr_in_momentum=False``: the learning rate multiplies the buffer from
-    outside, :math:`b_t = \mu b_{t-1} + \rho u_t`, :math:`w_t = w_{t-1} -
-    \alpha_t b_t` (PyTorch's SGD, timm's ``Lars``, BYOL): a momentum trace
-    followed by :func:`optax.scale_by_learning_rate` instead of
-    :func:`mxnet_momentum`. The two differ once the rate changes (a warm-up).
-  * ``nesterov``, ``dampening``: PyTorch's (the first step fills the buffer
-    undamped): :func:`lars_optax.dampened_trace` with the rate after the
-    buffer, :func:`mxnet_momentum`'s ``dampening`` with the rate inside it.
-  * ``update_norm=True``: the ratio divides by the decayed update's norm,
-    :math:`\rho = \eta\|w\| / (\|u\| + \epsilon)` with
-    :math:`u = \mathrm{clip}(g_r) + \lambda w` (optax, BYOL, SimCLR): the
-    decay link moves in front of the ratio link.
-  * ``trust_clip=True``: LARC, :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`
-    (timm's ``trust_clip``, NVIDIA apex ``LARC(clip=True)``); see
-    :func:`scale_by_lars_trust_ratio`. The clip uses ``learning_rate``
-    itself, not ``lr_mult``.
-
-  timm's ``Lars`` with a constant or scheduled rate, as
-  ``create_optimizer_v2(model, "lars", lr=0.1, weight_decay=1e-4)`` builds it
-  (its no-decay group, 1-d leaves, gets neither decay nor ratio):
-
-  >>> timm_lars = lars_optax.lars(0.1, momentum=0.9, wd=1e-4, lr_in_momentum=False,
-  ...                             skip=lars_optax.by_ndim(1), wd_skip=lars_optax.by_ndim(1))
+  The LARS of timm, optax, BYOL and SimCLR differ in where the rate meets
+  the buffer, which norm the ratio divides by and LARC's clip: each has its
+  constructor in :mod:`lars_optax.porting`, in its own words.
 
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule (called with
@@ -626,87 +601,51 @@ def lars(
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
     wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
-    wd_skip: leaves that get no weight decay (in the update and in the
-      ratio): anything ``skip`` takes, default None (every leaf decays, as in
-      MXNet). It is ``wd_mult`` 0 on those leaves, a rule ``(wd_skip, 0.0)``
-      put before ``wd_mult``'s, so it wins where both name a leaf. A mask
-      built from names must match some leaf (``init`` raises a ValueError
-      naming ``wd_skip``).
+    wd_skip: leaves that get no weight decay (in the update and in the ratio):
+      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
+      See "Common arguments" in docs/optimizers.md.
     multi_precision: keep float32 master weights and state for float16 and
       bfloat16 params (:func:`lars_optax.multi_precision`). The ratio's
       :math:`\|w\|` is then taken from the master (MXNet takes it from the
       float16 weight; the two differ by float16 rounding).
-    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
-      axis, sum the squared norms over it so each block gets its whole layer's
-      trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers, as scanned models keep
-      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
-      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
-      layer axes), None, or the default, read from Flax partition metadata
-      (``"layers"``; nothing without it). Each layer then gets its own norms
-      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
-      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
-      give a stacked leaf one value per layer (a numpy array of length L).
-    nesterov: Nesterov momentum as PyTorch defines it; needs ``momentum >
-      0`` and ``dampening == 0``. With the rate inside the buffer it is
-      :func:`mxnet_momentum`'s look-ahead (optax.lars's ``nesterov``).
-    dampening: PyTorch's :math:`d` in [0, 1): the buffer adds
-      :math:`(1 - d)` of each new step, except the first.
-    lr_in_momentum: True (MXNet, optax.lars, SimCLR's classic momentum): the
-      buffer accumulates :math:`\alpha_t\rho u_t`; False (PyTorch, timm,
-      BYOL): it accumulates :math:`\rho u_t` and the rate multiplies it.
-    update_norm: take the ratio's denominator from the decayed update,
-      :math:`\|u\| + \epsilon`, instead of MXNet's
-      :math:`\|g_r\| + \lambda\|w\| + \epsilon`.
-    trust_clip: LARC's clip of the ratio by the learning rate.
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
 
   Raises:
-    ValueError: for a hyperparameter out of its range (named), for
-      ``nesterov`` without momentum or with ``dampening``.
+    ValueError: for a hyperparameter out of its range (named).
 
   References:
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
-    ``mxnet.optimizer.LARS``; PyTorch ``torch.optim.SGD``; timm
-    ``timm.optim.Lars``; NVIDIA apex ``LARC``.
+    ``mxnet.optimizer.LARS``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
-  check_torch_momentum(momentum, dampening, nesterov)
-  lr_in_momentum = base.check_flag("lr_in_momentum", lr_in_momentum)
-  update_norm = base.check_flag("update_norm", update_norm)
-  trust_clip = base.check_flag("trust_clip", trust_clip)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
-  clip = learning_rate if trust_clip else None
-
-  if update_norm:
-    # optax/BYOL/SimCLR: the decayed update u = clip(s g) + wd w, then its ratio.
-    ratio_part = [*base.preprocess(rescale_grad, clip_gradient, wd, decay_mult, stacked),
-                  scale_by_lars_trust_ratio(eta=eta, epsilon=epsilon, skip=skip,
-                                            axis_name=axis_name, stacked=stacked,
-                                            trust_clip=clip)]
-  else:
-    # MXNet: the ratio is taken from the rescaled gradient before clipping, so
-    # the rescale is the ratio transformation's own and the rest runs inside it.
-    inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
-    ratio_part = [scale_by_lars_trust_ratio(
-        optax.chain(*inner) if inner else None,
-        eta=eta, weight_decay=wd, epsilon=epsilon, skip=skip, rescale=rescale_grad,
-        wd_mult=decay_mult, axis_name=axis_name, stacked=stacked, trust_clip=clip)]
+  # The ratio is taken from the rescaled gradient before clipping, so the
+  # rescale is the ratio transformation's own and the rest runs inside it.
+  inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
+  ratio = scale_by_lars_trust_ratio(
+      optax.chain(*inner) if inner else None, eta=eta, ratio_weight_decay=wd,
+      epsilon=epsilon, skip=skip, rescale=rescale_grad, wd_mult=decay_mult,
+      axis_name=axis_name, stacked=stacked)
   tx = base.finish([
-      *ratio_part,
+      ratio,
       *base.lr_mult_part(lr_mult, stacked),
-      *_momentum_and_lr(learning_rate, momentum, dampening, nesterov, lr_in_momentum),
+      mxnet_momentum(learning_rate, momentum=momentum),
   ], "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -715,32 +654,16 @@ def lars(
   return stacked_mod.warn_unstacked(tx, stacked, "lars")
 
 
-def _momentum_and_lr(learning_rate: Any, momentum: Any, dampening: Any, nesterov: bool,
-                     lr_in_momentum: bool) -> list[GradientTransformation]:
-  """Where the learning rate meets the momentum buffer: inside it (MXNet's
-  :func:`mxnet_momentum`) or after it (a trace, then the rate, PyTorch's)."""
-  if lr_in_momentum:
-    return [mxnet_momentum(learning_rate, momentum, nesterov, dampening)]
-  no_buffer = utils.is_const(momentum, 0)
-  if no_buffer:
-    trace = []
-  elif utils.is_const(dampening, 0):
-    trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
-  else:
-    trace = [dampened_trace(momentum, dampening, nesterov)]
-  return [*trace, base.learning_rate_part(learning_rate)]
-
-
 @v.tf_names
 def tf_lars(
     learning_rate: optax.ScalarOrSchedule,
+    *,
     momentum: float = 0.9,
     weight_decay: float = 0.0001,
     eeta: float = 0.001,
     epsilon: float = 0.0,
     skip_list: Sequence[str] | None = None,
     use_nesterov: bool = False,
-    *,
     skip: masks.MaskLike = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -789,19 +712,14 @@ def tf_lars(
       bool pytree. ``skip_list=[...]`` is ``skip=by_substring(...)``; give one
       of the two, not both (a ValueError; combine masks with ``|`` instead).
       Default: no leaf skipped, as in TF.
-    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
-      axis, sum the squared norms over it so each block gets its whole layer's
-      trust ratio (see :func:`lars_optax.scale_by_lars_trust_ratio`).
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers, as scanned models keep
-      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
-      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
-      layer axes), None, or the default, read from Flax partition metadata
-      (``"layers"``; nothing without it). Each layer then gets its own norms
-      and trust ratio, exactly as the unrolled model; ``skip`` judges one
-      layer.
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -841,7 +759,7 @@ def tf_lars(
   if skip_list is not None and skip is not None:
     raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
                      "of both, pass one mask combined with |, e.g. "
-                     "skip=lars_optax.FLAX_SKIP | lars_optax.by_substring('embedding').")
+                     "skip=lars_optax.masks.FLAX_SKIP | lars_optax.by_substring('embedding').")
   if skip_list:
     skip = masks.by_substring(*skip_list)
     args = ", ".join(repr(s) for s in skip_list)
@@ -852,7 +770,7 @@ def tf_lars(
   tx = base.finish([
       scale_by_lars_trust_ratio(
           utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
-          eta=eeta, weight_decay=weight_decay, epsilon=epsilon, skip=skip,
+          eta=eeta, ratio_weight_decay=weight_decay, epsilon=epsilon, skip=skip,
           axis_name=axis_name, stacked=stacked),
       base.learning_rate_part(learning_rate),
   ], "tf_lars", names=names, complex_params=True,
@@ -883,7 +801,7 @@ def _check_bounds(lower_bound: Any, upper_bound: Any) -> None:
 
 
 def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
-                   upper_bound: Any, trust_clip: bool = False) -> jax.Array:
+                   upper_bound: Any, max_ratio: Any = None) -> jax.Array:
   """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
   w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
   dt = w_norm.dtype  # float32 or wider
@@ -895,13 +813,14 @@ def _bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
   # non-finite norms as for LARS; 1 / 1 is divided there (jax_debug_nans).
   ok = (w_norm > 0) & (u_norm > 0) & jnp.isfinite(w_norm + u_norm)
   ratio = jnp.where(ok, w_norm, 1) / jnp.where(ok, u_norm, 1)
-  if trust_clip:
-    ratio = jnp.minimum(ratio, 1)
+  if max_ratio is not None:
+    ratio = jnp.minimum(ratio, utils.cast(max_ratio, ratio.dtype))
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
 def _check_ratio_params(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
-                        upper_bound: Any, stacked: stacked_mod.StackedLike, *,
+                        upper_bound: Any, stacked: stacked_mod.StackedLike,
+                        *,
                         allow_complex: bool = False) -> list[int]:
   """The ``init`` checks of LAMB's and LANS's ratios; returns the layer axes."""
   v.check_float_params(params, name, allow_complex=allow_complex)
@@ -938,7 +857,7 @@ def scale_by_lamb_trust_ratio(
     skip: masks.MaskLike = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    trust_clip: bool = False,
+    max_trust_ratio: float | None = None,
 ) -> GradientTransformation:
   r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
 
@@ -962,9 +881,9 @@ def scale_by_lamb_trust_ratio(
 
   Without bounds and masks this is :func:`optax.scale_by_trust_ratio` with
   its defaults, plus the logged ratios, the name masks and ``axis_name``.
-  ``trust_clip=True`` bounds the ratio by 1, :math:`\rho \leftarrow
-  \min(\rho, 1)` (timm's ``Lamb(trust_clip=True)``, "LAMBC"): a layer's step
-  is never longer than Adam's.
+  ``max_trust_ratio`` bounds the ratio itself, :math:`\rho \leftarrow
+  \min(\rho, \rho_{max})`; with 1 (timm's ``Lamb(trust_clip=True)``,
+  "LAMBC") a layer's step is never longer than Adam's.
 
   Args:
     lower_bound: :math:`l` >= 0, or None.
@@ -973,19 +892,16 @@ def scale_by_lamb_trust_ratio(
       :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, or
       a bool pytree); see :func:`scale_by_lars_trust_ratio`. Skipped leaves
       cost no norm computation.
-    axis_name: for params split over this mesh axis under
-      ``shard_map``/``pmap``: the squared norms are summed over it (one
-      collective for all leaves), giving every block its whole leaf's ratio.
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers (see
-      :mod:`lars_optax.stacked`): a mask (one leading layer axis), ``{leaf
-      name: k}`` or ``[(mask, k)]`` rules, or the default,
-      :func:`~lars_optax.stacked.from_metadata` (Flax partition names starting
-      with ``"layers"``). Each layer gets its own norms and ratio, exactly as
-      in the unrolled model; masks judge one layer.
-    trust_clip: bound the ratio by 1 (timm's LAMBC).
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    max_trust_ratio: :math:`\rho_{max}` > 0 bounding the ratio, or None
+      (timm's LAMBC: 1).
 
   Returns:
     A :class:`optax.GradientTransformation` with a
@@ -1000,7 +916,8 @@ def scale_by_lamb_trust_ratio(
   masks.check_mask_like(skip, "skip")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
-  trust_clip = base.check_flag("trust_clip", trust_clip)
+  if max_trust_ratio is not None:
+    v.check_scalar("max_trust_ratio", max_trust_ratio, low=0.0, low_open=True)
   name = "scale_by_lamb_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
@@ -1019,7 +936,8 @@ def scale_by_lamb_trust_ratio(
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks,
         stacked_mod.resolve_axis_names(axis_name, params, ks))
-    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound, trust_clip)
+    ratios = [None if sq is None else _bounded_ratio(*sq, lower_bound, upper_bound,
+                                                        max_trust_ratio)
               for sq in squares]
     return (jax.tree.unflatten(treedef, _apply_ratios(flat_u, ratios)),
             ScaleByLambTrustRatioState(_ratio_vector(params, ratios),
@@ -1061,9 +979,9 @@ def _bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
 
 def scale_by_lamb_adam(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-6,
-    *,
     bias_correction: bool = True,
     grad_averaging: bool = True,
     eps_root: float = 0.0,
@@ -1118,8 +1036,8 @@ def scale_by_lamb_adam(
   v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("eps_root", eps_root, low=0.0)
-  bias_correction = base.check_flag("bias_correction", bias_correction)
-  grad_averaging = base.check_flag("grad_averaging", grad_averaging)
+  bias_correction = v.check_flag("bias_correction", bias_correction)
+  grad_averaging = v.check_flag("grad_averaging", grad_averaging)
   name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
@@ -1184,13 +1102,14 @@ def normalize_per_leaf(
   in front (``rescale_grad``) cancels out.
 
   Args:
-    axis_name: for leaves split over this mesh axis under
-      ``shard_map``/``pmap``: the squared norms are summed over it.
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers, each layer normalised on
-      its own (see :mod:`lars_optax.stacked`; default: from Flax metadata).
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     A :class:`optax.GradientTransformation`; its state is
@@ -1253,9 +1172,9 @@ class ScaleByLansState(NamedTuple):
 
 def scale_by_lans(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-6,
-    *,
     weight_decay: float = 0.0,
     wd_mult: masks.LeafValues = None,
     lower_bound: float | None = None,
@@ -1298,12 +1217,14 @@ def scale_by_lans(
     lower_bound: :math:`l` >= 0, or None.
     upper_bound: :math:`h` > 0, or None.
     skip: leaves whose two ratios are 1 (see :func:`scale_by_lamb_trust_ratio`).
-    axis_name: sum the squared norms over this mesh axis (sharded params).
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers: each layer gets its own
-      two ratios (see :func:`scale_by_lamb_trust_ratio`).
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     A :class:`optax.GradientTransformation` with a :class:`ScaleByLansState`;
@@ -1388,6 +1309,7 @@ def scale_by_lans(
 @v.mxnet_names
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-6,
@@ -1398,20 +1320,14 @@ def lamb(
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     skip: masks.MaskLike = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    trust_clip: bool = False,
-    decoupled_decay: bool = False,
-    caution: bool = False,
-    grad_averaging: bool = True,
-    eps_root: float = 0.0,
 ) -> optax.GradientTransformation:
-  r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``), and its other flavours.
+  r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``); with its defaults, optax.lamb's.
 
   Per leaf :math:`w` with gradient :math:`g_t`, :math:`s` = ``rescale_grad``,
   :math:`c` = ``clip_gradient``, :math:`\lambda` = ``wd`` (times the leaf's
@@ -1429,9 +1345,10 @@ def lamb(
     r_1 &= \min(\max(\|w_{t-1}\|, l), h), \qquad \rho = \frac{r_1}{\|\Delta_t\|} \\
     w_t &= w_{t-1} - \alpha_t\,\rho\,\Delta_t
 
-  The weight decay is decoupled (it is not in the moments) and enters the
-  ratio's denominator. The bounds clip the weight norm :math:`r_1` (left out
-  when None), not the ratio. :math:`\rho = 1` when :math:`r_1 = 0` or
+  The weight decay is not in the moments: it is added to Adam's direction
+  and so enters the ratio's denominator (as in :func:`optax.lamb`). The
+  bounds clip the weight norm :math:`r_1` (left out when None), not the
+  ratio. :math:`\rho = 1` when :math:`r_1 = 0` or
   :math:`\|\Delta_t\| = 0` (MXNet's rule; a zero-initialised layer without
   ``lower_bound`` takes a plain Adam step), when either norm is not finite
   (MXNet would give NaN), and for skipped leaves.
@@ -1457,41 +1374,10 @@ def lamb(
   correction and ``clip_gradient=None``, this is :func:`optax.lamb` (whose
   ``weight_decay`` is ``wd``), apart from the zero denominator below.
 
-  MXNet 2.0's LAMB disagrees with itself: its default multi-tensor path
-  (``aggregate_num=4``: ``multi_lamb_update``, ``multi_mp_lamb_update``) and
-  its single-tensor kernels (``aggregate_num`` 0 or 1:
-  ``lamb_update_phase1``/``phase2``) give different weights. On the data of
-  ``tests/reference/make_mxnet_schedules.py`` (``wd=0.01``, bias correction)
-  the single-tensor weights differ from the default ones by up to 1.4e-4
-  (relative) in float32 and 12% with float16 masters on ordinary leaves, and
-  by 26% on a zero-initialised one. This function follows MXNet's default
-  path, as does :func:`lars_optax.create` for every ``aggregate_num`` (which it
-  accepts and ignores); ``tests/test_schedules.py`` pins that.
-
-  The flavours of other libraries (``docs/porting.md`` lists each with its
-  measured error) each change one link; the defaults keep MXNet's rule:
-
-  * ``trust_clip=True``: :math:`\rho \le 1` (timm's LAMBC);
-  * ``decoupled_decay=True``: the decay is applied to the weights before
-    the step, :math:`w' = w - \alpha_t\lambda w`, and the step is taken from
-    :math:`w'` without the decay term, so the ratio is
-    :math:`\|w'\|/\|\Delta_t\|` (Keras 3's ``Lamb(weight_decay=)``, timm's
-    ``lambw``): :func:`~lars_optax.add_decoupled_weight_decay` around the
-    chain;
-  * ``caution=True``: the Cautious Optimizers' mask on Adam's direction,
-    before the decay (timm's ``caution``, ``"clamb"``):
-    :func:`~lars_optax.scale_by_caution`;
-  * ``grad_averaging=False``: :math:`m_t = \beta_1 m_{t-1} + u_t` (timm's);
-  * ``eps_root``: added under the square root (:func:`optax.lamb`'s).
-
-  timm's ``Lamb`` with its defaults (a global gradient-norm clip at 1,
-  ``weight_decay=0.01``, and no decay nor ratio for 1-d leaves):
-
-  >>> import optax
-  >>> timm_lamb = optax.chain(
-  ...     lars_optax.clip_by_global_norm(1.0),
-  ...     lars_optax.lamb(1e-3, wd=0.01, skip=lars_optax.by_ndim(1),
-  ...                     wd_skip=lars_optax.by_ndim(1)))
+  MXNet's two LAMB kernels disagree with each other; this follows its
+  default multi-tensor path (docs/verified.md says by how much they differ).
+  The LAMB of timm, Keras, optax and ALBERT have their constructors in
+  :mod:`lars_optax.porting`, in their own words.
 
   Args:
     learning_rate: :math:`\alpha_t`, a scalar or an optax schedule.
@@ -1504,7 +1390,8 @@ def lamb(
     upper_bound: :math:`h` > 0 or None: the largest; ``lower_bound <=
       upper_bound``.
     bias_correction: divide the moments by :math:`1 - \beta^t`.
-    wd: decoupled weight decay >= 0 (multiplied per leaf by ``wd_mult``).
+    wd: weight decay >= 0, added to Adam's direction (multiplied per leaf by
+      ``wd_mult``).
     rescale_grad: gradient multiplier > 0.
     clip_gradient: element-wise clipping bound > 0, or None.
     skip: leaves whose ratio is 1 (default None: none, as in MXNet); a
@@ -1512,37 +1399,21 @@ def lamb(
       bool pytree, or a bool pytree.
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
-    wd_skip: leaves that get no weight decay: anything ``skip`` takes,
-      default None (every leaf decays, as in MXNet). It is ``wd_mult`` 0 on
-      those leaves, a rule ``(wd_skip, 0.0)`` put before ``wd_mult``'s, so it
-      wins where both name a leaf. A mask built from names must match some
-      leaf (``init`` raises a ValueError naming ``wd_skip``).
+    wd_skip: leaves that get no weight decay (in the update and in the ratio):
+      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
+      See "Common arguments" in docs/optimizers.md.
     multi_precision: float32 master weights and state for float16/bfloat16
       (the ratio's :math:`\|w\|` is the master's, as in MXNet). Without it,
       ``init`` warns (:class:`lars_optax.LowPrecisionWarning`) for float16
       params: :math:`v_t` underflows in float16 (MXNet keeps float32 moments).
-    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
-      axis, sum the squared norms over it so each block gets its whole layer's
-      ratio.
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers, as scanned models keep
-      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
-      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
-      layer axes), None, or the default, read from Flax partition metadata
-      (``"layers"``; nothing without it). Each layer then gets its own norms
-      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
-      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
-      give a stacked leaf one value per layer (a numpy array of length L).
-    trust_clip: bound the ratio by 1 (timm's LAMBC).
-    decoupled_decay: decay the weights before the step, outside the ratio
-      (Keras 3, timm's ``lambw``); the decay is :math:`\alpha_t\lambda w`
-      times the leaf's ``wd_mult`` and ``lr_mult``.
-    caution: mask Adam's direction where it disagrees in sign with the
-      gradient (timm's ``caution``).
-    grad_averaging: False adds each gradient whole to the first moment.
-    eps_root: >= 0, added under the square root (optax's).
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -1550,42 +1421,25 @@ def lamb(
   References:
     You et al., `Large Batch Optimization for Deep Learning: Training BERT in
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
-    2.0 ``mxnet.optimizer.LAMB``; timm ``timm.optim.Lamb``; Keras 3
-    ``keras.optimizers.Lamb``.
+    2.0 ``mxnet.optimizer.LAMB``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  v.check_scalar("eps_root", eps_root, low=0.0)
-  bias_correction = base.check_flag("bias_correction", bias_correction)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
-  for flag, value in (("trust_clip", trust_clip), ("decoupled_decay", decoupled_decay),
-                      ("caution", caution), ("grad_averaging", grad_averaging)):
-    base.check_flag(flag, value)
+  bias_correction = v.check_flag("bias_correction", bias_correction)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
-  decays = not utils.is_const(wd, 0)
-  direction: GradientTransformation = scale_by_lamb_adam(
-      beta1, beta2, epsilon, bias_correction=bias_correction,
-      grad_averaging=bool(grad_averaging), eps_root=eps_root)
-  if caution:
-    direction = scale_by_caution(direction, stacked=stacked)
-  step = [direction]
-  if decays and not decoupled_decay:
-    step.append(add_decayed_weights_per_leaf(wd, decay_mult, arg_name="wd_mult",
-                                             stacked=stacked))
-  step += [scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
-                                     skip=skip, axis_name=axis_name, stacked=stacked,
-                                     trust_clip=bool(trust_clip)),
+  decay = ([] if utils.is_const(wd, 0) else
+           [add_decayed_weights_per_leaf(wd, multipliers=decay_mult, arg_name="wd_mult",
+                                         stacked=stacked)])
+  parts = [*base.preprocess(rescale_grad, clip_gradient, 0.0, None),
+           scale_by_lamb_adam(beta1, b2=beta2, eps=epsilon, bias_correction=bias_correction),
+           *decay,
+           scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
+                                     skip=skip, axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
-  parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  if decays and decoupled_decay:
-    parts.append(add_decoupled_weight_decay(optax.chain(*step), learning_rate, wd,
-                                            wd_mult=decay_mult, lr_mult=lr_mult,
-                                            stacked=stacked))
-  else:
-    parts += step
   tx = base.finish(parts, "lamb", multi_precision=multi_precision,
                    complex_params=clip_gradient is None,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
@@ -1598,6 +1452,7 @@ def lamb(
 @v.mxnet_names
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-6,
@@ -1607,7 +1462,6 @@ def lans(
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     skip: masks.MaskLike = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     wd_skip: masks.MaskLike = None,
@@ -1670,27 +1524,20 @@ def lans(
     skip: leaves whose ratios are 1 (default None: none).
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
-    wd_skip: leaves that get no weight decay: anything ``skip`` takes,
-      default None. It is ``wd_mult`` 0 on those leaves, a rule
-      ``(wd_skip, 0.0)`` put before ``wd_mult``'s, so it wins where both
-      name a leaf. A mask built from names must match some leaf.
+    wd_skip: leaves that get no weight decay (in the update and in the ratio):
+      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
+      See "Common arguments" in docs/optimizers.md.
     multi_precision: float32 master weights and state for float16/bfloat16.
       Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
       for float16 params: :math:`v_t` underflows in float16.
-    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
-      axis, sum the squared norms (of the gradient, the weight and both
-      parts) over it.
-      Per leaf: ``{leaf name: axis}`` or ``[(mask, axis)]`` rules (unlisted
-      leaves None), for a mesh axis that splits a stack by layers (None) and
-      other leaves by features (the axis); see ``docs/distributed.md``.
-    stacked: the leaves that hold a stack of layers, as scanned models keep
-      their blocks (see :mod:`lars_optax.stacked`): a mask (one leading
-      layer axis), ``{leaf name: k}`` or ``[(mask, k)]`` rules (k leading
-      layer axes), None, or the default, read from Flax partition metadata
-      (``"layers"``; nothing without it). Each layer then gets its own norms
-      and trust ratio, exactly as the unrolled model; ``skip``, ``lr_mult``
-      and ``wd_mult`` rules judge one layer, and ``lr_mult``/``wd_mult`` may
-      give a stacked leaf one value per layer (a numpy array of length L).
+    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
+      the squared norms are summed over it, so each block gets its whole
+      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
+      rules. See "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers (scanned models), each layer
+      then getting its own norms and ratio, as in the unrolled model; by
+      default read from Flax partition metadata (``"layers"``). See
+      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -1704,12 +1551,12 @@ def lans(
   v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   parts = [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
            *base.preprocess(1.0, clip_gradient, 0.0, None),
-           scale_by_lans(beta1, beta2, epsilon, weight_decay=wd, wd_mult=decay_mult,
+           scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=decay_mult,
                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
                          axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]

@@ -385,7 +385,7 @@ def by_leaf_name(*names: str) -> Mask:
       for x in dict.fromkeys(given))
 
 
-def by_predicate(fn: Callable[[str, Any], Any], description: str | None = None) -> Mask:
+def by_predicate(fn: Callable[[str, Any], Any], *, description: str | None = None) -> Mask:
   """Leaves for which ``fn(name, leaf)`` is true (see :class:`Mask`).
 
   ``fn`` may look at the name, shape and dtype of the leaf, not at its
@@ -557,7 +557,7 @@ def resolve_mask(mask: MaskLike, tree: Any, arg_name: str = "mask",
   callable is called with ``tree``; a pytree of bools must have the structure
   of ``tree`` (optax's mask convention). Values must be static: a traced
   boolean is rejected with a clear error. ``layer_axes`` (one int per leaf,
-  from :func:`lars_optax.layer_axes`): a stacked leaf is shown to the mask as
+  from :func:`lars_optax.stacked.layer_axes`): a stacked leaf is shown to the mask as
   the shape and dtype of one layer (``by_ndim(1)`` selects a stacked bias).
   """
   treedef: Any  # (jax's type stubs do not describe PyTreeDef's methods)

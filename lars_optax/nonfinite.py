@@ -25,9 +25,9 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
 from lars_optax import _utils as utils
-from lars_optax import sparse as _sparse
+from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
+from lars_optax.sparse import _rows
 
 __all__ = ["skip_nonfinite"]
 
@@ -38,14 +38,14 @@ def _finite(x: Any) -> jax.Array:
   A row-sparse gradient's padding slots (row index == number of rows) are not
   in the array, and every optimizer ignores them: a NaN there is no NaN step.
   """
-  if not _sparse.is_row_sparse(x):
+  if not _rows.is_row_sparse(x):
     return jnp.all(jnp.isfinite(x))
   used = (x.indices[..., 0] < x.shape[0]).reshape((-1,) + (1,) * (x.data.ndim - 1))
   return jnp.all(jnp.isfinite(x.data) | ~used)
 
 
 def _all_finite(tree: Any) -> jax.Array:
-  leaves = jax.tree.leaves(tree, is_leaf=_sparse.is_row_sparse)
+  leaves = jax.tree.leaves(tree, is_leaf=_rows.is_row_sparse)
   if not leaves:
     return jnp.array(True)
   return jnp.all(jnp.stack([_finite(x) for x in leaves]))
@@ -83,6 +83,7 @@ def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
 
 def skip_nonfinite(
     inner: GradientTransformation,
+    *,
     max_consecutive_errors: int | None = None,
 ) -> GradientTransformationExtraArgs:
   """Skips the steps whose incoming gradients hold a NaN or an infinity.

@@ -16,12 +16,11 @@ import jax.numpy as jnp
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _row_wise
+from lars_optax import _row_wise, masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import sparse as _sparse
-from lars_optax.sparse import is_row_sparse
+from lars_optax.sparse import _rows, _types
+from lars_optax.sparse._rows import is_row_sparse
 
 __all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
 
@@ -104,7 +103,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
-    shapes = _sparse.shape_view(updates)
+    shapes = _rows.shape_view(updates)
     v.check_same_structure(shapes, params, name)
     v.check_float_params(shapes, name, "gradient")
     full = master_tree(params, state.master)
@@ -113,7 +112,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
       if not _is_low(p):
         return g
       if is_row_sparse(g):
-        return _sparse.with_values(g, g.data.astype(jnp.float32))
+        return _rows.with_values(g, g.data.astype(jnp.float32))
       return g.astype(jnp.float32)
 
     grads = jax.tree.map(to_f32, updates, params, is_leaf=is_row_sparse)
@@ -128,15 +127,15 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
       raise ValueError(
           f"{name}: gradient {sparse[0]!r} is row-sparse (a BCOO), and the wrapped "
           f"optimizer failed on it ({type(e).__name__}: {str(e).splitlines()[0]}). "
-          "Only row-wise lazy updates take row-sparse gradients (lars_optax.adam(..., "
-          "lazy_update=True), lars_optax.lazy_update(tx)); otherwise pass "
+          "Only row-wise lazy updates take row-sparse gradients (lars_optax.mxnet.adam(..., "
+          "lazy_update=True), lars_optax.sparse.lazy_update(tx)); otherwise pass "
           "grad.todense().") from e
 
     def new_master(p, m, u):
       if not _is_low(p):
         return optax.MaskedNode()
       if is_row_sparse(u):  # a lazy inner step: a scatter-add of its rows
-        return m + _sparse.with_values(u, u.data.astype(jnp.float32))
+        return m + _rows.with_values(u, u.data.astype(jnp.float32))
       return m + u.astype(jnp.float32)
 
     master = jax.tree.map(new_master, params, state.master, inner_updates)
@@ -148,12 +147,12 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
       if not _is_low(p):
         return u
       if is_row_sparse(u):  # only the rows the inner step moved
-        rows = _sparse.unique_rows(u, p.shape[0])
-        values = cast_down(_sparse.gather_rows(p, rows), _sparse.gather_rows(m, rows))
+        rows = _rows.combine(u, p.shape[0])[0]
+        values = cast_down(_rows.gather(p, rows), _rows.gather(m, rows))
         # The rows are distinct now (sorted, unless they were distinct already):
         # flagged so, applying this float32 update to the float16 table does not
         # sort them a second time.
-        return _sparse.RowSparseUpdate((values, rows[:, None].astype(u.indices.dtype)),
+        return _types.RowSparseUpdate((values, rows[:, None].astype(u.indices.dtype)),
                                        shape=u.shape, unique_indices=True,
                                        indices_sorted=u.indices_sorted or not u.unique_indices)
       return cast_down(p, m)

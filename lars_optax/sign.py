@@ -33,12 +33,12 @@ __all__ = ["signsgd", "signum"]
 @v.mxnet_names
 def signum(
     learning_rate: optax.ScalarOrSchedule = 0.01,
+    *,
     momentum: float = 0.9,
     wd_lh: float = 0.0,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -90,7 +90,7 @@ def signum(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   if utils.is_const(momentum, 0):
     return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
                    clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
@@ -121,7 +121,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   """
   ema = utils.keep_dtypes(optax.ema(momentum, debias=False), momentum)
   decay = (None if utils.is_const(wd, 0)
-           else add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+           else add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
 
   def add_decay(updates, params):
     return updates if decay is None else decay.update(updates, optax.EmptyState(), params)[0]
@@ -138,9 +138,9 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
 @v.mxnet_names
 def signsgd(
     learning_rate: optax.ScalarOrSchedule = 0.01,
+    *,
     wd_lh: float = 0.0,
     wd: float = 0.0,
-    *,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     lr_mult: masks.LeafValues = None,
@@ -181,10 +181,10 @@ def signsgd(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = [optax.scale_by_sign()]
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return base.finish(parts, "signsgd", multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],

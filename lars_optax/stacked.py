@@ -40,7 +40,7 @@ with their metadata), and kept in the state (:func:`layer_markers`), so
 >>> import lars_optax
 >>> params = {"blocks": {"kernel": jnp.ones((4, 8, 8)), "bias": jnp.zeros((4, 8))},
 ...           "head": jnp.ones((8, 2))}
->>> lars_optax.layer_axes(params, stacked=lars_optax.by_regex("^blocks/"))
+>>> lars_optax.stacked.layer_axes(params, stacked=lars_optax.by_regex("^blocks/"))
 {'blocks/bias': 1, 'blocks/kernel': 1, 'head': 0}
 """
 

@@ -19,11 +19,11 @@ The pieces:
 * :func:`svrg` -- wraps an optimizer; its state holds :math:`\tilde w` and
   :math:`\mu`, and its ``update(grads, state, params, snapshot_grads=...)``
   forms :math:`g - \tilde g + \mu` before the wrapped optimizer sees it;
-* :func:`svrg_value_and_grads` -- one jit-compiled call giving the batch loss
+* :func:`value_and_grads` -- one jit-compiled call giving the batch loss
   and both gradients;
 * :func:`full_gradient` -- :math:`\mu` over a dataset (a list of batches, or
   stacked arrays scanned with ``lax.scan``), batches weighted by their size;
-* :func:`svrg_refresh` and :func:`svrg_due` -- store a new snapshot, and say
+* :func:`refresh` and :func:`due` -- store a new snapshot, and say
   whether an epoch starts with one.
 
 A whole training loop, on least squares:
@@ -36,15 +36,15 @@ A whole training loop, on least squares:
 ...   xb, yb = batch
 ...   return 0.5 * jnp.mean((xb @ params - yb) ** 2)
 >>> params, num_epochs = jnp.zeros(3), 20
->>> tx = lars_optax.svrg(optax.sgd(0.1))  # any optax optimizer (LARS: decay its lr)
->>> grads_fn = lars_optax.svrg_value_and_grads(loss_fn)
+>>> tx = lars_optax.svrg.svrg(optax.sgd(0.1))  # any optax optimizer (LARS: decay its lr)
+>>> grads_fn = lars_optax.svrg.value_and_grads(loss_fn)
 >>> state = tx.init(params)
 >>> for epoch in range(num_epochs):
-...   if lars_optax.svrg_due(epoch, update_freq=2):
-...     mu = lars_optax.full_gradient(loss_fn, params, batches)
-...     state = lars_optax.svrg_refresh(state, params, mu)
+...   if lars_optax.svrg.due(epoch, update_freq=2):
+...     mu = lars_optax.svrg.full_gradient(loss_fn, params, batches)
+...     state = lars_optax.svrg.refresh(state, params, mu)
 ...   for batch in batches:
-...     snap = lars_optax.svrg_snapshot(state)
+...     snap = lars_optax.svrg.snapshot(state)
 ...     loss, g, g_snap = grads_fn(params, snap, batch)
 ...     updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
 ...     params = optax.apply_updates(params, updates)
@@ -52,7 +52,7 @@ A whole training loop, on least squares:
 True
 
 ``loss_fn(params, batch)`` returns the mean loss over the batch. For data
-parallelism, pass ``axis_name`` to :func:`svrg_value_and_grads` and
+parallelism, pass ``axis_name`` to :func:`value_and_grads` and
 :func:`full_gradient` inside ``pmap``/``shard_map`` (gradients are averaged
 with ``lax.pmean``); under ``jit`` with sharded data the means are global
 already.
@@ -74,12 +74,12 @@ from lars_optax import _validation as v
 
 __all__ = [
   "SVRGState",
+  "due",
   "full_gradient",
+  "refresh",
+  "snapshot",
   "svrg",
-  "svrg_due",
-  "svrg_refresh",
-  "svrg_snapshot",
-  "svrg_value_and_grads",
+  "value_and_grads",
 ]
 
 LossFn = Callable[[Any, Any], jax.Array]
@@ -90,14 +90,14 @@ class SVRGState(NamedTuple):
 
   Attributes:
     snapshot: the snapshot params :math:`\\tilde w`, or None before the first
-      :func:`svrg_refresh`.
+      :func:`refresh`.
     full_grad: the full gradient :math:`\\mu` at the snapshot, or None.
     inner_state: the wrapped optimizer's state.
 
   The two fields change from None to arrays at the first
-  :func:`svrg_refresh`, so a checkpoint written after it is restored into a
+  :func:`refresh`, so a checkpoint written after it is restored into a
   template built the same way:
-  ``svrg_refresh(tx.init(p), p, jax.tree.map(jnp.zeros_like, p))``.
+  ``refresh(tx.init(p), p, jax.tree.map(jnp.zeros_like, p))``.
   """
 
   snapshot: Any
@@ -116,7 +116,7 @@ def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
 
   with :math:`\mu` from the state, and returns ``inner``'s update for
   :math:`g_{svrg}`. The snapshot and :math:`\mu` are set with
-  :func:`svrg_refresh`; before that, ``update`` raises a ValueError.
+  :func:`refresh`; before that, ``update`` raises a ValueError.
 
   Args:
     inner: any optax transformation (``optax.sgd``, :func:`lars_optax.lars`,
@@ -137,12 +137,12 @@ def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
   def update_fn(updates, state, params=None, *, snapshot_grads=None, **extra_args):
     if state.full_grad is None:
       raise ValueError("svrg: no snapshot yet; compute the full gradient and call "
-                       "lars_optax.svrg_refresh(state, params, full_grad) before the "
+                       "lars_optax.svrg.refresh(state, params, full_grad) before the "
                        "first update (at the start of every update_freq-th epoch).")
     if snapshot_grads is None:
       raise ValueError("snapshot_grads: svrg's update needs the batch gradient at the "
                        "snapshot params: tx.update(grads, state, params, "
-                       "snapshot_grads=...); see lars_optax.svrg_value_and_grads.")
+                       "snapshot_grads=...); see lars_optax.svrg.value_and_grads.")
     v.check_same_structure(snapshot_grads, updates, "snapshot_grads")
     v.check_same_structure(state.full_grad, updates, "svrg (full gradient vs gradients)")
     g = jax.tree.map(lambda a, b, m: (a - b.astype(a.dtype)) + m.astype(a.dtype),
@@ -153,7 +153,7 @@ def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def svrg_refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.OptState:
+def refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.OptState:
   """Stores ``params`` as the snapshot and ``full_grad`` as :math:`\\mu`.
 
   Works on the state of :func:`svrg` or on a state that contains one (e.g. a
@@ -167,12 +167,12 @@ def svrg_refresh(state: optax.OptState, params: Any, full_grad: Any) -> optax.Op
   snap = jax.tree.map(jnp.asarray, params)
   mu = jax.tree.map(lambda m, p: jnp.asarray(m, jnp.result_type(p)), full_grad, params)
   if utils.find_state(state, SVRGState) is None:
-    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...) "
+    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg.svrg(...) "
                      "or of a chain containing it.")
   return optax.tree_utils.tree_set(state, snapshot=snap, full_grad=mu)
 
 
-def svrg_snapshot(state: optax.OptState) -> Any:
+def snapshot(state: optax.OptState) -> Any:
   """The snapshot params :math:`\\tilde w` held in ``state``.
 
   Raises:
@@ -180,13 +180,13 @@ def svrg_snapshot(state: optax.OptState) -> Any:
   """
   found = utils.find_state(state, SVRGState)
   if found is None:
-    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg(...).")
+    raise ValueError("state: no SVRGState found; pass the state of lars_optax.svrg.svrg(...).")
   if found.snapshot is None:
-    raise ValueError("svrg: no snapshot yet; call lars_optax.svrg_refresh first.")
+    raise ValueError("svrg: no snapshot yet; call lars_optax.svrg.refresh first.")
   return found.snapshot
 
 
-def svrg_due(epoch: int, update_freq: int) -> bool:
+def due(epoch: int, *, update_freq: int) -> bool:
   """True when ``epoch`` (0-based) starts with a new snapshot: every ``update_freq``.
 
   MXNet's ``SVRGModule`` refreshes at epochs 0, ``update_freq``,
@@ -226,7 +226,7 @@ def _mean_grads(loss: jax.Array, grads: Any, axis_name: str | None) -> Any:
                       grads)
 
 
-def svrg_value_and_grads(
+def value_and_grads(
     loss_fn: LossFn, *, axis_name: str | None = None, jit: bool = True,
 ) -> Callable[[Any, Any, Any], tuple[jax.Array, Any, Any]]:
   """One call giving ``(loss, grads at params, grads at snapshot)`` on a batch.

@@ -17,17 +17,16 @@ links that optax lacks and that optimizers of several families use:
 
 Each family's own transformations live beside its optimizers:
 :mod:`lars_optax.layerwise` (LARS, LAMB and LANS trust ratios, per-leaf
-normalisation), :mod:`lars_optax.sgd_family` (:func:`~lars_optax.mxnet_momentum`,
+normalisation), :mod:`lars_optax.mxnet.sgd_family` (:func:`~lars_optax.mxnet_momentum`,
 SGD momentum with the learning rate inside the accumulator),
-:mod:`lars_optax.adam_family` (:func:`~lars_optax.scale_by_mxnet_adam` and
-Adam's relatives) and :mod:`lars_optax.adagrad_family`. The names that used to
+:mod:`lars_optax.mxnet.adam_family` (:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and
+Adam's relatives) and :mod:`lars_optax.mxnet.adagrad_family`. The names that used to
 live here are still importable from here. The sign of Signum/signSGD is
 optax's :func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema`
 (without debiasing)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -38,31 +37,11 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
-from lars_optax._utils import LowPrecisionWarning
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax import sparse as _sparse
 from lars_optax import stacked as stacked_mod
-
-# Names that moved to their families' modules. Those modules import this one,
-# so the old paths (``lars_optax.transforms.scale_by_mxnet_adam``, ...) are
-# looked up when first used (PEP 562), not imported here.
-_MOVED = {
-    "NormalizePerLeafState": "layerwise",
-    "ScaleByLambTrustRatioState": "layerwise",
-    "ScaleByLansState": "layerwise",
-    "ScaleByLarsTrustRatioState": "layerwise",
-    "lars_trust_ratio": "layerwise",
-    "normalize_per_leaf": "layerwise",
-    "scale_by_lamb_adam": "layerwise",
-    "scale_by_lamb_trust_ratio": "layerwise",
-    "scale_by_lans": "layerwise",
-    "scale_by_lars_trust_ratio": "layerwise",
-    "trust_ratios": "layerwise",
-    "MXNetMomentumState": "sgd_family",
-    "mxnet_momentum": "sgd_family",
-    "scale_by_mxnet_adam": "adam_family",
-}
+from lars_optax._utils import LowPrecisionWarning
+from lars_optax.sparse import _checks
 
 __all__ = [
   "AddDecoupledWeightDecayState",
@@ -75,17 +54,7 @@ __all__ = [
   "scale_by_caution",
   "scale_per_leaf",
 ]
-__all__.extend(sorted(_MOVED))  # the old paths of moved names still star-import
 
-
-def __getattr__(name: str) -> Any:
-  if name in _MOVED:
-    return getattr(importlib.import_module(f"lars_optax.{_MOVED[name]}"), name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-  return sorted([*globals(), *_MOVED])
 
 
 class PerLeafState(NamedTuple):
@@ -170,8 +139,8 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
 
 def add_decayed_weights_per_leaf(
     weight_decay: float,
-    multipliers: masks.LeafValues = None,
     *,
+    multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
 ) -> GradientTransformation:
@@ -339,9 +308,9 @@ class AddDecoupledWeightDecayState(NamedTuple):
 
 def add_decoupled_weight_decay(
     inner: GradientTransformation,
+    *,
     learning_rate: optax.ScalarOrSchedule,
     weight_decay: float,
-    *,
     wd_mult: masks.LeafValues = None,
     lr_mult: masks.LeafValues = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -475,7 +444,7 @@ def check_inputs(
     ``hyperparams`` (``(argument, value)``) is finite in every parameter's
     dtype (``learning_rate=1e39`` overflows float32, ``1e5`` float16);
   * ``update``: no gradient is a row-sparse BCOO (those are taken by
-    :func:`lars_optax.lazy_update`, which gathers their rows before this
+    :func:`lars_optax.sparse.lazy_update`, which gathers their rows before this
     check: a BCOO reaching it gets an error naming the leaf, after the
     checks of its layout, index dtype and shape); every gradient is real
     floating point; when params are
@@ -530,7 +499,7 @@ def check_inputs(
 
   def update_fn(updates, state, params=None, **extra_args):
     del extra_args
-    _sparse.reject_row_sparse(updates, params, name)
+    _checks.reject_row_sparse(updates, params, name)
     v.check_float_params(updates, name, "gradient", allow_complex=complex_params)
     if params is not None:
       params = v.align_params(updates, params)

@@ -17,6 +17,8 @@ NUM_CPU_DEVICES = 8
 with contextlib.suppress(RuntimeError):
   jax.config.update("jax_num_cpu_devices", NUM_CPU_DEVICES)
 
+import lars_optax  # noqa: E402  (after the device count is set)
+
 
 @contextlib.contextmanager
 def x64():
@@ -67,3 +69,11 @@ def as_row_sparse(g, dtype=np.float32):
   padded = np.full(n, n, np.int32)
   padded[:len(rows)] = rows
   return BCOO((jnp.asarray(values), jnp.asarray(padded)[:, None]), shape=g.shape)
+
+
+def public(name):
+  """A public name of the library: the top level first, then ``lars_optax.mxnet``."""
+  for namespace in (lars_optax, lars_optax.mxnet):
+    if name in namespace.__all__:
+      return getattr(namespace, name)
+  raise AttributeError(f"lars_optax has no public {name!r}")

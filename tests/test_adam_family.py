@@ -1,4 +1,4 @@
-"""The Adam family (``lars_optax.adam_family``): adam, scale_by_mxnet_adam and the relatives.
+"""The Adam family (``lars_optax.mxnet.adam_family``): adam, scale_by_mxnet_adam and the relatives.
 
 adamw, adamax, nadam, adabelief and ftml: the behaviours MXNet's numbers alone do not pin.
 
@@ -17,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import lars_optax
 from conftest import mxnet_grads as _grads
 from conftest import mxnet_params as _params
 from conftest import mxnet_run as _run
+from conftest import public
+
+import lars_optax
 
 NAMES = ["adamw", "adamax", "nadam", "adabelief", "ftml"]
 
@@ -37,16 +38,16 @@ def test_create_builds_the_same_chain_as_the_constructor(name):
   kwargs = {"learning_rate": 0.01, "beta1": 0.8, "wd": 0.01, "clip_gradient": 0.5}
   params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5])}
   grads = {"w": jnp.array([0.3, -0.2, 0.9]), "b": jnp.array([-1.0])}
-  a, _ = _step(lars_optax.create(name, **kwargs), params, grads)
-  b, _ = _step(getattr(lars_optax, name)(**kwargs), params, grads)
+  a, _ = _step(lars_optax.mxnet.create(name, **kwargs), params, grads)
+  b, _ = _step(public(name)(**kwargs), params, grads)
   chex.assert_trees_all_equal(a, b)
 
 
 def test_moments_then_bias_correction_is_scale_by_mxnet_adam():
   params = {"w": jnp.linspace(-1.0, 1.0, 6)}
-  chain = optax.chain(lars_optax.scale_by_adam_moments(0.8, 0.95, 1e-3),
-                      lars_optax.scale_by_bias_correction(0.8, 0.95, initial_count=4))
-  ref = lars_optax.scale_by_mxnet_adam(0.8, 0.95, 1e-3, initial_count=4)
+  chain = optax.chain(lars_optax.mxnet.scale_by_adam_moments(0.8, b2=0.95, eps=1e-3),
+                      lars_optax.mxnet.scale_by_bias_correction(0.8, b2=0.95, initial_count=4))
+  ref = lars_optax.mxnet.scale_by_mxnet_adam(0.8, b2=0.95, eps=1e-3, initial_count=4)
   s1, s2 = chain.init(params), ref.init(params)
   for k in range(3):
     grads = {"w": jnp.sin(jnp.arange(6.0) + k)}
@@ -56,14 +57,14 @@ def test_moments_then_bias_correction_is_scale_by_mxnet_adam():
 
 
 def test_bias_correction_counts_from_initial_count():
-  tx = lars_optax.scale_by_bias_correction(0.9, 0.999, initial_count=9)
+  tx = lars_optax.mxnet.scale_by_bias_correction(0.9, b2=0.999, initial_count=9)
   u, state = _step(tx, {"w": jnp.ones(2)}, {"w": jnp.ones(2)})
   np.testing.assert_allclose(u["w"], math.sqrt(1 - 0.999**10) / (1 - 0.9**10), rtol=1e-6)
   assert int(state.count) == 1
 
 
 def test_bias_correction_without_b2_is_one_over_one_minus_b1_pow_t():
-  tx = lars_optax.scale_by_bias_correction(0.9, None)
+  tx = lars_optax.mxnet.scale_by_bias_correction(0.9, b2=None)
   u, _ = _step(tx, {"w": jnp.ones(2)}, {"w": jnp.ones(2)})
   np.testing.assert_allclose(u["w"], 1 / (1 - 0.9), rtol=1e-6)
 
@@ -73,14 +74,14 @@ def test_adamw_decay_is_decoupled_and_scaled_by_the_bias_corrected_rate(correct_
   # A zero gradient leaves m = 0: the whole step is the decay, -eta_t * wd * w.
   lr, wd, b1, b2 = 0.1, 0.5, 0.9, 0.99
   w = jnp.array([2.0, -4.0])
-  tx = lars_optax.adamw(lr, b1, b2, wd=wd, correct_bias=correct_bias)
+  tx = lars_optax.mxnet.adamw(lr, beta1=b1, beta2=b2, wd=wd, correct_bias=correct_bias)
   u, _ = _step(tx, {"w": w}, {"w": jnp.zeros(2)})
   eta = lr * (math.sqrt(1 - b2) / (1 - b1) if correct_bias else 1.0)
   np.testing.assert_allclose(u["w"], -eta * wd * np.asarray(w), rtol=1e-6)
 
 
 def test_adamw_weight_decay_never_enters_the_moments():
-  tx = lars_optax.adamw(0.1, wd=0.5)
+  tx = lars_optax.mxnet.adamw(0.1, wd=0.5)
   params = {"w": jnp.array([2.0, -4.0])}
   _, state = _step(tx, params, {"w": jnp.zeros(2)})
   chex.assert_trees_all_equal(optax.tree_utils.tree_get(state, "mu"), {"w": jnp.zeros(2)})
@@ -88,7 +89,7 @@ def test_adamw_weight_decay_never_enters_the_moments():
 
 def test_adamw_wd_mult_and_lr_mult_multiply_the_decay():
   w = {"a": jnp.array([1.0]), "b": jnp.array([1.0])}
-  tx = lars_optax.adamw(0.1, wd=0.5, correct_bias=False, lr_mult={"a": 2.0},
+  tx = lars_optax.mxnet.adamw(0.1, wd=0.5, correct_bias=False, lr_mult={"a": 2.0},
                         wd_mult={"b": 3.0})
   u, _ = _step(tx, w, {"a": jnp.zeros(1), "b": jnp.zeros(1)})
   np.testing.assert_allclose([u["a"][0], u["b"][0]], [-0.1 * 2 * 0.5, -0.1 * 0.5 * 3], rtol=1e-6)
@@ -97,14 +98,14 @@ def test_adamw_wd_mult_and_lr_mult_multiply_the_decay():
 def test_adamax_adds_epsilon_after_the_maximum():
   # optax.scale_by_adamax would give m / max(b2 v, |g| + eps); MXNet: m / (max(b2 v, |g|) + eps).
   b1, eps = 0.9, 0.5
-  tx = lars_optax.scale_by_mxnet_adamax(b1, 0.999, eps)
+  tx = lars_optax.mxnet.scale_by_mxnet_adamax(b1, b2=0.999, eps=eps)
   u, _ = _step(tx, {"w": jnp.ones(1)}, {"w": jnp.array([2.0])})
   np.testing.assert_allclose(u["w"], (1 - b1) * 2.0 / (2.0 + eps), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["adamw", "adamax", "nadam", "adabelief"])
 def test_zero_gradient_with_zero_epsilon_gives_a_zero_step_not_nan(name):
-  tx = getattr(lars_optax, name)(0.1, epsilon=0.0)
+  tx = public(name)(0.1, epsilon=0.0)
   params = {"w": jnp.ones(3)}
   with jax.debug_nans(True):
     u, _ = _step(tx, params, {"w": jnp.zeros(3)})
@@ -113,14 +114,14 @@ def test_zero_gradient_with_zero_epsilon_gives_a_zero_step_not_nan(name):
 
 def test_adabelief_adds_weight_decay_before_clipping():
   # g = 0, wd * w = 10 is clipped to 0.5: m = (1 - b1) * 0.5.
-  tx = lars_optax.adabelief(0.1, wd=1.0, clip_gradient=0.5)
+  tx = lars_optax.mxnet.adabelief(0.1, wd=1.0, clip_gradient=0.5)
   _, state = _step(tx, {"w": jnp.array([10.0])}, {"w": jnp.zeros(1)})
   np.testing.assert_allclose(optax.tree_utils.tree_get(state, "mu")["w"], [0.05], rtol=1e-6)
 
 
 def test_adabelief_deviation_is_from_the_new_mean_and_epsilon_enters_twice():
   b1, b2, eps, g = 0.9, 0.99, 1e-3, 2.0
-  tx = lars_optax.scale_by_mxnet_belief(b1, b2, eps)
+  tx = lars_optax.mxnet.scale_by_mxnet_belief(b1, b2=b2, eps=eps)
   u, state = _step(tx, {"w": jnp.ones(1)}, {"w": jnp.array([g])})
   m = (1 - b1) * g
   s = (1 - b2) * (g - m) ** 2 + eps
@@ -135,7 +136,7 @@ def _mu(t, b1, psi):
 @pytest.mark.parametrize("begin", [0, 7])
 def test_nadam_keeps_the_momentum_schedule_product_per_step(begin):
   b1, psi = 0.9, 0.05
-  tx = lars_optax.scale_by_mxnet_nadam(b1, schedule_decay=psi, initial_count=begin)
+  tx = lars_optax.mxnet.scale_by_mxnet_nadam(b1, schedule_decay=psi, initial_count=begin)
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
   for _ in range(3):
@@ -148,7 +149,7 @@ def test_nadam_step_of_a_leaf_does_not_depend_on_the_other_leaves():
   # MXNet multiplies its schedule once per parameter; here one leaf or three give one step.
   one = {"w": jnp.array([1.0, 2.0])}
   three = {"w": one["w"], "x": jnp.ones(4), "y": jnp.ones(1)}
-  tx = lars_optax.nadam(0.01)
+  tx = lars_optax.mxnet.nadam(0.01)
   s1, s3 = tx.init(one), tx.init(three)
   for k in range(3):
     g = {"w": jnp.array([0.5, -1.0]) * (k + 1), "x": jnp.ones(4), "y": jnp.ones(1)}
@@ -159,7 +160,7 @@ def test_nadam_step_of_a_leaf_does_not_depend_on_the_other_leaves():
 
 def test_nadam_first_step_matches_the_formula():
   b1, b2, eps, psi, g = 0.9, 0.999, 1e-8, 0.004, 0.3
-  tx = lars_optax.scale_by_mxnet_nadam(b1, b2, eps, psi)
+  tx = lars_optax.mxnet.scale_by_mxnet_nadam(b1, b2=b2, eps=eps, schedule_decay=psi)
   u, _ = _step(tx, {"w": jnp.ones(1)}, {"w": jnp.array([g])})
   mu1, mu2 = _mu(1, b1, psi), _mu(2, b1, psi)
   m, v = (1 - b1) * g, (1 - b2) * g * g
@@ -181,7 +182,7 @@ def _ftml_ref(lr, b1, b2, eps, w, grads):
 def test_ftml_sets_the_weight_to_minus_z_over_d():
   lr, b1, b2, eps = 0.05, 0.6, 0.99, 1e-4
   grads = [0.3, -1.2, 0.0, 0.7]
-  tx = lars_optax.ftml(lr, b1, b2, eps)
+  tx = lars_optax.mxnet.ftml(lr, beta1=b1, beta2=b2, epsilon=eps)
   params = {"w": jnp.array([1.5], jnp.float32)}
   state = tx.init(params)
   for g in grads:
@@ -191,8 +192,8 @@ def test_ftml_sets_the_weight_to_minus_z_over_d():
 
 
 def test_ftml_lr_mult_enters_d():
-  base = lars_optax.ftml(0.02)
-  mult = lars_optax.ftml(0.01, lr_mult={"w": 2.0})
+  base = lars_optax.mxnet.ftml(0.02)
+  mult = lars_optax.mxnet.ftml(0.01, lr_mult={"w": 2.0})
   params = {"w": jnp.array([1.0, -1.0])}
   sb, sm = base.init(params), mult.init(params)
   for k in range(3):
@@ -209,7 +210,7 @@ def test_ftml_takes_a_schedule_called_with_the_update_count():
     seen.append(n)
     return 0.01 * (n + 1)
 
-  tx = lars_optax.ftml(sched)
+  tx = lars_optax.mxnet.ftml(sched)
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
   for _ in range(2):
@@ -218,14 +219,14 @@ def test_ftml_takes_a_schedule_called_with_the_update_count():
 
 
 def test_ftml_with_zero_epsilon_and_no_gradient_leaves_the_weight():
-  tx = lars_optax.ftml(0.01, epsilon=0.0)
+  tx = lars_optax.mxnet.ftml(0.01, epsilon=0.0)
   with jax.debug_nans(True):
     u, _ = _step(tx, {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})
   chex.assert_trees_all_equal(u, {"w": jnp.zeros(2)})
 
 
 def test_ftml_update_needs_params():
-  tx = lars_optax.scale_by_ftml(0.01)
+  tx = lars_optax.mxnet.scale_by_ftml(0.01)
   with pytest.raises(ValueError, match=r"^scale_by_ftml: update needs params"):
     tx.update({"w": jnp.ones(1)}, tx.init({"w": jnp.ones(1)}))
 
@@ -233,14 +234,14 @@ def test_ftml_update_needs_params():
 @pytest.mark.parametrize("name", ["adamw", "nadam", "adabelief", "ftml"])
 def test_float16_without_master_weights_warns(name):
   with pytest.warns(lars_optax.LowPrecisionWarning, match="float16"):
-    getattr(lars_optax, name)().init({"w": jnp.ones(2, jnp.float16)})
+    public(name)().init({"w": jnp.ones(2, jnp.float16)})
 
 
 def test_adamax_on_float16_does_not_warn():
   # Its second buffer is max |g|, not a square: nothing underflows early.
   with warnings.catch_warnings():
     warnings.simplefilter("error", lars_optax.LowPrecisionWarning)
-    lars_optax.adamax().init({"w": jnp.ones(2, jnp.float16)})
+    lars_optax.mxnet.adamax().init({"w": jnp.ones(2, jnp.float16)})
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def test_adamax_on_float16_does_not_warn():
 
 def test_adam_by_hand_with_begin_num_update():
   lr, b1, b2, eps, wd, t0 = 0.01, 0.8, 0.99, 1e-6, 1e-2, 4
-  tx = lars_optax.adam(lr, b1, b2, eps, wd=wd, begin_num_update=t0)
+  tx = lars_optax.mxnet.adam(lr, beta1=b1, beta2=b2, epsilon=eps, wd=wd, begin_num_update=t0)
   p = _params()
   state = tx.init(p)
   m = dict.fromkeys(p, 0.0)
@@ -270,9 +271,9 @@ def test_adam_by_hand_with_begin_num_update():
 
 
 def test_adam_with_inject_hyperparams():
-  tx = optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01, beta1=0.8, wd=0.01)
+  tx = optax.inject_hyperparams(lars_optax.mxnet.adam)(learning_rate=0.01, beta1=0.8, wd=0.01)
   a, state = _run(tx)
-  b, _ = _run(lars_optax.adam(0.01, beta1=0.8, wd=0.01))
+  b, _ = _run(lars_optax.mxnet.adam(0.01, beta1=0.8, wd=0.01))
   chex.assert_trees_all_close(a, b, rtol=1e-5)
   assert float(state.hyperparams["beta1"]) == pytest.approx(0.8)
 
@@ -281,7 +282,7 @@ def test_adam_with_inject_hyperparams():
 def test_adam_epsilon_zero_gives_a_zero_step_for_an_entry_whose_gradient_was_always_zero(
     epsilon):
   params = {"w": jnp.array([1.0, 2.0, 3.0])}
-  tx = lars_optax.adam(0.1, epsilon=epsilon)
+  tx = lars_optax.mxnet.adam(0.1, epsilon=epsilon)
   state = tx.init(params)
   for _ in range(2):
     updates, state = tx.update({"w": jnp.array([0.0, 0.5, -0.5])}, state, params)
@@ -290,10 +291,10 @@ def test_adam_epsilon_zero_gives_a_zero_step_for_an_entry_whose_gradient_was_alw
 
 
 @pytest.mark.parametrize("make", [
-    lambda: lars_optax.adam(0.01),
-    lambda: lars_optax.adam(0.01, lazy_update=True),
-    lambda: lars_optax.create("adam"),
-    lambda: lars_optax.scale_by_mxnet_adam(),
+    lambda: lars_optax.mxnet.adam(0.01),
+    lambda: lars_optax.mxnet.adam(0.01, lazy_update=True),
+    lambda: lars_optax.mxnet.create("adam"),
+    lambda: lars_optax.mxnet.scale_by_mxnet_adam(),
 ], ids=["adam", "adam_lazy", "create_adam", "scale_by_mxnet_adam"])
 def test_float16_adam_without_multi_precision_warns_once_at_init(make):
   params = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones(2, jnp.float16)}
@@ -308,11 +309,11 @@ def test_float16_adam_without_multi_precision_warns_once_at_init(make):
 
 
 @pytest.mark.parametrize("make, dtype", [
-    (lambda: lars_optax.adam(0.01, multi_precision=True), jnp.float16),
-    (lambda: lars_optax.create("adam", multi_precision=True), jnp.float16),
-    (lambda: lars_optax.adam(0.01), jnp.bfloat16),
-    (lambda: lars_optax.adam(0.01), jnp.float32),
-    (lambda: lars_optax.sgd(0.1, momentum=0.9), jnp.float16),
+    (lambda: lars_optax.mxnet.adam(0.01, multi_precision=True), jnp.float16),
+    (lambda: lars_optax.mxnet.create("adam", multi_precision=True), jnp.float16),
+    (lambda: lars_optax.mxnet.adam(0.01), jnp.bfloat16),
+    (lambda: lars_optax.mxnet.adam(0.01), jnp.float32),
+    (lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9), jnp.float16),
 ], ids=["multi_precision", "create_multi_precision", "bfloat16", "float32", "sgd"])
 def test_no_low_precision_warning_where_adam_is_safe(make, dtype):
   with warnings.catch_warnings():
@@ -341,7 +342,7 @@ def _np_mxnet_adam(grads, b1, b2, eps, t0=0):
 def test_scale_by_mxnet_adam_formula(b1, b2, eps, t0):
   rng = np.random.default_rng(0)
   grads = [rng.normal(size=4).astype(np.float32) * 10.0**-k for k in range(6)]
-  tx = lars_optax.scale_by_mxnet_adam(b1, b2, eps, initial_count=t0)
+  tx = lars_optax.mxnet.scale_by_mxnet_adam(b1, b2=b2, eps=eps, initial_count=t0)
   state = tx.init(jnp.zeros(4))
   update = jax.jit(tx.update)
   for g, exp in zip(grads, _np_mxnet_adam(grads, b1, b2, eps, t0)):
@@ -351,7 +352,7 @@ def test_scale_by_mxnet_adam_formula(b1, b2, eps, t0):
 
 def test_scale_by_mxnet_adam_equals_optax_adam_without_epsilon():
   rng = np.random.default_rng(1)
-  ours, theirs = lars_optax.scale_by_mxnet_adam(eps=0.0), optax.scale_by_adam(eps=0.0)
+  ours, theirs = lars_optax.mxnet.scale_by_mxnet_adam(eps=0.0), optax.scale_by_adam(eps=0.0)
   s1, s2 = ours.init(jnp.zeros(5)), theirs.init(jnp.zeros(5))
   for _ in range(5):
     g = jnp.asarray(rng.normal(size=5), jnp.float32)
@@ -363,7 +364,8 @@ def test_scale_by_mxnet_adam_equals_optax_adam_without_epsilon():
 
 def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
   g = jnp.full(3, 1e-7)  # sqrt(v) comparable to eps: the placements differ
-  u1, _ = lars_optax.scale_by_mxnet_adam().update(g, lars_optax.scale_by_mxnet_adam().init(g))
+  u1, _ = lars_optax.mxnet.scale_by_mxnet_adam().update(g,
+                                                        lars_optax.mxnet.scale_by_mxnet_adam().init(g))
   u2, _ = optax.scale_by_adam().update(g, optax.scale_by_adam().init(g))
   # ours: (1e-7 * 0.1) * sqrt(1e-3) / 0.1 / (sqrt(1e-3) * 1e-7 + 1e-8)
   np.testing.assert_allclose(u1, 1e-7 / (1e-7 + 1e-8 / np.sqrt(1e-3)), rtol=1e-5)
@@ -373,7 +375,7 @@ def test_scale_by_mxnet_adam_epsilon_placement_differs_from_optax():
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
-  tx = lars_optax.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
+  tx = lars_optax.mxnet.scale_by_mxnet_adam()  # eps=1e-8 is 0 in float16
   g = jnp.zeros(3, dtype)
   out, state = tx.update(g, tx.init(g))
   assert out.dtype == dtype and state.mu.dtype == dtype
@@ -386,7 +388,7 @@ def test_scale_by_mxnet_adam_low_precision_zero_gradient_is_not_nan(dtype):
     ({"initial_count": 2.5}, "initial_count")])
 def test_scale_by_mxnet_adam_bad_input(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    lars_optax.scale_by_mxnet_adam(**kwargs)
+    lars_optax.mxnet.scale_by_mxnet_adam(**kwargs)
 
 
 def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
@@ -394,7 +396,7 @@ def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
   with x64():
     rng = np.random.default_rng(2)
     grads = [rng.normal(size=4) for _ in range(5)]
-    tx = lars_optax.scale_by_mxnet_adam()
+    tx = lars_optax.mxnet.scale_by_mxnet_adam()
     state = tx.init(jnp.zeros(4, jnp.float64))
     for g, exp in zip(grads, _np_mxnet_adam(grads, 0.9, 0.999, 1e-8)):
       out, state = tx.update(jnp.asarray(g, jnp.float64), state)
@@ -426,8 +428,8 @@ def test_adam_lazy_update_on_a_dense_gradient_skips_all_zero_rows_unlike_mxnet()
       p = optax.apply_updates(p, updates)
     return np.asarray(p["emb"]), state
 
-  lazy, _ = run(lars_optax.adam(lr, lazy_update=True), grads)
-  dense, _ = run(lars_optax.adam(lr), grads)
+  lazy, _ = run(lars_optax.mxnet.adam(lr, lazy_update=True), grads)
+  dense, _ = run(lars_optax.mxnet.adam(lr), grads)
   # Both: Adam's first step is -lr (up to epsilon). At step 2, MXNet's dense rule
   # moves row 1 by its decayed first moment: lr * sqrt(1 - b2**2) / (1 - b1**2) *
   # (b1 (1 - b1)) / sqrt(b2 (1 - b2)).
@@ -439,5 +441,5 @@ def test_adam_lazy_update_on_a_dense_gradient_skips_all_zero_rows_unlike_mxnet()
   assert lazy[2, 1] == dense[2, 1] != lazy[0, 1]  # a zero entry in a present row updates
   # The dense lazy path equals the row-sparse one that lists the non-zero rows.
   bcoo = BCOO((second[jnp.array([0, 2])], jnp.array([[0], [2]])), shape=(3, 2))
-  sparse, _ = run(lars_optax.adam(lr, lazy_update=True), [grads[0], bcoo])
+  sparse, _ = run(lars_optax.mxnet.adam(lr, lazy_update=True), [grads[0], bcoo])
   np.testing.assert_allclose(sparse, lazy, rtol=1e-6)

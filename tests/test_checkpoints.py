@@ -80,17 +80,17 @@ class Case:
 
 CASES = {
     "lars": Case(lambda: lars_optax.lars(0.1, momentum=0.9, eta=1.0, wd=1e-4, skip="flax")),
-    "adam": Case(lambda: lars_optax.adam(0.01, wd=1e-4)),
+    "adam": Case(lambda: lars_optax.mxnet.adam(0.01, wd=1e-4)),
     "signum": Case(lambda: lars_optax.signum(0.01, momentum=0.9, wd_lh=1e-4)),
     # bfloat16 kernel and scale get float32 masters; the float32 bias a MaskedNode.
     "sgd_multi_precision": Case(
-        lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-4, multi_precision=True),
+        lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-4, multi_precision=True),
         params=lambda: _params(jnp.bfloat16, jnp.float32)),
     # The PRNG key is state: a restored run draws the same noise. (A large rescale_grad
     # makes the drift, lr/2 * s * g, outweigh the noise, sqrt(lr), so the loss falls.)
-    "sgld": Case(lambda: lars_optax.sgld(1e-4, rescale_grad=1000.0, wd=1e-4, key=3)),
-    "dcasgd": Case(lambda: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5)),
-    "svrg": Case(lambda: lars_optax.svrg(lars_optax.lars(0.1, momentum=0.9, eta=1.0,
+    "sgld": Case(lambda: lars_optax.mxnet.sgld(1e-4, rescale_grad=1000.0, wd=1e-4, key=3)),
+    "dcasgd": Case(lambda: lars_optax.mxnet.dcasgd(0.1, momentum=0.9, lamda=0.5)),
+    "svrg": Case(lambda: lars_optax.svrg.svrg(lars_optax.lars(0.1, momentum=0.9, eta=1.0,
                                                          skip="flax")), svrg=True),
     "skip_nonfinite": Case(lambda: lars_optax.skip_nonfinite(
         lars_optax.lars(0.1, momentum=0.9, eta=1.0, skip="flax")), nan_at=NAN_AT),
@@ -101,17 +101,17 @@ def _template_state(case: Case, tx, params):
   """A state with the structure of the one being restored (values do not matter)."""
   state = tx.init(params)
   if case.svrg:  # snapshot and full_grad become trees at the first refresh
-    state = lars_optax.svrg_refresh(state, params, jax.tree.map(jnp.zeros_like, params))
+    state = lars_optax.svrg.refresh(state, params, jax.tree.map(jnp.zeros_like, params))
   return state
 
 
 def _make_step(case: Case, tx):
-  svrg_grads = lars_optax.svrg_value_and_grads(_loss, jit=False)
+  svrg_grads = lars_optax.svrg.value_and_grads(_loss, jit=False)
 
   @jax.jit
   def step(params, state, batch, poison):
     if case.svrg:
-      _, grads, snap_grads = svrg_grads(params, lars_optax.svrg_snapshot(state), batch)
+      _, grads, snap_grads = svrg_grads(params, lars_optax.svrg.snapshot(state), batch)
       extra = {"snapshot_grads": snap_grads}
     else:
       grads, extra = jax.grad(_loss)(params, batch), {}
@@ -125,8 +125,8 @@ def _make_step(case: Case, tx):
 def _run(case: Case, step, params, state, start, stop):
   for i in range(start, stop):
     if case.svrg and i in SVRG_REFRESH_AT:
-      mu = lars_optax.full_gradient(_loss, params, BATCHES)
-      state = lars_optax.svrg_refresh(state, params, mu)
+      mu = lars_optax.svrg.full_gradient(_loss, params, BATCHES)
+      state = lars_optax.svrg.refresh(state, params, mu)
     params, state = step(params, state, BATCHES[i % len(BATCHES)], jnp.asarray(i in case.nan_at))
   return params, state
 

@@ -41,7 +41,7 @@ def test_demo_trains_three_ways_and_writes_the_plot(tmp_path, capsys):
     assert column in header
   rows = _table_rows(out)
   assert [(r[0], r[1].split(" ")[0]) for r in rows] == [
-      ("64", "lars_optax.sgd"), ("256", "lars_optax.sgd"), ("256", "lars_optax.lars")]
+      ("64", "lars_optax.mxnet.sgd"), ("256", "lars_optax.mxnet.sgd"), ("256", "lars_optax.lars")]
   assert [float(r[2]) for r in rows] == pytest.approx([0.05, 0.2, 0.2])  # linear scaling
   for r in rows:
     assert 0.0 <= float(r[4]) <= 1.0
@@ -212,7 +212,7 @@ def test_train_records_every_steps_loss_and_a_diverged_run_is_named():
   model = demo.make_cnn()
   params = model.init(jax.random.key(0), data[0][0][:1])
   run = demo.Run("SGD", "sgd", 256, 1e8)
-  demo.train(run, lars_optax.sgd(1e8, momentum=0.9), model, params, data, epochs=2, seed=0,
+  demo.train(run, lars_optax.mxnet.sgd(1e8, momentum=0.9), model, params, data, epochs=2, seed=0,
              quiet=True)
   assert len(run.step_loss) == 2 * run.steps_per_epoch
   assert run.step_loss[0] == pytest.approx(2.3, abs=0.3)  # the first step is fine

@@ -30,9 +30,9 @@ OPTIMIZERS = {
     "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True, skip_list=["bias", "gamma"]),
     "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
     "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
-    "adam": lambda: lars_optax.adam(0.01, wd=1e-3, clip_gradient=1.0),
-    "adam_lazy": lambda: lars_optax.adam(0.01, lazy_update=True),
-    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+    "adam": lambda: lars_optax.mxnet.adam(0.01, wd=1e-3, clip_gradient=1.0),
+    "adam_lazy": lambda: lars_optax.mxnet.adam(0.01, lazy_update=True),
+    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3),
     "lamb": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet"),
     "lans": lambda: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5),
 }
@@ -239,7 +239,7 @@ def test_unbound_axis_name_is_named():
     tx.update(params, tx.init(params), params)
   with pytest.raises(ValueError, match="axis_name: 'model' is not bound here"):
     jax.jit(tx.update)(params, tx.init(params), params)
-  lazy = lars_optax.lazy_update(optax.sgd(0.1), axis_name="model")
+  lazy = lars_optax.sparse.lazy_update(optax.sgd(0.1), axis_name="model")
   with pytest.raises(ValueError, match="axis_name: 'model' is not bound here"):
     lazy.update(params, lazy.init(params), params)
 
@@ -249,11 +249,11 @@ def test_axis_name_type(value):
   with pytest.raises(TypeError, match=r"^axis_name: expected None"):
     lars_optax.lars(axis_name=value)
   with pytest.raises(TypeError, match="axis_name: expected None"):
-    lars_optax.lazy_update(optax.sgd(0.1), axis_name=value)
+    lars_optax.sparse.lazy_update(optax.sgd(0.1), axis_name=value)
 
 
 def test_create_passes_axis_name():
-  tx = lars_optax.create("lars", axis_name="model")
+  tx = lars_optax.mxnet.create("lars", axis_name="model")
   params = {"fc1_weight": jnp.ones((2, 2))}
   with pytest.raises(ValueError, match="axis_name: 'model' is not bound"):
     tx.update(params, tx.init(params), params)
@@ -269,9 +269,9 @@ def test_shard_map_lazy_update_rows_split_by_columns():
   g[2] = 0.1       # present everywhere
   grads = {"emb": jnp.asarray(g)}
   params = {"emb": emb}
-  whole = lars_optax.adam(0.1, lazy_update=True)
+  whole = lars_optax.mxnet.adam(0.1, lazy_update=True)
   expected, _ = whole.update(grads, whole.init(params), params)
-  split = lars_optax.lazy_update(lars_optax.adam(0.1), axis_name="model")
+  split = lars_optax.sparse.lazy_update(lars_optax.mxnet.adam(0.1), axis_name="model")
   spec = {"emb": P(None, "model")}
 
   @jax.jit
@@ -297,7 +297,7 @@ def test_shard_map_svrg_full_gradient():
   @jax.jit
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data")), out_specs=P())
   def mu(p, data):
-    return lars_optax.full_gradient(_loss, p, data, batch_size=4, axis_name="data")
+    return lars_optax.svrg.full_gradient(_loss, p, data, batch_size=4, axis_name="data")
 
   chex.assert_trees_all_close(mu(params, (x, y)), exact, rtol=2e-5, atol=1e-6)
 
@@ -309,7 +309,7 @@ def test_shard_map_svrg_full_gradient():
   @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(), P("data")),
                      out_specs=(P(), P(), P()))
   def pair(p, s, data):
-    return lars_optax.svrg_value_and_grads(_loss, axis_name="data", jit=False)(p, s, data)
+    return lars_optax.svrg.value_and_grads(_loss, axis_name="data", jit=False)(p, s, data)
 
   loss, g, g_snap = pair(params, snap, (x, y))
   np.testing.assert_allclose(loss, _loss(params, (x, y)), rtol=1e-5)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import x64
+from conftest import public, x64
 
 import lars_optax
 from lars_optax.precision import LOW_PRECISION
@@ -32,33 +32,33 @@ OPTIMIZERS = {
     "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, skip_list=["bias"]),
     "signum": lambda **kw: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3, **kw),
     "signsgd": lambda **kw: lars_optax.signsgd(0.01, wd=1e-3, **kw),
-    "adam": lambda **kw: lars_optax.adam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
-    "adam_lazy": lambda **kw: lars_optax.adam(0.01, lazy_update=True, **kw),
-    "sgd": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
-    "sgd_lazy": lambda **kw: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
-    "nag": lambda **kw: lars_optax.nag(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
+    "adam": lambda **kw: lars_optax.mxnet.adam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "adam_lazy": lambda **kw: lars_optax.mxnet.adam(0.01, lazy_update=True, **kw),
+    "sgd": lambda **kw: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5, **kw),
+    "sgd_lazy": lambda **kw: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True, **kw),
+    "nag": lambda **kw: lars_optax.mxnet.nag(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
                                        clip_gradient=1.0, **kw),
-    "dcasgd": lambda **kw: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5, wd=1e-3,
+    "dcasgd": lambda **kw: lars_optax.mxnet.dcasgd(0.1, momentum=0.9, lamda=0.5, wd=1e-3,
                                              rescale_grad=0.5, clip_gradient=1.0, **kw),
-    "sgld": lambda **kw: lars_optax.sgld(0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=1.0,
+    "sgld": lambda **kw: lars_optax.mxnet.sgld(0.01, wd=1e-3, rescale_grad=0.5, clip_gradient=1.0,
                                          key=3, **kw),
-    "adagrad": lambda **kw: lars_optax.adagrad(0.01, wd=1e-3, clip_gradient=1.0, **kw),
-    "groupadagrad": lambda **kw: lars_optax.groupadagrad(0.01, rescale_grad=0.5, **kw),
-    "rmsprop": lambda **kw: lars_optax.rmsprop(0.01, wd=1e-3, clip_weights=2.0, **kw),
-    "rmsprop_centered": lambda **kw: lars_optax.rmsprop(0.01, centered=True, wd=1e-3, **kw),
-    "adadelta": lambda **kw: lars_optax.adadelta(wd=1e-3, clip_gradient=1.0, **kw),
-    "ftrl": lambda **kw: lars_optax.ftrl(0.1, wd=1e-3, rescale_grad=0.5, **kw),
+    "adagrad": lambda **kw: lars_optax.mxnet.adagrad(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "groupadagrad": lambda **kw: lars_optax.mxnet.groupadagrad(0.01, rescale_grad=0.5, **kw),
+    "rmsprop": lambda **kw: lars_optax.mxnet.rmsprop(0.01, wd=1e-3, clip_weights=2.0, **kw),
+    "rmsprop_centered": lambda **kw: lars_optax.mxnet.rmsprop(0.01, centered=True, wd=1e-3, **kw),
+    "adadelta": lambda **kw: lars_optax.mxnet.adadelta(wd=1e-3, clip_gradient=1.0, **kw),
+    "ftrl": lambda **kw: lars_optax.mxnet.ftrl(0.1, wd=1e-3, rescale_grad=0.5, **kw),
     "lamb": lambda **kw: lars_optax.lamb(0.01, wd=1e-3, clip_gradient=1.0, lower_bound=0.1,
                                          upper_bound=5.0, skip="mxnet", **kw),
     "lamb_uncorrected": lambda **kw: lars_optax.lamb(0.01, bias_correction=False, wd=1e-3,
                                                      **kw),
     "lans": lambda **kw: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5, upper_bound=5.0,
                                          **kw),
-    "adamw": lambda **kw: lars_optax.adamw(0.01, wd=1e-2, clip_gradient=1.0, **kw),
-    "adamax": lambda **kw: lars_optax.adamax(0.01, wd=1e-3, clip_gradient=1.0, **kw),
-    "nadam": lambda **kw: lars_optax.nadam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
-    "adabelief": lambda **kw: lars_optax.adabelief(0.01, wd=1e-3, clip_gradient=1.0, **kw),
-    "ftml": lambda **kw: lars_optax.ftml(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "adamw": lambda **kw: lars_optax.mxnet.adamw(0.01, wd=1e-2, clip_gradient=1.0, **kw),
+    "adamax": lambda **kw: lars_optax.mxnet.adamax(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "nadam": lambda **kw: lars_optax.mxnet.nadam(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "adabelief": lambda **kw: lars_optax.mxnet.adabelief(0.01, wd=1e-3, clip_gradient=1.0, **kw),
+    "ftml": lambda **kw: lars_optax.mxnet.ftml(0.01, wd=1e-3, clip_gradient=1.0, **kw),
 }
 
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
@@ -211,30 +211,30 @@ HYPER = {
                                    "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "signsgd": (lars_optax.signsgd, {"learning_rate": 0.01, "wd_lh": 1e-3, "wd": 1e-3,
                                      "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "adam": (lars_optax.adam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+    "adam": (lars_optax.mxnet.adam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
                                "epsilon": 1e-8, "wd": 1e-3, "rescale_grad": 0.5,
                                "clip_gradient": 1.0}),
-    "sgd": (lars_optax.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
+    "sgd": (lars_optax.mxnet.sgd, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "nag": (lars_optax.nag, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
+    "nag": (lars_optax.mxnet.nag, {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3,
                              "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "dcasgd": (lars_optax.dcasgd, {"learning_rate": 0.1, "momentum": 0.9, "lamda": 0.5,
+    "dcasgd": (lars_optax.mxnet.dcasgd, {"learning_rate": 0.1, "momentum": 0.9, "lamda": 0.5,
                                    "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "sgld": (lars_optax.sgld, {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 0.5,
+    "sgld": (lars_optax.mxnet.sgld, {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 0.5,
                                "clip_gradient": 1.0}),
-    "adagrad": (lars_optax.adagrad, {"learning_rate": 0.01, "epsilon": 1e-6, "wd": 1e-3,
+    "adagrad": (lars_optax.mxnet.adagrad, {"learning_rate": 0.01, "epsilon": 1e-6, "wd": 1e-3,
                                      "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "groupadagrad": (lars_optax.groupadagrad, {"learning_rate": 0.01, "epsilon": 1e-6,
+    "groupadagrad": (lars_optax.mxnet.groupadagrad, {"learning_rate": 0.01, "epsilon": 1e-6,
                                                "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "rmsprop": (lars_optax.rmsprop, {"learning_rate": 0.01, "rho": 0.9, "epsilon": 1e-4,
+    "rmsprop": (lars_optax.mxnet.rmsprop, {"learning_rate": 0.01, "rho": 0.9, "epsilon": 1e-4,
                                      "clip_weights": 2.0, "wd": 1e-3, "rescale_grad": 0.5,
                                      "clip_gradient": 1.0}),
-    "rmsprop_centered": (functools.partial(lars_optax.rmsprop, centered=True),
+    "rmsprop_centered": (functools.partial(lars_optax.mxnet.rmsprop, centered=True),
                          {"learning_rate": 0.01, "rho": 0.9, "momentum": 0.9, "epsilon": 1e-4,
                           "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "adadelta": (lars_optax.adadelta, {"learning_rate": 1.0, "rho": 0.9, "epsilon": 1e-4,
+    "adadelta": (lars_optax.mxnet.adadelta, {"learning_rate": 1.0, "rho": 0.9, "epsilon": 1e-4,
                                        "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "ftrl": (lars_optax.ftrl, {"learning_rate": 0.1, "lamda1": 0.01, "beta": 1.0, "wd": 1e-3,
+    "ftrl": (lars_optax.mxnet.ftrl, {"learning_rate": 0.1, "lamda1": 0.01, "beta": 1.0, "wd": 1e-3,
                                "rescale_grad": 0.5, "clip_gradient": 1.0}),
     "lamb": (lars_optax.lamb, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
                                "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
@@ -242,14 +242,14 @@ HYPER = {
     "lans": (lars_optax.lans, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
                                "epsilon": 1e-6, "lower_bound": 0.01, "upper_bound": 10.0,
                                "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 0.5}),
-    **{name: (getattr(lars_optax, name),
+    **{name: (public(name),
               {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-6,
                "wd": 1e-3, "rescale_grad": 0.5, "clip_gradient": 1.0})
        for name in ("adamw", "adamax", "adabelief")},
-    "nadam": (lars_optax.nadam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
+    "nadam": (lars_optax.mxnet.nadam, {"learning_rate": 0.01, "beta1": 0.9, "beta2": 0.99,
                                  "epsilon": 1e-6, "schedule_decay": 0.01, "wd": 1e-3,
                                  "rescale_grad": 0.5, "clip_gradient": 1.0}),
-    "ftml": (lars_optax.ftml, {"learning_rate": 0.01, "beta1": 0.6, "beta2": 0.99,
+    "ftml": (lars_optax.mxnet.ftml, {"learning_rate": 0.01, "beta1": 0.6, "beta2": 0.99,
                                "epsilon": 1e-6, "wd": 1e-3, "rescale_grad": 0.5,
                                "clip_gradient": 1.0}),
 }
@@ -352,8 +352,8 @@ def test_inject_hyperparams_adam_default_beta2_names_the_fix_on_bfloat16():
   params = _params([jnp.bfloat16])
   with pytest.raises(ValueError, match=r"^beta2: must be in \[0, 1\), got 1 \(a bfloat16 "
                      r"scalar.*hyperparam_dtype=jnp.float32"):
-    optax.inject_hyperparams(lars_optax.adam)(learning_rate=0.01).init(params)
-  tx = optax.inject_hyperparams(lars_optax.adam, hyperparam_dtype=jnp.float32)(0.01)
+    optax.inject_hyperparams(lars_optax.mxnet.adam)(learning_rate=0.01).init(params)
+  tx = optax.inject_hyperparams(lars_optax.mxnet.adam, hyperparam_dtype=jnp.float32)(0.01)
   out, _ = _traced_steps(tx, params)
   assert {x.dtype for x in jax.tree.leaves(out[-1][:2])} == {jnp.dtype(jnp.bfloat16)}
 
@@ -420,12 +420,12 @@ def _train_complex(tx, params, steps=4):
 
 
 COMPLEX_VS_OPTAX = {
-    "sgd": (lambda: lars_optax.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1, momentum=0.9)),
-    "nag": (lambda: lars_optax.nag(0.1, momentum=0.9),
+    "sgd": (lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1, momentum=0.9)),
+    "nag": (lambda: lars_optax.mxnet.nag(0.1, momentum=0.9),
             lambda: optax.sgd(0.1, momentum=0.9, nesterov=True)),
     # MXNet's epsilon sits outside the bias correction (optax's inside): 0 for both.
-    "adam": (lambda: lars_optax.adam(0.1, epsilon=0.0), lambda: optax.adam(0.1, eps=0.0)),
-    "adam_lazy": (lambda: lars_optax.adam(0.1, epsilon=0.0, lazy_update=True),
+    "adam": (lambda: lars_optax.mxnet.adam(0.1, epsilon=0.0), lambda: optax.adam(0.1, eps=0.0)),
+    "adam_lazy": (lambda: lars_optax.mxnet.adam(0.1, epsilon=0.0, lazy_update=True),
                   lambda: optax.adam(0.1, eps=0.0)),
     "lamb": (lambda: lars_optax.lamb(0.1, wd=1e-2),
              lambda: optax.lamb(0.1, eps=1e-6, weight_decay=1e-2)),

@@ -93,14 +93,14 @@ def _make_tx(name: str, fw: Framework) -> optax.GradientTransformation:
   if name == "signum":
     return lars_optax.signum(0.01, momentum=0.9, wd=1e-4, wd_mult=[(fw.skip, 0.0)])
   if name == "adam":
-    return lars_optax.adam(0.01, wd=1e-4, wd_mult=[(fw.skip, 0.0)])
-  if name == "lars_flavours":  # timm/optax-style: rate after the buffer, decayed-update norm
-    return lars_optax.lars(optax.linear_schedule(0.02, 0.1, 5), momentum=0.9, eta=1.0, wd=1e-4,
-                           skip=fw.skip, wd_skip=fw.skip, lr_in_momentum=False, nesterov=True,
-                           update_norm=True)
-  if name == "lamb_flavours":  # timm/Keras-style: decoupled decay, caution
-    return lars_optax.lamb(optax.linear_schedule(0.005, 0.02, 5), wd=1e-2, skip=fw.skip,
-                           wd_skip=fw.skip, decoupled_decay=True, caution=True)
+    return lars_optax.mxnet.adam(0.01, wd=1e-4, wd_mult=[(fw.skip, 0.0)])
+  if name == "lars_flavours":  # timm-style: the rate after the buffer, Nesterov
+    # timm's no-decay group (ndim <= 1) is the Flax preset's leaves here.
+    return lars_optax.porting.timm_optimizer("nlars", lr=optax.linear_schedule(0.02, 0.1, 5),
+                                             momentum=0.9, trust_coeff=1.0, weight_decay=1e-4)
+  if name == "lamb_flavours":  # timm-style: decoupled decay, caution
+    return lars_optax.porting.timm_optimizer("lambw", lr=optax.linear_schedule(0.005, 0.02, 5),
+                                             weight_decay=1e-2, caution=True)
   raise ValueError(name)
 
 
@@ -521,7 +521,7 @@ def test_equinox_update_with_the_model_as_params(opt_name):
   pytest.importorskip("equinox")
   import equinox as eqx
 
-  tx = (lars_optax.sgd(0.05, momentum=0.9, wd=1e-4) if opt_name == "sgd"
+  tx = (lars_optax.mxnet.sgd(0.05, momentum=0.9, wd=1e-4) if opt_name == "sgd"
         else _make_tx(opt_name, EQUINOX))
   model = _equinox_model()
   opt_state = tx.init(eqx.filter(model, eqx.is_array))
@@ -549,13 +549,14 @@ def test_equinox_update_with_the_model_as_params(opt_name):
 # The rest of MXNet's registry: boxed Flax params and whole Equinox models
 # --------------------------------------------------------------------------
 
-REGISTRY_NAMES = sorted(set(lars_optax.registered())
+REGISTRY_NAMES = sorted(set(lars_optax.mxnet.registered())
                         - {"lars", "signum", "signsgd", "adam", "sgd"})
 
 
 def _registry_tx(name):
   kwargs = {"skip": "flax"} if name in ("lamb", "lans") else {}
-  return lars_optax.create(name, learning_rate=0.01, wd=1e-4 if name != "groupadagrad" else 0.0,
+  return lars_optax.mxnet.create(name, learning_rate=0.01,
+                                 wd=1e-4 if name != "groupadagrad" else 0.0,
                            **kwargs)
 
 

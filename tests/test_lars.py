@@ -6,7 +6,6 @@ skipping and the trust-ratio read-out.
 """
 
 import math
-import pathlib
 import warnings
 
 import chex
@@ -15,11 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import x64
+from conftest import public, x64
 
 import lars_optax
-from lars_optax import masks
-from lars_optax import MXNetMomentumState, ScaleByLarsTrustRatioState
+from lars_optax import MXNetMomentumState, ScaleByLarsTrustRatioState, masks
 
 
 def _params(dtype=jnp.float32):
@@ -143,9 +141,9 @@ def test_lars_skip_unknown_preset_lists_the_valid_ones():
     lars_optax.lars(skip="bias")
 
 
-@pytest.mark.parametrize("preset,mask", [("mxnet", lars_optax.MXNET_SKIP),
-                                         ("flax", lars_optax.FLAX_SKIP),
-                                         ("haiku", lars_optax.HAIKU_SKIP)])
+@pytest.mark.parametrize("preset,mask", [("mxnet", lars_optax.masks.MXNET_SKIP),
+                                         ("flax", lars_optax.masks.FLAX_SKIP),
+                                         ("haiku", lars_optax.masks.HAIKU_SKIP)])
 def test_lars_skip_preset_names(preset, mask):
   params = {"a": {"bias": jnp.ones(3), "b": jnp.ones(3), "scale": jnp.ones(3)},
             "fc_weight": jnp.ones((3, 3)), "x_gamma": jnp.ones(3)}
@@ -696,7 +694,7 @@ def test_explicit_skip_does_not_warn(kind):
     warnings.simplefilter("error")
     lars_optax.lars(0.1, skip="mxnet").init(params)
     lars_optax.lars(0.1, skip=kind).init(params)
-    lars_optax.create("lars", skip=kind).init(params)
+    lars_optax.mxnet.create("lars", skip=kind).init(params)
 
 
 def test_default_skip_keeps_mxnets_rule_silently_on_mxnet_names():
@@ -720,142 +718,6 @@ def test_default_skip_is_still_mxnets_preset():
   ratios = lars_optax.trust_ratios(state, params)
   assert float(ratios["LayerNorm_0/scale"]) != 1.0  # adapted, as MXNet's rule says
   assert float(ratios["LayerNorm_0/bias"]) == 1.0
-
-
-# --------------------------------------------------------------------------
-# The BYOL / SimCLR LARS recipe (the rule of optax.lars)
-# --------------------------------------------------------------------------
-
-
-def _byol_lars(learning_rate, weight_decay=1e-2, eta=0.01, momentum=0.9):
-  """The recipe as the module docstring of lars_optax.optimizers gives it."""
-  skip = lars_optax.by_ndim(1)  # biases and norm scales: no decay, ratio 1
-  return optax.chain(
-      lars_optax.check_inputs("byol_lars"),
-      lars_optax.add_decayed_weights_per_leaf(weight_decay, [(skip, 0.0)]),
-      lars_optax.scale_by_lars_trust_ratio(eta=eta, skip=skip),
-      optax.trace(decay=momentum),
-      optax.scale_by_learning_rate(learning_rate),
-  )
-
-
-def _byol_problem():
-  rng = np.random.default_rng(7)
-  params = {"conv": {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=4)},
-            "bn": {"scale": 1.0 + 0.1 * rng.normal(size=4)}, "head": rng.normal(size=(4, 2))}
-  grads = [jax.tree.map(lambda x: rng.normal(size=np.shape(x)), params) for _ in range(5)]
-  return params, grads
-
-
-def _byol_numpy(params, grads, lr, weight_decay=1e-2, eta=0.01, momentum=0.9):
-  """BYOL's LARS in float64 NumPy: u = g + wd*w, rho = eta*|w|/|u|, m = mu*m + rho*u, w -= lr*m."""
-  w = {k: np.asarray(v, np.float64) for k, v in masks.named_leaves(params)}
-  m = {k: np.zeros_like(v) for k, v in w.items()}
-  for t, g_tree in enumerate(grads):
-    g = dict(masks.named_leaves(g_tree))
-    for k in w:
-      adapted = w[k].ndim > 1
-      u = g[k] + (weight_decay * w[k] if adapted else 0.0)
-      wn, un = np.linalg.norm(w[k]), np.linalg.norm(u)
-      rho = eta * wn / un if (adapted and wn > 0 and un > 0) else 1.0
-      m[k] = momentum * m[k] + rho * u
-      w[k] = w[k] - lr(t) * m[k]
-  return w
-
-
-def test_byol_lars_recipe_equals_a_float64_numpy_rule():
-  params64, grads64 = _byol_problem()
-  schedule = optax.exponential_decay(0.5, transition_steps=1, decay_rate=0.8)
-  tx = _byol_lars(schedule)
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
-  state = tx.init(params)
-  step = jax.jit(tx.update)
-  for g in grads64:
-    updates, state = step(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state,
-                          params)
-    params = optax.apply_updates(params, updates)
-  expected = _byol_numpy(params64, grads64, lambda t: float(schedule(t)))
-  for name, value in masks.named_leaves(params):
-    np.testing.assert_allclose(value, expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
-
-
-def test_byol_lars_recipe_equals_optax_lars_with_a_constant_learning_rate():
-  """optax.lars puts the learning rate before the momentum: equal for a constant rate."""
-  params64, grads64 = _byol_problem()
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
-  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params)
-  ours = _byol_lars(0.3)
-  ref = optax.lars(0.3, weight_decay=1e-2, weight_decay_mask=keep, trust_coefficient=0.01,
-                   trust_ratio_mask=keep, momentum=0.9)
-  p_ours, p_ref = params, params
-  s_ours, s_ref = ours.init(params), ref.init(params)
-  for g64 in grads64:
-    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g64)
-    u, s_ours = ours.update(g, s_ours, p_ours)
-    p_ours = optax.apply_updates(p_ours, u)
-    u, s_ref = ref.update(g, s_ref, p_ref)
-    p_ref = optax.apply_updates(p_ref, u)
-  chex.assert_trees_all_close(p_ours, p_ref, rtol=1e-5, atol=1e-6)
-
-
-def _docs_recipe():
-  """The BYOL/SimCLR recipe block of docs/optimizers.md, run: its namespace."""
-  page = (pathlib.Path(__file__).parent.parent / "docs" / "optimizers.md").read_text()
-  section = page.split("### Recipe: BYOL-, SimCLR- and optax-style LARS")[1]
-  code = section.split("```python\n")[1].split("```")[0]
-  namespace: dict = {}
-  exec(code, namespace)
-  return namespace
-
-
-def _run32(tx, params64, grads64, steps):
-  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
-  state = tx.init(params)
-  update = jax.jit(tx.update)
-  for t in range(steps):
-    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grads64[t % len(grads64)])
-    updates, state = update(g, state, params)
-    params = optax.apply_updates(params, updates)
-  return params
-
-
-def test_docs_byol_recipe_is_byols_rule_with_its_warmup_schedule():
-  ns = _docs_recipe()
-  params64, grads64 = _byol_problem()
-  grads64 = grads64 * 3  # 15 steps: through the warm-up and into the decay
-  ours = _run32(ns["byol_lars"], params64, grads64, len(grads64))
-  expected = _byol_numpy(params64, grads64, lambda t: float(ns["schedule"](t)),
-                         weight_decay=1.5e-6, eta=0.001)
-  for name, value in masks.named_leaves(ours):
-    np.testing.assert_allclose(value, expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
-
-
-def test_docs_simclr_recipe_is_optax_lars_with_its_warmup_schedule():
-  ns = _docs_recipe()
-  params64, grads64 = _byol_problem()
-  grads64 = grads64 * 3
-  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
-  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
-                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
-  chex.assert_trees_all_close(_run32(ns["simclr_lars"], params64, grads64, len(grads64)),
-                              _run32(ref, params64, grads64, len(grads64)), rtol=1e-6, atol=1e-7)
-
-
-def test_the_old_recipe_was_far_from_optax_lars_with_a_schedule():
-  """The chain the docs gave before for SimCLR and optax.lars (the rate after the buffer)."""
-  ns = _docs_recipe()
-  params64, grads64 = _byol_problem()
-  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
-  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
-                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
-  a = _run32(ns["byol_lars"], params64, grads64 * 3, 15)
-  b = _run32(ref, params64, grads64 * 3, 15)
-  p0 = jax.tree.map(np.asarray, params64)
-  moved = max(float(np.max(np.abs(np.asarray(x) - y))) for x, y in
-              zip(jax.tree.leaves(b), jax.tree.leaves(p0)))
-  gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
-            zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-  assert gap > 0.1 * moved
 
 
 def test_default_skip_does_not_warn_on_flat_names():
@@ -934,13 +796,13 @@ def test_wd_skip_judges_one_layer_of_a_stacked_leaf(name):
 def test_create_passes_wd_skip(name):
   params = _flax_params()
   kw = {"learning_rate": 0.05, "wd": 0.1, "skip": "flax", "wd_skip": "flax"}
-  got = _train(lars_optax.create(name, **kw), params)
-  chex.assert_trees_all_close(got, _train(getattr(lars_optax, name)(**kw), params))
+  got = _train(lars_optax.mxnet.create(name, **kw), params)
+  chex.assert_trees_all_close(got, _train(public(name)(**kw), params))
 
 
 def test_create_rejects_wd_skip_where_the_optimizer_has_none():
   with pytest.raises(ValueError, match=r"^wd_skip: not an argument of 'adam'"):
-    lars_optax.create("adam", wd=0.1, wd_skip="flax")
+    lars_optax.mxnet.create("adam", wd=0.1, wd_skip="flax")
 
 
 @pytest.mark.parametrize("name", list(WD_SKIP_OPTIMIZERS))
@@ -960,100 +822,3 @@ def test_wd_skip_names_that_match_no_leaf_raise_at_init(name):
   with pytest.raises(ValueError,
                      match=r"^wd_skip: no parameter name has the last component 'bais'"):
     tx.init(_flax_params())
-
-
-# --------------------------------------------------------------------------
-# The flavours of other libraries (lr_in_momentum, update_norm, trust_clip,
-# nesterov, dampening); docs/porting.md and tests/test_reference_peers.py
-# check each against its peer's own numbers.
-# --------------------------------------------------------------------------
-
-
-def _flavour_run(tx, steps=4):
-  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.1, -0.2])}
-  state = tx.init(params)
-  for k in range(steps):
-    g = {"w": jnp.array([[0.3, -0.1], [0.0, 0.4]]) * (k + 1), "b": jnp.array([0.5, -0.5])}
-    updates, state = jax.jit(tx.update)(g, state, params)
-    params = optax.apply_updates(params, updates)
-  return params, state
-
-
-def test_lr_in_momentum_only_matters_when_the_rate_changes():
-  kw = {"momentum": 0.9, "wd": 1e-3, "eta": 0.1}
-  inside, _ = _flavour_run(lars_optax.lars(0.5, **kw))
-  outside, _ = _flavour_run(lars_optax.lars(0.5, lr_in_momentum=False, **kw))
-  chex.assert_trees_all_close(inside, outside, rtol=1e-6)
-  sched = optax.linear_schedule(0.05, 0.5, 3)
-  inside, _ = _flavour_run(lars_optax.lars(sched, **kw))
-  outside, _ = _flavour_run(lars_optax.lars(sched, lr_in_momentum=False, **kw))
-  assert float(jnp.max(jnp.abs(inside["w"] - outside["w"]))) > 1e-3
-
-
-def test_update_norm_without_weight_decay_is_mxnets_ratio():
-  a, _ = _flavour_run(lars_optax.lars(0.5, momentum=0.9, eta=0.1))
-  b, _ = _flavour_run(lars_optax.lars(0.5, momentum=0.9, eta=0.1, update_norm=True))
-  chex.assert_trees_all_close(a, b, rtol=1e-6)
-
-
-def test_trust_clip_bounds_the_ratio_by_the_learning_rate_and_survives_a_zero_rate():
-  sched = optax.linear_schedule(0.0, 0.5, 2)  # 0 at the first step: rho / 0 -> clipped to 1
-  tx = lars_optax.lars(sched, momentum=0.9, eta=10.0, trust_clip=True, skip=None)
-  params, state = _flavour_run(tx, steps=1)
-  ratios = lars_optax.trust_ratios(state, params)
-  assert all(float(r) == 1.0 for r in ratios.values())
-  params, state = _flavour_run(tx, steps=3)
-  assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(params))
-  ratios = lars_optax.trust_ratios(state)
-  assert bool(jnp.all(ratios <= 1.0))
-
-
-def test_the_default_lars_chain_has_no_new_link_and_no_new_state():
-  """The flavour keywords at their defaults build MXNet's chain as before."""
-  tx = lars_optax.lars(0.1, momentum=0.9, wd=1e-4)
-  state = tx.init({"w": jnp.ones((2, 2))})
-  assert len(state) == 3  # check_inputs, the ratio (wrapping clip/decay), mxnet_momentum
-  assert state[1]._fields == ("trust_ratio", "inner_state", "layer_trust_ratio")
-  assert not isinstance(state[1].inner_state, lars_optax.TrustClipState)
-  assert isinstance(state[2], lars_optax.MXNetMomentumState)
-
-
-@pytest.mark.parametrize("scalar", [float, np.float32, jnp.float32, jnp.bfloat16],
-                         ids=["python", "numpy", "jax", "bfloat16"])
-def test_flavour_scalars_of_any_kind_give_the_same_step(scalar):
-  def make(s):
-    return lars_optax.lars(s(0.25), momentum=s(0.75), dampening=s(0.5), eta=s(0.125),
-                           wd=s(0.0625), lr_in_momentum=False, update_norm=True,
-                           trust_clip=True)
-  ours, _ = _flavour_run(make(scalar))
-  ref, _ = _flavour_run(make(float))
-  chex.assert_trees_all_close(ours, ref, rtol=1e-6)
-
-
-def test_flavours_keep_bfloat16_params_and_state():
-  params = {"w": jnp.ones((2, 3), jnp.bfloat16)}
-  for kw in ({"lr_in_momentum": False, "dampening": 0.1}, {"nesterov": True, "trust_clip": True},
-             {"update_norm": True, "lr_in_momentum": False}):
-    tx = lars_optax.lars(np.float32(0.1), momentum=np.float32(0.9), wd=1e-3, **kw)
-    state = tx.init(params)
-    updates, new_state = jax.jit(tx.update)(params, state, params)
-    assert updates["w"].dtype == jnp.bfloat16, kw
-    chex.assert_trees_all_equal_dtypes(new_state, state)
-
-
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"lr_in_momentum": 1}, TypeError, "^lr_in_momentum: expected a bool"),
-    ({"update_norm": "yes"}, TypeError, "^update_norm: expected a bool"),
-    ({"trust_clip": None}, TypeError, "^trust_clip: expected a bool"),
-    ({"nesterov": True}, ValueError, "^nesterov: Nesterov momentum needs momentum > 0"),
-    ({"momentum": 0.9, "nesterov": True, "dampening": 0.5}, ValueError, "^nesterov"),
-    ({"momentum": 0.9, "dampening": 1.5}, ValueError, "^dampening"),
-])
-def test_flavour_keywords_are_checked_at_construction(kwargs, error, match):
-  with pytest.raises(error, match=match):
-    lars_optax.lars(0.1, **kwargs)
-
-
-def test_scale_by_lars_trust_ratio_checks_trust_clip():
-  with pytest.raises(ValueError, match=r"^trust_clip"):
-    lars_optax.scale_by_lars_trust_ratio(trust_clip=-0.1)

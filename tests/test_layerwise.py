@@ -26,7 +26,8 @@ class TrustRatioTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_ratio_values_and_fallbacks(self):
-    ratio = self.variant(lars_optax.lars_trust_ratio)
+    ratio = self.variant(lambda w, g, eta, wd, eps, scale=1.0: lars_optax.lars_trust_ratio(
+        w, g, eta=eta, weight_decay=wd, epsilon=eps, grad_scale=scale))
     w = jnp.arange(6.0).reshape(2, 3)
     g = jnp.full((2, 3), 0.5)
     np.testing.assert_allclose(ratio(w, g, 0.1, 0.01, 1e-3), _np_ratio(w, g, 0.1, 0.01, 1e-3),
@@ -51,7 +52,7 @@ class TrustRatioTest(chex.TestCase):
     params = {"fc_weight": jnp.ones((4, 3)), "fc_bias": jnp.ones((3,))}
     grads = {"fc_weight": jnp.full((4, 3), 2.0), "fc_bias": jnp.full((3,), 2.0)}
     tx = lars_optax.scale_by_lars_trust_ratio(
-        optax.scale(3.0), eta=0.5, skip=lars_optax.MXNET_SKIP)
+        optax.scale(3.0), eta=0.5, skip=lars_optax.masks.MXNET_SKIP)
     state = tx.init(params)
     out, state = tx.update(grads, state, params)
     r = _np_ratio(params["fc_weight"], grads["fc_weight"], 0.5, 0.0, 0.0)
@@ -86,7 +87,8 @@ class TrustRatioTest(chex.TestCase):
 
   def test_bad_hyperparameters(self):
     for kwargs, arg in [({"eta": -1.0}, "eta"), ({"epsilon": float("nan")}, "epsilon"),
-                        ({"weight_decay": -1e-4}, "weight_decay"), ({"rescale": 0.0}, "rescale")]:
+                        ({"ratio_weight_decay": -1e-4}, "ratio_weight_decay"),
+                        ({"rescale": 0.0}, "rescale")]:
       with pytest.raises(ValueError, match=arg):
         lars_optax.scale_by_lars_trust_ratio(**kwargs)
     with pytest.raises(TypeError, match="inner"):
@@ -99,8 +101,8 @@ class TrustRatioTest(chex.TestCase):
     tx = optax.chain(
         lars_optax.scale_by_lars_trust_ratio(
             optax.chain(optax.scale_by_adam(),
-                        optax.add_decayed_weights(0.01, mask=~lars_optax.FLAX_SKIP)),
-            eta=1.0, skip=lars_optax.FLAX_SKIP),
+                        optax.add_decayed_weights(0.01, mask=~lars_optax.masks.FLAX_SKIP)),
+            eta=1.0, skip=lars_optax.masks.FLAX_SKIP),
         optax.scale_by_learning_rate(0.1))
     state = tx.init(params)
     updates, state = jax.jit(tx.update)(grads, state, params)
@@ -118,8 +120,9 @@ def test_mxnet_chain_equals_lars():
   b = optax.chain(
       lars_optax.scale_by_lars_trust_ratio(
           optax.chain(optax.clip(0.3), optax.add_decayed_weights(1e-3)),
-          eta=0.01, weight_decay=1e-3, epsilon=1e-8, skip=masks.MXNET_SKIP, rescale=0.5),
-      lars_optax.mxnet_momentum(0.1, 0.9))
+          eta=0.01, ratio_weight_decay=1e-3, epsilon=1e-8, skip=masks.MXNET_SKIP,
+          rescale=0.5),
+      lars_optax.mxnet_momentum(0.1, momentum=0.9))
   sa, sb = a.init(params), b.init(params)
   for _ in range(3):
     ua, sa = a.update(grads, sa, params)
@@ -129,7 +132,7 @@ def test_mxnet_chain_equals_lars():
 
 def test_lars_wd_mult_enters_the_trust_ratio():
   p, g = {"a_weight": jnp.array([3.0, 4.0])}, {"a_weight": jnp.array([0.6, 0.8])}
-  tx = lars_optax.scale_by_lars_trust_ratio(eta=1.0, weight_decay=0.1,
+  tx = lars_optax.scale_by_lars_trust_ratio(eta=1.0, ratio_weight_decay=0.1,
                                             wd_mult={"a_weight": 2.0})
   _, state = tx.update(g, tx.init(p), p)
   np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)

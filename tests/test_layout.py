@@ -1,44 +1,48 @@
-"""The package's layout: one home per optimizer family, imports without circles, old paths.
+"""The package's layout: one home per rule, a namespace per origin, imports without circles.
 
 The import graph is read from the source with ``ast``, without importing
 anything. An import inside a function counts like one at module level: a
 circle through a deferred import is still a circle, only one that shows up
-later, on some call. The one exception is a module-level ``__getattr__``
-(PEP 562), which the backwards-compatible modules use to re-export names that
-moved to a module above them; it runs only when an old path is used, after
-the package has been imported whole. :func:`test_no_deferred_imports_remain`
-checks that no other function imports from the package.
+later, on some call. :func:`test_no_deferred_imports_remain` checks that no
+function imports from the package.
+
+The layers, bottom up: the private helpers (``_utils``, ``_validation``,
+``_row_wise``) and ``masks``; the row-sparse machinery (``lars_optax.sparse``'s
+modules); the core modules (links, wrappers and the library's own
+optimizers); MXNet's registry (``lars_optax.mxnet``'s modules); the package
+``__init__`` files, which only re-export. No arrow runs up.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import pathlib
 
 import pytest
 
 import lars_optax
-from lars_optax import _row_wise, sparse
+from lars_optax import _row_wise
+from lars_optax.sparse import _lazy_step
 
 PACKAGE = pathlib.Path(lars_optax.__file__).parent
-MODULES = {("lars_optax" if p.stem == "__init__" else f"lars_optax.{p.stem}"): p
-           for p in sorted(PACKAGE.glob("*.py"))}
 
 
-def _is_old_path_getattr(node: ast.AST, parents: list[ast.AST]) -> bool:
-  # A module-level PEP 562 __getattr__: the re-exports of names that moved.
-  return (isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
-          and len(parents) == 1 and isinstance(parents[0], ast.Module))
+def _module_name(path: pathlib.Path) -> str:
+  parts = ["lars_optax", *path.relative_to(PACKAGE).with_suffix("").parts]
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+PACKAGES = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+BOTTOM = {"lars_optax._utils", "lars_optax._validation", "lars_optax._row_wise",
+          "lars_optax.masks"}
 
 
 def _imports(tree: ast.Module, *, deferred_only: bool = False) -> list[tuple[ast.AST, bool]]:
-  """Every import statement with whether it sits inside a function, minus ``__getattr__``'s."""
+  """Every import statement with whether it sits inside a function."""
   found: list[tuple[ast.AST, bool]] = []
 
   def visit(node: ast.AST, parents: list[ast.AST], in_function: bool) -> None:
-    if _is_old_path_getattr(node, parents):
-      return
     if isinstance(node, (ast.Import, ast.ImportFrom)) and (in_function or not deferred_only):
       found.append((node, in_function))
     in_function = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
@@ -61,12 +65,11 @@ def _targets(node: ast.AST, importer: str) -> set[str]:
     base = node.module or ""
   if base.split(".")[0] != "lars_optax":
     return set()
-  if base != "lars_optax":
+  if base not in PACKAGES:
     return {base}
-  # ``from lars_optax import masks`` needs the submodule only; any other name
-  # needs the package's __init__ to have run.
-  return {f"lars_optax.{a.name}" if f"lars_optax.{a.name}" in MODULES else "lars_optax"
-          for a in node.names}
+  # ``from lars_optax.sparse import _rows`` needs that submodule only (once its
+  # package's __init__ has run); any other name needs the package's __init__.
+  return {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names}
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -113,17 +116,17 @@ def test_find_cycle_finds_the_circle_sparse_used_to_close():
 
 
 def test_deferred_imports_are_in_the_graph():
-  tree = ast.parse("import os\n\ndef f():\n  from lars_optax import sparse\n\n"
-                   "def __getattr__(name):\n  from lars_optax import layerwise\n")
+  tree = ast.parse("import os\n\ndef f():\n  from lars_optax.sparse import _rows\n")
   targets = set().union(*[_targets(n, "lars_optax.x") for n, _ in _imports(tree)])
-  assert targets == {"lars_optax.sparse"}  # __getattr__'s re-export is left out
+  assert targets == {"lars_optax.sparse._rows"}
 
 
 def test_the_graph_sees_every_module():
   graph = import_graph()
-  assert {"lars_optax", "lars_optax.sparse", "lars_optax.layerwise",
+  assert {"lars_optax", "lars_optax.sparse", "lars_optax.sparse._interpreter",
+          "lars_optax.mxnet", "lars_optax.mxnet.registry", "lars_optax.layerwise",
           "lars_optax._row_wise"} <= set(graph)
-  assert "lars_optax.sparse" in graph["lars_optax.precision"]
+  assert "lars_optax.sparse._rows" in graph["lars_optax.precision"]
   assert "lars_optax.transforms" in graph["lars_optax._mxnet_base"]
 
 
@@ -141,9 +144,38 @@ def test_no_deferred_imports_remain():
   assert not deferred, f"imports from the package inside functions: {deferred}"
 
 
-def test_sparse_imports_no_module_that_defines_a_state():
-  assert import_graph()["lars_optax.sparse"] <= {"lars_optax._row_wise", "lars_optax._utils",
-                                                 "lars_optax.masks", "lars_optax._validation"}
+def test_sparse_imports_only_itself_and_the_bottom_helpers():
+  graph = import_graph()
+  for name in (m for m in graph if m.startswith("lars_optax.sparse")):
+    outside = {t for t in graph[name] if not t.startswith("lars_optax.sparse")}
+    assert outside <= BOTTOM, (name, outside - BOTTOM)
+
+
+def test_no_arrow_runs_up():
+  graph = import_graph()
+  for name, targets in graph.items():
+    if name == "lars_optax.demo":  # the demo is an application of the package
+      continue
+    # Only a package's own __init__ (or its parent's) imports a package __init__.
+    for t in targets & PACKAGES:
+      assert name in PACKAGES and (name == t.rsplit(".", 1)[0] or t.startswith(name + ".")), \
+          (name, t)
+    # The core never imports MXNet's registry (the porting constructors, a namespace
+    # of origins beside it, may: torch's SparseAdam is MXNet's lazy Adam).
+    if not name.startswith("lars_optax.mxnet") and name not in ("lars_optax",
+                                                                 "lars_optax.porting"):
+      assert not {t for t in targets if t.startswith("lars_optax.mxnet")}, name
+    # The bottom helpers import only each other.
+    if name in BOTTOM:
+      assert targets <= BOTTOM, (name, targets - BOTTOM)
+
+
+def test_the_interpreter_on_jax_internals_is_alone_in_its_module():
+  # Binding primitives by hand (get_bind_params, eqn.ctx: JAX internals) happens in one
+  # module only; the row-wise check only reads jaxprs (jax.extend.core's types).
+  users = [name for name, path in MODULES.items()
+           if "get_bind_params" in path.read_text() or "eqn.ctx" in path.read_text()]
+  assert users == ["lars_optax.sparse._interpreter"]
 
 
 # --------------------------------------------------------------------------
@@ -152,7 +184,7 @@ def test_sparse_imports_no_module_that_defines_a_state():
 
 
 def test_states_declare_their_row_wise_buffers():
-  known = sparse._row_buffer_fields()
+  known = _lazy_step.row_buffer_fields()
   assert known[lars_optax.MXNetMomentumState] == ("momentum",)
   assert known[lars_optax.MultiPrecisionState] == ("master",)
 
@@ -171,65 +203,32 @@ HOMES = {
                              "lars_trust_ratio", "trust_ratios", "scale_by_lamb_trust_ratio",
                              "scale_by_lans", "scale_by_lamb_adam", "normalize_per_leaf"],
     "lars_optax.sign": ["signum", "signsgd"],
-    "lars_optax.adam_family": ["adam", "scale_by_mxnet_adam", "adamw", "adamax", "nadam",
-                               "adabelief", "ftml", "scale_by_adam_moments"],
-    "lars_optax.sgd_family": ["sgd", "nag", "mxnet_momentum", "MXNetMomentumState", "dcasgd",
-                              "sgld"],
-    "lars_optax.adagrad_family": ["adagrad", "groupadagrad", "rmsprop", "adadelta", "ftrl"],
+    "lars_optax.momentum": ["mxnet_momentum", "MXNetMomentumState", "dampened_trace",
+                            "DampenedTraceState"],
     "lars_optax.transforms": ["scale_per_leaf", "add_decayed_weights_per_leaf", "check_inputs",
                               "PerLeafState"],
+    "lars_optax.mxnet.adam_family": ["adam", "scale_by_mxnet_adam", "adamw", "adamax", "nadam",
+                                     "adabelief", "ftml", "scale_by_adam_moments"],
+    "lars_optax.mxnet.sgd_family": ["sgd", "nag", "dcasgd", "sgld"],
+    "lars_optax.mxnet.adagrad_family": ["adagrad", "groupadagrad", "rmsprop", "adadelta",
+                                        "ftrl"],
+    "lars_optax.sparse.optax_compat": ["clip_by_global_norm", "multi_steps", "apply_updates",
+                                       "tree_add", "dense_updates"],
 }
+
+
+def _public(name: str):
+  for namespace in (lars_optax, lars_optax.mxnet, lars_optax.sparse):
+    if name in namespace.__all__:
+      return getattr(namespace, name)
+  raise AssertionError(f"{name} is not public")
 
 
 @pytest.mark.parametrize("module, name", [(m, n) for m, names in HOMES.items() for n in names])
 def test_each_rule_lives_in_its_familys_module(module, name):
-  assert getattr(lars_optax, name).__module__ == module
+  assert _public(name).__module__ == module
 
 
-def test_optimizers_module_defines_nothing():
-  tree = ast.parse(MODULES["lars_optax.optimizers"].read_text())
-  defined = [n.name for n in tree.body
-             if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
-  assert defined == []
-
-
-# --------------------------------------------------------------------------
-# Old import paths of the names that moved
-# --------------------------------------------------------------------------
-
-OLD_PATHS = {
-    "lars_optax.optimizers": ["lars", "tf_lars", "lamb", "lans", "signum", "signsgd", "adam",
-                              "sgd"],
-    "lars_optax.transforms": [
-        "mxnet_momentum", "MXNetMomentumState", "scale_by_mxnet_adam",
-        "scale_by_lars_trust_ratio", "ScaleByLarsTrustRatioState", "lars_trust_ratio",
-        "trust_ratios", "scale_by_lamb_trust_ratio", "ScaleByLambTrustRatioState",
-        "scale_by_lans", "ScaleByLansState", "normalize_per_leaf", "NormalizePerLeafState",
-        "scale_by_lamb_adam",
-        # never moved
-        "scale_per_leaf", "add_decayed_weights_per_leaf", "check_inputs", "PerLeafState",
-        "LowPrecisionWarning",
-    ],
-}
-
-
-@pytest.mark.parametrize("module, name", [(m, n) for m, names in OLD_PATHS.items()
-                                          for n in names])
-def test_old_import_path_still_works(module, name):
-  namespace: dict = {}
-  exec(f"from {module} import {name}", namespace)
-  assert namespace[name] is getattr(lars_optax, name)
-  assert getattr(importlib.import_module(module), name) is getattr(lars_optax, name)
-
-
-@pytest.mark.parametrize("module", list(OLD_PATHS))
-def test_old_modules_star_import_what_they_did(module):
-  namespace: dict = {}
-  exec(f"from {module} import *", namespace)
-  assert set(OLD_PATHS[module]) <= set(namespace)
-  assert set(OLD_PATHS[module]) <= set(dir(importlib.import_module(module)))
-
-
-def test_old_module_names_a_missing_attribute():
-  with pytest.raises(AttributeError, match=r"'lars_optax\.transforms' has no attribute 'nope'"):
-    importlib.import_module("lars_optax.transforms").nope  # noqa: B018
+def test_the_mxnet_namespace_shares_the_library_own_optimizers():
+  for name in ("lars", "lamb", "lans", "signum", "signsgd"):
+    assert getattr(lars_optax.mxnet, name) is getattr(lars_optax, name)

@@ -1,11 +1,11 @@
-"""Tests for lars_optax.lazy: the lazy_update wrapper and present_rows.
+"""Tests for lars_optax.sparse.lazy: the lazy_update wrapper and present_rows.
 
 Covered: absent rows (all-zero gradient rows along axis 0) get a zero update
 and keep every params-shaped state buffer (momentum, Adam's mu and nu) while
 present rows match the dense inner update and scalar state (the step count)
 still advances; with every row present the wrapper is exactly the inner
-transformation; the ``lazy_update=True`` arguments of lars_optax.adam and
-lars_optax.sgd; a multi-step comparison with a numpy lazy MXNet Adam; NaN rows,
+transformation; the ``lazy_update=True`` arguments of lars_optax.mxnet.adam and
+lars_optax.mxnet.sgd; a multi-step comparison with a numpy lazy MXNet Adam; NaN rows,
 1-d, 3-d and zero-size leaves; jit; and the argument checks.
 """
 
@@ -17,12 +17,12 @@ import optax
 import pytest
 
 import lars_optax
-from lars_optax import lazy_update, present_rows
+from lars_optax.sparse import lazy_update, present_rows
 
 INNERS = {
     "optax_sgd_momentum": lambda: optax.sgd(0.1, momentum=0.9),
-    "lars_sgd_momentum": lambda: lars_optax.sgd(0.1, momentum=0.9),
-    "lars_adam": lambda: lars_optax.adam(0.01),
+    "lars_sgd_momentum": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
+    "lars_adam": lambda: lars_optax.mxnet.adam(0.01),
     "optax_adam": lambda: optax.adam(0.01),
 }
 
@@ -151,7 +151,8 @@ def test_absent_rows_keep_state_present_rows_match_dense(name):
   chex.assert_trees_all_equal_dtypes(new_state, state)
 
 
-@pytest.mark.parametrize("make", [lars_optax.adam, optax.adam], ids=["lars_adam", "optax_adam"])
+@pytest.mark.parametrize("make", [lars_optax.mxnet.adam, optax.adam], ids=["lars_adam",
+                                                                           "optax_adam"])
 def test_adam_count_advances_and_moments_kept(make):
   params = _params()
   lazy = lazy_update(make(learning_rate=0.01))
@@ -171,7 +172,7 @@ def test_adam_count_advances_and_moments_kept(make):
 
 def test_all_absent_gives_zero_update_and_unchanged_buffers():
   params = _params()
-  lazy = lazy_update(lars_optax.sgd(0.1, momentum=0.9))
+  lazy = lazy_update(lars_optax.mxnet.sgd(0.1, momentum=0.9))
   _, state = lazy.update(_grads([0, 1, 2, 3, 4], [0, 1, 2, 3]), lazy.init(params), params)
   zeros = jax.tree.map(jnp.zeros_like, params)
   upd, new_state = lazy.update(zeros, state, params)
@@ -203,10 +204,10 @@ def test_all_rows_present_is_exactly_inner(name):
 
 
 @pytest.mark.parametrize("flag, wrapped", [
-    (lambda: lars_optax.adam(0.01, wd=0.1, lazy_update=True),
-     lambda: lazy_update(lars_optax.adam(0.01, wd=0.1))),
-    (lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True),
-     lambda: lazy_update(lars_optax.sgd(0.1, momentum=0.9))),
+    (lambda: lars_optax.mxnet.adam(0.01, wd=0.1, lazy_update=True),
+     lambda: lazy_update(lars_optax.mxnet.adam(0.01, wd=0.1))),
+    (lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),
+     lambda: lazy_update(lars_optax.mxnet.sgd(0.1, momentum=0.9))),
 ], ids=["adam", "sgd"])
 def test_lazy_update_flag_equals_wrapper(flag, wrapped):
   a, b = flag(), wrapped()
@@ -255,7 +256,7 @@ def test_matches_numpy_lazy_mxnet_adam():
     g = np.zeros((6, 4), np.float32)
     g[rows] = rng.normal(size=(len(rows), 4))
     grads.append(g)
-  opt = lars_optax.adam(lr, beta1=b1, beta2=b2, epsilon=eps, wd=wd, lazy_update=True)
+  opt = lars_optax.mxnet.adam(lr, beta1=b1, beta2=b2, epsilon=eps, wd=wd, lazy_update=True)
   step = jax.jit(lambda g, s, p: opt.update(g, s, p))
   params = {"emb": jnp.asarray(w0)}
   state = opt.init(params)
@@ -278,7 +279,7 @@ def test_matches_numpy_lazy_mxnet_adam():
 
 def test_nan_makes_a_row_present():
   params = {"w": jnp.ones((3, 2))}
-  lazy = lazy_update(lars_optax.sgd(0.1, momentum=0.9))
+  lazy = lazy_update(lars_optax.mxnet.sgd(0.1, momentum=0.9))
   g = {"w": jnp.array([[0.0, 0.0], [jnp.nan, 0.0], [0.0, 0.0]])}
   upd, state = lazy.update(g, lazy.init(params), params)
   assert np.all(np.isnan(np.asarray(upd["w"])[1, 0]))
@@ -289,7 +290,7 @@ def test_nan_makes_a_row_present():
 
 def test_1d_leaf_each_element_is_a_row():
   params = {"b": jnp.arange(1.0, 6.0)}
-  lazy = lazy_update(lars_optax.adam(0.1))
+  lazy = lazy_update(lars_optax.mxnet.adam(0.1))
   g = {"b": jnp.array([0.0, 1.0, 0.0, -2.0, 0.0])}
   upd, state = lazy.update(g, lazy.init(params), params)
   present = np.array([False, True, False, True, False])
@@ -322,7 +323,7 @@ def test_3d_leaf_rows_over_axis_0():
 
 def test_zero_size_leaf():
   params = {"empty": jnp.zeros((0, 3)), "w": jnp.ones((2, 3))}
-  lazy = lazy_update(lars_optax.adam(0.1))
+  lazy = lazy_update(lars_optax.mxnet.adam(0.1))
   g = {"empty": jnp.zeros((0, 3)), "w": jnp.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])}
   upd, state = jax.jit(lazy.update)(g, lazy.init(params), params)
   assert upd["empty"].shape == (0, 3)
@@ -334,7 +335,7 @@ def test_zero_size_leaf():
 def test_single_array_params():
   """A bare array (not a dict) as the params tree."""
   params = jnp.ones((3, 2))
-  lazy = lazy_update(lars_optax.adam(0.1))
+  lazy = lazy_update(lars_optax.mxnet.adam(0.1))
   g = jnp.array([[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]])
   upd, state = lazy.update(g, lazy.init(params), params)
   np.testing.assert_array_equal(np.asarray(upd)[[0, 2]], 0.0)
@@ -367,11 +368,13 @@ def test_scalars_excluded_with_masked_or_partition():
   """The 0-d error message's advice: keep scalars out with optax.masked / partition."""
   params = {"w": jnp.ones((3, 2)), "scale": jnp.array(1.0)}
   g = {"w": jnp.array([[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]), "scale": jnp.array(0.5)}
-  dense = lars_optax.adam(0.1)
+  dense = lars_optax.mxnet.adam(0.1)
   for tx in [
-      optax.chain(optax.masked(lazy_update(lars_optax.adam(0.1)), {"w": True, "scale": False}),
-                  optax.masked(lars_optax.adam(0.1), {"w": False, "scale": True})),
-      optax.partition({"lazy": lazy_update(lars_optax.adam(0.1)), "dense": lars_optax.adam(0.1)},
+      optax.chain(optax.masked(lazy_update(lars_optax.mxnet.adam(0.1)), {"w": True,
+                                                                         "scale": False}),
+                  optax.masked(lars_optax.mxnet.adam(0.1), {"w": False, "scale": True})),
+      optax.partition({"lazy": lazy_update(lars_optax.mxnet.adam(0.1)),
+                       "dense": lars_optax.mxnet.adam(0.1)},
                       {"w": "lazy", "scale": "dense"}),
   ]:
     upd, _ = tx.update(g, tx.init(params), params)
@@ -385,7 +388,7 @@ def test_with_multi_precision_keeps_master_rows():
   """lazy_update=True with multi_precision=True: absent rows keep weight and master."""
   params = {"emb": jnp.ones((3, 2), jnp.float16), "b": jnp.ones((2,), jnp.float32)}
   # (sgd's flags exclude each other, as MXNet's SGD asserts; the wrapper composes)
-  opt = lars_optax.multi_precision(lars_optax.sgd(0.1, momentum=0.9, lazy_update=True))
+  opt = lars_optax.multi_precision(lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True))
   step = jax.jit(opt.update)
   state = opt.init(params)
   p = params
@@ -407,7 +410,7 @@ def test_with_multi_precision_keeps_master_rows():
 
 
 def test_0d_leaf_raises_at_init():
-  lazy = lazy_update(lars_optax.adam())
+  lazy = lazy_update(lars_optax.mxnet.adam())
   with pytest.raises(ValueError, match=r"lazy_update.*'scale'"):
     lazy.init({"w": jnp.ones((2, 2)), "scale": jnp.array(1.0)})
 
@@ -436,7 +439,8 @@ def test_lazy_around_multi_precision_keeps_absent_masters(mixed):
   p = {"w": jnp.ones((2, 1), jnp.float16)}
   if mixed:
     p["b"] = jnp.ones((1,), jnp.float32)
-  tx = lars_optax.lazy_update(lars_optax.multi_precision(lars_optax.sgd(0.1, momentum=0.9)))
+  tx = lars_optax.sparse.lazy_update(lars_optax.multi_precision(lars_optax.mxnet.sgd(0.1,
+                                                                                     momentum=0.9)))
   s = tx.init(p)
   for rows in ([1.0, 1.0], [1.0, 0.0], [1.0, 0.0]):
     g = {k: jnp.ones_like(x) for k, x in p.items()}
@@ -457,7 +461,7 @@ def _table_and_bcoo(rows, width, seed=2):
   rng = np.random.default_rng(seed)
   params = {"emb": jnp.asarray(rng.normal(size=(6, width)), jnp.float32)}
   values = jnp.asarray(rng.normal(size=(len(rows), width)), jnp.float32)
-  grads = {"emb": lars_optax.row_sparse(values, jnp.asarray(rows), 6)}
+  grads = {"emb": lars_optax.sparse.row_sparse(values, rows=jnp.asarray(rows), num_rows=6)}
   return params, grads
 
 
@@ -466,7 +470,7 @@ def _table_and_bcoo(rows, width, seed=2):
 def test_bcoo_step_gathers_state_leaves_with_other_trailing_axes(name, width):
   """GroupAdaGrad's (rows, 1) accumulator is gathered for rows of any width."""
   params, grads = _table_and_bcoo([4, 0, 4], width)
-  tx = lazy_update(lars_optax.create(name))
+  tx = lazy_update(lars_optax.mxnet.create(name))
   state = tx.init(params)
   for _ in range(2):
     updates, state = jax.jit(tx.update)(grads, state, params)

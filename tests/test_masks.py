@@ -211,7 +211,7 @@ def test_by_predicate_gets_name_and_leaf():
   assert mask(tree) == {"a": {"kernel": True}, "b": {"kernel": False}}
   assert seen == [("a/kernel", (3, 3)), ("b/kernel", (2, 2))]
   assert "big_kernel" in repr(mask)
-  assert "mine" in repr(lars_optax.by_predicate(lambda n, x: True, "mine"))
+  assert "mine" in repr(lars_optax.by_predicate(lambda n, x: True, description="mine"))
 
 
 @pytest.mark.parametrize("max_ndim, expected", [
@@ -245,15 +245,15 @@ def test_combinators():
 
 def test_select_returns_names_in_leaf_order():
   params = _flax_params()
-  assert lars_optax.FLAX_SKIP.select(params) == [
+  assert lars_optax.masks.FLAX_SKIP.select(params) == [
       "params/BatchNorm_0/bias", "params/BatchNorm_0/scale", "params/Dense_0/bias",
       "params/LayerNorm_0/bias", "params/LayerNorm_0/scale"]
-  assert lars_optax.FLAX_SKIP.select({}) == []
+  assert lars_optax.masks.FLAX_SKIP.select({}) == []
 
 
 def test_matches():
-  assert lars_optax.MXNET_SKIP.matches("fc1_bias", None)
-  assert not lars_optax.MXNET_SKIP.matches("fc1_weight", None)
+  assert lars_optax.masks.MXNET_SKIP.matches("fc1_bias", None)
+  assert not lars_optax.masks.MXNET_SKIP.matches("fc1_weight", None)
 
 
 def test_repr_is_informative():
@@ -268,7 +268,8 @@ def test_repr_is_informative():
   assert r.startswith("Mask(")
   for part in ("suffix in ['a']", "ndim <= 1", "leaf name in ['b']", "|", "&", "~"):
     assert part in r
-  for preset in (lars_optax.MXNET_SKIP, lars_optax.FLAX_SKIP, lars_optax.HAIKU_SKIP):
+  for preset in (lars_optax.masks.MXNET_SKIP, lars_optax.masks.FLAX_SKIP,
+                 lars_optax.masks.HAIKU_SKIP):
     assert repr(preset).startswith("Mask(") and "custom rule" not in repr(preset)
 
 
@@ -278,12 +279,12 @@ def test_repr_is_informative():
 
 
 def test_mxnet_skip_preset():
-  assert lars_optax.MXNET_SKIP.select(_mxnet_params()) == [
+  assert lars_optax.masks.MXNET_SKIP.select(_mxnet_params()) == [
       "bn_beta", "bn_gamma", "fc1_bias", "mybeta"]
 
 
 def test_flax_skip_preset():
-  out = lars_optax.FLAX_SKIP(_flax_params())["params"]
+  out = lars_optax.masks.FLAX_SKIP(_flax_params())["params"]
   assert out == {
       "Dense_0": {"kernel": False, "bias": True},
       "BatchNorm_0": {"scale": True, "bias": True},
@@ -292,7 +293,7 @@ def test_flax_skip_preset():
 
 
 def test_haiku_skip_preset():
-  out = lars_optax.HAIKU_SKIP(_haiku_params())
+  out = lars_optax.masks.HAIKU_SKIP(_haiku_params())
   assert out == {
       "mlp/~/linear_0": {"w": False, "b": True},
       "batch_norm": {"scale": True, "offset": True},
@@ -300,9 +301,9 @@ def test_haiku_skip_preset():
 
 
 def test_presets_exported_from_masks_module():
-  assert lars_optax.MXNET_SKIP is masks.MXNET_SKIP
-  assert lars_optax.FLAX_SKIP is masks.FLAX_SKIP
-  assert lars_optax.HAIKU_SKIP is masks.HAIKU_SKIP
+  assert lars_optax.masks.MXNET_SKIP is masks.MXNET_SKIP
+  assert lars_optax.masks.FLAX_SKIP is masks.FLAX_SKIP
+  assert lars_optax.masks.HAIKU_SKIP is masks.HAIKU_SKIP
 
 
 # --------------------------------------------------------------------------
@@ -313,7 +314,7 @@ def test_presets_exported_from_masks_module():
 def test_mask_in_optax_masked():
   params = _mxnet_params()
   grads = jax.tree.map(lambda p: 2.0 * p, params)
-  tx = optax.masked(optax.set_to_zero(), lars_optax.MXNET_SKIP)
+  tx = optax.masked(optax.set_to_zero(), lars_optax.masks.MXNET_SKIP)
   updates, _ = tx.update(grads, tx.init(params), params)
   skipped = {"fc1_bias", "bn_gamma", "bn_beta", "mybeta"}
   expected = {k: (jnp.zeros_like(g) if k in skipped else g) for k, g in grads.items()}
@@ -327,7 +328,7 @@ def test_leaf_values_may_name_a_leaf_that_optax_masked_hides(arg):
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}, "emb": jnp.ones(3)}
   grads = jax.tree.map(lambda p: 0.5 * p, params)
   hide = {"dense": {"kernel": True, "bias": False}, "emb": False}
-  inner = lars_optax.create("sgd", learning_rate=0.1, wd=0.1,
+  inner = lars_optax.mxnet.create("sgd", learning_rate=0.1, wd=0.1,
                             **{arg: {"dense/kernel": 0.5, "dense/bias": 0.0}})
   tx = optax.masked(inner, hide)
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -341,7 +342,7 @@ def test_leaf_values_may_name_a_leaf_that_optax_masked_hides(arg):
 
 def test_leaf_values_may_name_a_leaf_under_a_subtree_that_optax_masked_hides():
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}, "emb": jnp.ones(3)}
-  tx = optax.masked(lars_optax.create("sgd", lr_mult={"dense/bias": 0.0, "emb": 2.0}),
+  tx = optax.masked(lars_optax.mxnet.create("sgd", lr_mult={"dense/bias": 0.0, "emb": 2.0}),
                     {"dense": False, "emb": True})  # a prefix: the whole subtree hidden
   updates, _ = tx.update(params, tx.init(params), params)
   np.testing.assert_allclose(updates["emb"], -0.1 * 2.0, rtol=1e-6)
@@ -349,7 +350,7 @@ def test_leaf_values_may_name_a_leaf_under_a_subtree_that_optax_masked_hides():
 
 def test_leaf_values_key_that_names_no_leaf_still_raises_under_optax_masked():
   params = {"w": jnp.ones(2), "b": jnp.ones(2)}
-  tx = optax.masked(lars_optax.create("sgd", lr_mult={"bb": 0.5}), {"w": True, "b": False})
+  tx = optax.masked(lars_optax.mxnet.create("sgd", lr_mult={"bb": 0.5}), {"w": True, "b": False})
   with pytest.raises(ValueError, match=r"^lr_mult: no parameter is named 'bb' \(did you mean "
                                        r"\['b'\]\?\)"):
     tx.init(params)
@@ -360,7 +361,7 @@ def test_mask_in_add_decayed_weights():
             "bn_gamma": jnp.array([4.0])}
   grads = {"fc1_weight": jnp.array([[0.5, 0.5]]), "fc1_bias": jnp.array([0.5]),
            "bn_gamma": jnp.array([0.5])}
-  tx = optax.add_decayed_weights(0.1, mask=~lars_optax.MXNET_SKIP)
+  tx = optax.add_decayed_weights(0.1, mask=~lars_optax.masks.MXNET_SKIP)
   updates, _ = tx.update(grads, tx.init(params), params)
   chex.assert_trees_all_close(updates, {
       "fc1_weight": jnp.array([[0.6, 0.3]]),
@@ -420,7 +421,7 @@ def test_resolve_mask_bool_pytree():
 def test_resolve_mask_callable():
   params = _flax_params()
   expected = [True, True, True, False, True, True]
-  assert masks.resolve_mask(lars_optax.FLAX_SKIP, params) == expected
+  assert masks.resolve_mask(lars_optax.masks.FLAX_SKIP, params) == expected
   # Any callable returning a bool pytree (optax's convention).
   plain = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)
   assert masks.resolve_mask(plain, params) == expected

@@ -27,15 +27,15 @@ VARIANTS = {
     "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True),
     "signum": lambda: lars_optax.signum(0.01, wd_lh=1e-3),
     "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
-    "adam": lambda: lars_optax.adam(0.01, wd=1e-3),
-    "adam_lazy_mp": lambda: lars_optax.adam(0.01, lazy_update=True, multi_precision=True),
-    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
-    "sgd_mp": lambda: lars_optax.sgd(0.1, momentum=0.9, multi_precision=True),
-    "nag": lambda: lars_optax.nag(0.1, momentum=0.9, wd=1e-3),
-    "dcasgd": lambda: lars_optax.dcasgd(0.1, momentum=0.9, lamda=0.5),
-    "sgld": lambda: lars_optax.sgld(0.01, wd=1e-3, key=1),
+    "adam": lambda: lars_optax.mxnet.adam(0.01, wd=1e-3),
+    "adam_lazy_mp": lambda: lars_optax.mxnet.adam(0.01, lazy_update=True, multi_precision=True),
+    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3),
+    "sgd_mp": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, multi_precision=True),
+    "nag": lambda: lars_optax.mxnet.nag(0.1, momentum=0.9, wd=1e-3),
+    "dcasgd": lambda: lars_optax.mxnet.dcasgd(0.1, momentum=0.9, lamda=0.5),
+    "sgld": lambda: lars_optax.mxnet.sgld(0.01, wd=1e-3, key=1),
     # A Python scheduler (branches on the count) runs on the host under jit.
-    "create_sgd_host_scheduler": lambda: lars_optax.create(
+    "create_sgd_host_scheduler": lambda: lars_optax.mxnet.create(
         "sgd", momentum=0.9, lr_scheduler=lambda n: 0.1 if n < 3 else 0.05),
 }
 MP = {"lars_mp", "adam_lazy_mp", "sgd_mp"}
@@ -144,7 +144,7 @@ def test_optax_apply_if_finite_composes_without_multi_precision(name):
 
 
 def test_skip_nonfinite_never_gives_up_by_default():
-  tx = lars_optax.skip_nonfinite(lars_optax.sgd(0.1, momentum=0.9))
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.sgd(0.1, momentum=0.9))
   p = _params()
   steps = _run(tx, [_poison(_grads(p, k), NAN) for k in range(5)])
   chex.assert_trees_all_equal(steps[-1][0], p)
@@ -152,7 +152,7 @@ def test_skip_nonfinite_never_gives_up_by_default():
 
 
 def test_skip_nonfinite_max_consecutive_errors_gives_up_like_optax():
-  tx = lars_optax.skip_nonfinite(lars_optax.sgd(0.1), max_consecutive_errors=1)
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.sgd(0.1), max_consecutive_errors=1)
   p = _params()
   (p0, _), (p1, s1) = _run(tx, [_poison(_grads(p, k), NAN) for k in range(2)])
   chex.assert_trees_all_equal(p0, p)  # the first is skipped
@@ -179,8 +179,8 @@ def test_skip_nonfinite_empty_tree_and_extra_args():
 
 @pytest.mark.parametrize("make, dtype", [
     (lambda: lars_optax.lars(0.5, momentum=0.9, eta=0.05, skip="mxnet"), jnp.float32),
-    (lambda: lars_optax.adam(0.05), jnp.float32),
-    (lambda: lars_optax.sgd(0.1, momentum=0.9, multi_precision=True), jnp.bfloat16),
+    (lambda: lars_optax.mxnet.adam(0.05), jnp.float32),
+    (lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, multi_precision=True), jnp.bfloat16),
 ], ids=["lars", "adam", "sgd_mp_bfloat16"])
 def test_training_loop_survives_injected_nan_batches(make, dtype):
   """Linear regression; every third batch holds a NaN input, so its gradient is NaN."""
@@ -230,7 +230,7 @@ def test_training_loop_survives_injected_nan_batches(make, dtype):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: lars_optax.sgd(0.1, momentum=0.9),
+    lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
     lambda: lars_optax.signum(0.01),  # sign(inf) is finite: only the cast gradient shows it
     lambda: lars_optax.lars(0.1, momentum=0.9),
 ], ids=["sgd", "signum", "lars"])
@@ -248,7 +248,7 @@ def test_skip_nonfinite_counts_a_gradient_that_overflows_the_param_dtype(make):
 
 def test_skip_nonfinite_applies_that_gradient_under_multi_precision():
   # The float32 master takes 1e5 as it is: nothing overflows, nothing is skipped.
-  tx = lars_optax.skip_nonfinite(lars_optax.sgd(1e-6, multi_precision=True))
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.sgd(1e-6, multi_precision=True))
   params = {"w": jnp.ones(3, jnp.float16)}
   updates, state = tx.update({"w": jnp.array([1.0, 1e5, 1.0])}, tx.init(params), params)
   assert int(state.total_notfinite) == 0
@@ -277,7 +277,7 @@ ZERO_LAYER = {
     **VARIANTS,
     "tf_lars_plain": lambda: lars_optax.tf_lars(0.1, momentum=0.0, weight_decay=0.0),
     "lars_skip_none": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, skip=None),
-    "adam_epsilon_0": lambda: lars_optax.adam(0.01, epsilon=0.0),
+    "adam_epsilon_0": lambda: lars_optax.mxnet.adam(0.01, epsilon=0.0),
     "signum_jnp_momentum": lambda: lars_optax.signum(0.01, momentum=jnp.float32(0.9)),
     "skip_nonfinite_lars": lambda: lars_optax.skip_nonfinite(lars_optax.lars(0.1, skip=None)),
 }
@@ -304,7 +304,7 @@ def test_zero_layer_with_zero_gradient_forms_no_nan(name, jit):
 _LAYER_WISE = {"lars", "lamb", "lans"}
 
 
-@pytest.mark.parametrize("name", lars_optax.registered())
+@pytest.mark.parametrize("name", lars_optax.mxnet.registered())
 def test_nan_gradient_element_shows_in_the_update_of_every_registered_optimizer(name):
   """One NaN gradient element gives a non-finite update there (in that leaf for the
   layer-wise rules), never a silent zero step that freezes the weight for good."""
@@ -312,7 +312,7 @@ def test_nan_gradient_element_shows_in_the_update_of_every_registered_optimizer(
   params = {"w": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
             "v": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}
   grads = jax.tree.map(lambda p: 0.1 * p + 0.05, params)
-  tx = lars_optax.create(name)
+  tx = lars_optax.mxnet.create(name)
   state = tx.init(params)
   _, state = tx.update(grads, state, params)  # one clean step first: state is not fresh
   bad = {"w": grads["w"].at[1, 2].set(jnp.nan), "v": grads["v"]}
@@ -334,14 +334,16 @@ _STATISTICS = {"adam", "adamw", "nadam", "adamax", "adabelief", "ftml", "lamb", 
 def test_skip_nonfinite_ignores_a_nan_in_a_row_sparse_padding_slot():
   """The padding slot (row == num_rows) is not in the array; the optimizer ignores it."""
   params = {"emb": jnp.ones((4, 2))}
-  tx = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True))
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.adam(0.1, lazy_update=True))
   state = tx.init(params)
   values = jnp.array([[1.0, 1.0], [jnp.nan, jnp.nan]])
-  padded = lars_optax.row_sparse(values, jnp.array([1, 4]), 4)  # slot 2 is padding
+  padded = lars_optax.sparse.row_sparse(values, rows=jnp.array([1, 4]),
+                                        num_rows=4)  # slot 2 is padding
   updates, state = tx.update({"emb": padded}, state, params)
   assert int(state.total_notfinite) == 0 and bool(state.last_finite)
   new = optax.apply_updates(params, updates)
   assert bool(jnp.all(jnp.isfinite(new["emb"]))) and float(new["emb"][1, 0]) != 1.0
-  used = lars_optax.row_sparse(values, jnp.array([1, 2]), 4)  # the NaN is on row 2: skipped
+  used = lars_optax.sparse.row_sparse(values, rows=jnp.array([1, 2]),
+                                      num_rows=4)  # the NaN is on row 2: skipped
   _, state = tx.update({"emb": used}, state, params)
   assert int(state.total_notfinite) == 1 and not bool(state.last_finite)

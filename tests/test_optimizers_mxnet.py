@@ -15,17 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import lars_optax
 from conftest import mxnet_grads as _grads
 from conftest import mxnet_params as _params
 from conftest import mxnet_run as _run
 
+import lars_optax
+
 MXNET = {
     "signum": lars_optax.signum,
     "signsgd": lars_optax.signsgd,
-    "adam": lars_optax.adam,
-    "sgd": lars_optax.sgd,
+    "adam": lars_optax.mxnet.adam,
+    "sgd": lars_optax.mxnet.sgd,
     "lars": lars_optax.lars,
 }
 

@@ -30,8 +30,8 @@ LOW_DTYPES = [jnp.float16, jnp.bfloat16]
 
 INNERS = {
     "lars": lambda: lars_optax.lars(momentum=0.9, eta=0.1),
-    "adam": lambda: lars_optax.adam(learning_rate=0.01),
-    "sgd": lambda: lars_optax.sgd(momentum=0.9),
+    "adam": lambda: lars_optax.mxnet.adam(learning_rate=0.01),
+    "sgd": lambda: lars_optax.mxnet.sgd(momentum=0.9),
     "signum": lambda: lars_optax.signum(),
     "optax_adam": lambda: optax.adam(1e-2),
 }
@@ -39,8 +39,8 @@ INNERS = {
 # The lars_optax optimizers with a multi_precision argument.
 FLAGGED = {
     "lars": lambda **kw: lars_optax.lars(momentum=0.9, eta=0.1, wd=1e-3, **kw),
-    "adam": lambda **kw: lars_optax.adam(learning_rate=0.01, wd=1e-3, **kw),
-    "sgd": lambda **kw: lars_optax.sgd(momentum=0.9, wd=1e-3, **kw),
+    "adam": lambda **kw: lars_optax.mxnet.adam(learning_rate=0.01, wd=1e-3, **kw),
+    "sgd": lambda **kw: lars_optax.mxnet.sgd(momentum=0.9, wd=1e-3, **kw),
     "signum": lambda **kw: lars_optax.signum(wd_lh=1e-3, **kw),
     "signsgd": lambda **kw: lars_optax.signsgd(**kw),
 }
@@ -126,10 +126,11 @@ def test_params_are_cast_master_and_master_follows_float32_run(name, dtype):
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["float16", "bfloat16"])
 def test_state_structure(dtype):
   params = _params(dtype)
-  state = multi_precision(lars_optax.adam()).init(params)
+  state = multi_precision(lars_optax.mxnet.adam()).init(params)
   assert isinstance(state, MultiPrecisionState)
   chex.assert_trees_all_equal(state.master, _to_f32(params))
-  chex.assert_trees_all_equal_structs(state.inner_state, lars_optax.adam().init(_to_f32(params)))
+  chex.assert_trees_all_equal_structs(state.inner_state,
+                                      lars_optax.mxnet.adam().init(_to_f32(params)))
   assert all(x.dtype == jnp.float32 for x in _float_leaves(state.inner_state))
 
 
@@ -183,7 +184,7 @@ def test_float32_and_float64_leaves_pass_through(name):
 
 def test_all_float32_tree_is_inner():
   params = _params(jnp.float32)
-  tx, inner = multi_precision(lars_optax.adam(0.01)), lars_optax.adam(0.01)
+  tx, inner = multi_precision(lars_optax.mxnet.adam(0.01)), lars_optax.mxnet.adam(0.01)
   state, inner_state = tx.init(params), inner.init(params)
   for g in _grads(params, n_steps=2):
     upd, state = tx.update(g, state, params)
@@ -239,7 +240,7 @@ def test_trust_ratios_through_wrapper():
 
 def test_master_params_under_jit_and_in_a_chain():
   params = _params(jnp.float16)
-  tx = optax.chain(optax.clip(1.0), multi_precision(lars_optax.sgd(0.1)))
+  tx = optax.chain(optax.clip(1.0), multi_precision(lars_optax.mxnet.sgd(0.1)))
   state = tx.init(params)
   upd, state = tx.update(_grads(params, n_steps=1)[0], state, params)
   params = optax.apply_updates(params, upd)
@@ -254,7 +255,7 @@ def test_master_params_under_jit_and_in_a_chain():
 
 
 @pytest.mark.parametrize("state", [
-    lars_optax.sgd(momentum=0.9).init({"w": jnp.ones(2)}),
+    lars_optax.mxnet.sgd(momentum=0.9).init({"w": jnp.ones(2)}),
     optax.EmptyState(),
     (),
 ], ids=["sgd_state", "empty_state", "tuple"])
@@ -265,14 +266,14 @@ def test_master_params_without_state_raises(state):
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
 def test_non_float_params_raise(dtype):
-  tx = multi_precision(lars_optax.sgd())
+  tx = multi_precision(lars_optax.mxnet.sgd())
   params = {"w": jnp.ones((2,), jnp.float16), "step_counter": jnp.zeros((2,), dtype)}
   with pytest.raises(TypeError, match="step_counter"):
     tx.init(params)
 
 
 def test_mismatched_grads_raise():
-  tx = multi_precision(lars_optax.sgd(momentum=0.9))
+  tx = multi_precision(lars_optax.mxnet.sgd(momentum=0.9))
   params = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones((2,), jnp.float16)}
   state = tx.init(params)
   with pytest.raises(ValueError, match="'b'"):  # a leaf missing from the gradients
@@ -284,13 +285,13 @@ def test_mismatched_grads_raise():
     tx.update({"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones((2,), jnp.float16)}, state)
 
 
-@pytest.mark.parametrize("inner", [None, "sgd", lars_optax.sgd, lambda g, s, p: (g, s)])
+@pytest.mark.parametrize("inner", [None, "sgd", lars_optax.mxnet.sgd, lambda g, s, p: (g, s)])
 def test_non_transformation_inner_raises(inner):
   with pytest.raises(TypeError, match="inner"):
     multi_precision(inner)
 
 
-@pytest.mark.parametrize("fn", [lars_optax.lars, lars_optax.adam, lars_optax.sgd,
+@pytest.mark.parametrize("fn", [lars_optax.lars, lars_optax.mxnet.adam, lars_optax.mxnet.sgd,
                                 lars_optax.signum, lars_optax.signsgd])
 def test_flag_must_be_bool(fn):
   with pytest.raises(TypeError, match="multi_precision"):
@@ -322,11 +323,11 @@ def test_tiny_float16_steps_only_accumulate_with_master():
       return p, s, history
     return run(params)
 
-  plain_params, _, plain_history = train(lars_optax.sgd(1e-4))
+  plain_params, _, plain_history = train(lars_optax.mxnet.sgd(1e-4))
   np.testing.assert_array_equal(plain_history, 1.0)
   np.testing.assert_array_equal(plain_params["w"], 1.0)  # stuck
 
-  mp_params, mp_state, mp_history = train(lars_optax.sgd(1e-4, multi_precision=True))
+  mp_params, mp_state, mp_history = train(lars_optax.mxnet.sgd(1e-4, multi_precision=True))
   master = master_params(mp_state, mp_params)["w"]
   np.testing.assert_allclose(master, 1.0 - n_steps * 1e-5, rtol=1e-5)
   assert mp_params["w"].dtype == jnp.float16
@@ -362,13 +363,13 @@ def _low_precision_warnings(tx, params):
           if issubclass(r.category, lars_optax.LowPrecisionWarning)]
 
 
-@pytest.mark.parametrize("name", lars_optax.registered())
+@pytest.mark.parametrize("name", lars_optax.mxnet.registered())
 def test_float16_without_master_weights_warns_for_every_rule_that_keeps_squares(name):
   assert name in _KEEPS_SQUARES | _NO_SQUARES, (
       f"{name!r} is new: add it to _KEEPS_SQUARES or _NO_SQUARES (does its state keep "
       "squared gradients in the params' dtype?)")
   params = {"w": jnp.ones((2, 3), jnp.float16), "b": jnp.ones(3, jnp.float16)}
-  found = _low_precision_warnings(lars_optax.create(name), params)
+  found = _low_precision_warnings(lars_optax.mxnet.create(name), params)
   if name in _KEEPS_SQUARES:
     assert len(found) == 1, (name, found)
     expected = "parameter 'b' (and 1 more) is float16 and there are no float32 master weights"
@@ -377,9 +378,9 @@ def test_float16_without_master_weights_warns_for_every_rule_that_keeps_squares(
   else:
     assert found == [], (name, found)
   # Where the squares are safe: float32 master weights, or bfloat16's range.
-  assert _low_precision_warnings(lars_optax.create(name, multi_precision=True), params) == []
+  assert _low_precision_warnings(lars_optax.mxnet.create(name, multi_precision=True), params) == []
   bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
-  assert _low_precision_warnings(lars_optax.create(name), bf16) == []
+  assert _low_precision_warnings(lars_optax.mxnet.create(name), bf16) == []
 
 
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
@@ -400,11 +401,11 @@ def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(n
       history.append(np.asarray(p["w"], np.float32))
     return history
 
-  plain = run(lars_optax.create(name))
+  plain = run(lars_optax.mxnet.create(name))
   after_overflow = plain[1:]
   assert all(np.array_equal(h, plain[0]) for h in after_overflow) or not np.all(
       np.isfinite(plain[-1])), (name, plain)
-  master = run(lars_optax.create(name, multi_precision=True))
+  master = run(lars_optax.mxnet.create(name, multi_precision=True))
   assert np.all(np.isfinite(master[-1])), (name, master)
   assert not np.array_equal(master[-1], master[0]), (name, master)
 
@@ -414,8 +415,8 @@ def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(n
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make", [
-    lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True, multi_precision=True),
-    lambda: lars_optax.create("sgd", momentum=0.9, lazy_update=True, multi_precision=True),
+    lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True, multi_precision=True),
+    lambda: lars_optax.mxnet.create("sgd", momentum=0.9, lazy_update=True, multi_precision=True),
 ], ids=["sgd", "create_sgd"])
 def test_sgd_lazy_update_with_multi_precision_raises_at_construction(make):
   with pytest.raises(ValueError, match=r"^lazy_update: sgd takes lazy_update=True or "
@@ -433,7 +434,7 @@ def test_adam_lazy_update_with_multi_precision_takes_row_sparse_gradients_as_mxn
   LARS assert against it): float16 row_sparse gradients update the float32
   master's present rows. Fed as BCOOs, we match its weights, masters and moments."""
   (case,) = [c for c in MXNET_OPTIMIZERS["cases"] if c["name"] == "adam_lazy_mp_f16"]
-  tx = lars_optax.create("adam", **case["kwargs"])
+  tx = lars_optax.mxnet.create("adam", **case["kwargs"])
   params = {k: jnp.asarray(np.asarray(v), jnp.float16) for k, v in case["params"].items()}
   state = tx.init(params)
 
@@ -462,19 +463,20 @@ def test_adam_lazy_update_with_multi_precision_takes_row_sparse_gradients_as_mxn
 def test_multi_precision_row_sparse_update_equals_the_dense_one():
   """Repeated rows, padding and a dense leaf beside: the update is row-sparse, and
   equals the same step on the dense gradient (weights, masters and state)."""
-  tx = lars_optax.adam(0.05, wd=1e-2, lazy_update=True, multi_precision=True)
+  tx = lars_optax.mxnet.adam(0.05, wd=1e-2, lazy_update=True, multi_precision=True)
   rng = np.random.default_rng(0)
   params = {"emb": jnp.asarray(rng.normal(size=(10, 3)), jnp.float16),
             "w": jnp.asarray(rng.normal(size=(3,)), jnp.bfloat16)}
   # Eighths, so that float16 sums the repeated row 2 exactly in todense() too.
-  rows = lars_optax.row_sparse(jnp.asarray(rng.integers(-8, 9, size=(5, 3)) / 8, jnp.float16),
-                               jnp.array([2, 7, 2, 10, 0]), 10)  # 10 = padding
+  rows = lars_optax.sparse.row_sparse(jnp.asarray(rng.integers(-8, 9, size=(5, 3)) / 8,
+                                                  jnp.float16),
+                               rows=jnp.array([2, 7, 2, 10, 0]), num_rows=10)  # 10 = padding
   grads = {"emb": rows, "w": jnp.ones((3,), jnp.bfloat16)}
   dense = {"emb": rows.todense(), "w": grads["w"]}
   state = tx.init(params)
   for _ in range(3):
     updates, s_sparse = jax.jit(tx.update)(grads, state, params)
-    assert isinstance(updates["emb"], lars_optax.RowSparseUpdate)
+    assert isinstance(updates["emb"], lars_optax.sparse.RowSparseUpdate)
     d_updates, s_dense = tx.update(dense, state, params)
     new = optax.apply_updates(params, updates)
     chex.assert_trees_all_equal(new, optax.apply_updates(params, d_updates))
@@ -487,12 +489,13 @@ def test_multi_precision_row_sparse_update_equals_the_dense_one():
 def test_multi_precision_row_sparse_under_skip_nonfinite():
   """(optax.apply_if_finite fails on any multi_precision update: its zero tree has
   the gradients' float16 dtype, the update is float32; skip_nonfinite is the guard.)"""
-  tx = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True, multi_precision=True))
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.adam(0.1, lazy_update=True, multi_precision=True))
   params = {"emb": jnp.ones((4, 2), jnp.float16)}
   state = tx.init(params)
-  good = {"emb": lars_optax.row_sparse(jnp.ones((1, 2), jnp.float16), jnp.array([1]), 4)}
-  bad = {"emb": lars_optax.row_sparse(jnp.full((1, 2), jnp.nan, jnp.float16),
-                                      jnp.array([1]), 4)}
+  good = {"emb": lars_optax.sparse.row_sparse(jnp.ones((1, 2), jnp.float16), rows=jnp.array([1]),
+                                              num_rows=4)}
+  bad = {"emb": lars_optax.sparse.row_sparse(jnp.full((1, 2), jnp.nan, jnp.float16),
+                                      rows=jnp.array([1]), num_rows=4)}
   updates, state = jax.jit(tx.update)(bad, state, params)
   chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
   updates, state = jax.jit(tx.update)(good, state, params)
@@ -503,7 +506,8 @@ def test_multi_precision_row_sparse_under_skip_nonfinite():
 def test_multi_precision_around_an_optimizer_that_cannot_take_a_bcoo_names_the_leaf():
   tx = multi_precision(optax.adam(1e-3))
   params = {"emb": jnp.ones((6, 3), jnp.float16)}
-  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3), jnp.float16), jnp.array([1, 4]), 6)}
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 3), jnp.float16),
+                                               rows=jnp.array([1, 4]), num_rows=6)}
   with pytest.raises(ValueError, match=r"^multi_precision: gradient 'emb' is row-sparse \(a "
                                        r"BCOO\), and the wrapped optimizer failed on it"):
     tx.update(grads, tx.init(params), params)

@@ -140,7 +140,7 @@ def test_masked_leaves_get_ratio_one(params, grads, lr, eta, skip, momentum):
        clip=st.sampled_from([None, 0.5]), rescale=st.floats(1e-3, 10.0))
 def test_sign_update_moves_a_weight_by_at_most_lr_plus_decay(params, grads, lr, momentum, wd,
                                                               wd_lh, clip, rescale):
-  tx = lars_optax.signum(lr, momentum, wd_lh=wd_lh, wd=wd, rescale_grad=rescale,
+  tx = lars_optax.signum(lr, momentum=momentum, wd_lh=wd_lh, wd=wd, rescale_grad=rescale,
                          clip_gradient=clip)
   # signum's wd enters the momentum before the sign (it cannot move a weight by
   # more than lr); with momentum 0 (signSGD) both decays are decoupled.
@@ -163,11 +163,11 @@ def test_sign_update_moves_a_weight_by_at_most_lr_plus_decay(params, grads, lr, 
 ZERO_GRAD = {
     "lars": (lambda lr, wd, wd_lh: lars_optax.lars(lr, momentum=0.9, wd=wd), "wd"),
     "tf_lars": (lambda lr, wd, wd_lh: lars_optax.tf_lars(lr, weight_decay=wd), None),
-    "signum": (lambda lr, wd, wd_lh: lars_optax.signum(lr, 0.9, wd_lh=wd_lh), "wd_lh"),
+    "signum": (lambda lr, wd, wd_lh: lars_optax.signum(lr, momentum=0.9, wd_lh=wd_lh), "wd_lh"),
     "signsgd": (lambda lr, wd, wd_lh: lars_optax.signsgd(lr, wd_lh=wd_lh, wd=wd), "both"),
-    "adam": (lambda lr, wd, wd_lh: lars_optax.adam(lr), None),
-    "sgd": (lambda lr, wd, wd_lh: lars_optax.sgd(lr, momentum=0.9, wd=wd), "wd"),
-    "sgd_lazy_mp": (lambda lr, wd, wd_lh: lars_optax.multi_precision(lars_optax.sgd(
+    "adam": (lambda lr, wd, wd_lh: lars_optax.mxnet.adam(lr), None),
+    "sgd": (lambda lr, wd, wd_lh: lars_optax.mxnet.sgd(lr, momentum=0.9, wd=wd), "wd"),
+    "sgd_lazy_mp": (lambda lr, wd, wd_lh: lars_optax.multi_precision(lars_optax.mxnet.sgd(
         lr, momentum=0.9, wd=wd, lazy_update=True)), None),
 }
 
@@ -202,8 +202,8 @@ PURE = {
     "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True, skip_list=["bias"]),
     "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
     "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
-    "adam": lambda: lars_optax.adam(optax.cosine_decay_schedule(0.01, 10), wd=1e-3),
-    "sgd_lazy_mp": lambda: lars_optax.multi_precision(lars_optax.sgd(0.1, momentum=0.9,
+    "adam": lambda: lars_optax.mxnet.adam(optax.cosine_decay_schedule(0.01, 10), wd=1e-3),
+    "sgd_lazy_mp": lambda: lars_optax.multi_precision(lars_optax.mxnet.sgd(0.1, momentum=0.9,
                                                                      lazy_update=True)),
     "skip_nonfinite_lars": lambda: lars_optax.skip_nonfinite(lars_optax.lars(0.1, momentum=0.9)),
 }
@@ -248,9 +248,9 @@ SCALAR_TYPES = {"python": float, "np_float32": np.float32, "np_float64": np.floa
 TYPED = {
     "lars": lambda lr, mu, wd: lars_optax.lars(lr, momentum=mu, wd=wd, eta=0.01, skip=None),
     "tf_lars": lambda lr, mu, wd: lars_optax.tf_lars(lr, momentum=mu, weight_decay=wd),
-    "signum": lambda lr, mu, wd: lars_optax.signum(lr, mu, wd=wd, wd_lh=wd),
-    "adam": lambda lr, mu, wd: lars_optax.adam(lr, beta1=mu, wd=wd),
-    "sgd": lambda lr, mu, wd: lars_optax.sgd(lr, momentum=mu, wd=wd),
+    "signum": lambda lr, mu, wd: lars_optax.signum(lr, momentum=mu, wd=wd, wd_lh=wd),
+    "adam": lambda lr, mu, wd: lars_optax.mxnet.adam(lr, beta1=mu, wd=wd),
+    "sgd": lambda lr, mu, wd: lars_optax.mxnet.sgd(lr, momentum=mu, wd=wd),
 }
 
 

@@ -147,7 +147,7 @@ def test_readme_and_create_say_how_each_schedule_counts():
   text = " ".join((DOCS / "optimizers.md").read_text(encoding="utf-8").split())
   assert ("MXNet's 1-based update count (shifted by `begin_num_update`, which also starts "
           "Adam's `t`), while an optax schedule given as `learning_rate` counts from 0") in text
-  doc = " ".join(lars_optax.create.__doc__.split())
+  doc = " ".join(lars_optax.mxnet.create.__doc__.split())
   assert "1 at the first update" in doc
   assert ("given as ``learning_rate`` instead is called with the number of updates done, "
           "0 at the first update") in doc

@@ -2,8 +2,8 @@
 
 The values come from ``tests/reference/make_mxnet_optimizers.py`` (run with
 MXNet in a virtual environment of its own; see the script). Each case is built
-here with ``lars_optax.create(<MXNet name>, **<the kwargs given to
-mx.optimizer.create>)``, so these tests check :func:`lars_optax.create` as
+here with ``lars_optax.mxnet.create(<MXNet name>, **<the kwargs given to
+mx.optimizer.create>)``, so these tests check :func:`lars_optax.mxnet.create` as
 well as the optimizers. Every case runs 12 steps, one of which has all-zero
 gradients. Cases cover ``lr_mult``/``wd_mult``, a stateful MXNet-style
 ``FactorScheduler`` with ``begin_num_update``, row-sparse gradients with and
@@ -66,7 +66,7 @@ def _create(case):
       kwargs[key] = case[key]
   if "lr_scheduler" in case:
     kwargs["lr_scheduler"] = _scheduler(case)
-  return lars_optax.create(case["optimizer"], **kwargs)
+  return lars_optax.mxnet.create(case["optimizer"], **kwargs)
 
 
 def _tree(d, dtype):
@@ -140,7 +140,9 @@ def test_matches_mxnet_without_jit(name):
 def test_scheduler_gives_mxnets_learning_rates(name):
   case = CASES[name]
   assert case["lr_scheduler"]["base_lr"] == case["kwargs"]["learning_rate"]
-  sched = lars_optax.mxnet_schedule(_scheduler(case), case["kwargs"].get("begin_num_update", 0))
+  sched = lars_optax.mxnet.mxnet_schedule(_scheduler(case),
+                                          begin_num_update=case["kwargs"].get("begin_num_update",
+                                                                              0))
   for count, (num_update, lr) in enumerate(case["lr_calls"]):
     assert num_update == count + 1 + case["kwargs"].get("begin_num_update", 0)
     np.testing.assert_allclose(float(sched(jnp.asarray(count))), lr, rtol=1e-6)

@@ -2,7 +2,7 @@
 
 The values come from ``tests/reference/make_mxnet_registry.py`` (run with MXNet
 in a virtual environment of its own; see the script). Each case is built here
-with ``lars_optax.create(<MXNet name>, **<the kwargs given to
+with ``lars_optax.mxnet.create(<MXNet name>, **<the kwargs given to
 mx.optimizer.create>)`` and runs 12 jitted steps, one of which has all-zero
 gradients (except in the LANS cases, where MXNet turns NaN there; see the
 generator), on a tree with a zero-initialised layer. Weights and every state
@@ -100,7 +100,7 @@ def _create(case) -> optax.GradientTransformation:
   for key in ("lr_mult", "wd_mult"):
     if key in case:
       kwargs[key] = case[key]
-  return lars_optax.create(case["optimizer"], **kwargs)
+  return lars_optax.mxnet.create(case["optimizer"], **kwargs)
 
 
 def _buffers(case, state, params) -> list:
@@ -151,4 +151,4 @@ def test_matches_mxnet(name):
 def test_every_optimizer_in_the_reference_has_a_tolerance_and_state_mapping():
   names = {c["optimizer"] for c in REF["cases"]}
   assert names <= set(RTOL) and {c["buffers"] for c in REF["cases"]} <= set(STATE_BUFFERS)
-  assert names <= set(lars_optax.registered())
+  assert names <= set(lars_optax.mxnet.registered())

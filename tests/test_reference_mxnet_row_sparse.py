@@ -2,7 +2,7 @@
 
 The values come from ``tests/reference/make_mxnet_row_sparse.py`` (run with
 MXNet in a virtual environment of its own; see the script). Each case is built
-here with ``lars_optax.create(<MXNet name>, **<the kwargs given to
+here with ``lars_optax.mxnet.create(<MXNet name>, **<the kwargs given to
 mx.optimizer.create>)`` and runs 12 jitted steps on row-sparse BCOO gradients
 holding the rows MXNet got as ``row_sparse`` (padded to one slot per row with
 the padding index, so that every step compiles once). Weights and every state
@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import as_row_sparse as _as_row_sparse
 
 import lars_optax
-from conftest import as_row_sparse as _as_row_sparse
 
 REF = json.loads(
     (pathlib.Path(__file__).parent / "reference" / "mxnet_row_sparse.json").read_text())
@@ -43,7 +43,7 @@ def _create(case):
   for key in ("lr_mult", "wd_mult"):
     if key in case:
       kwargs[key] = case[key]
-  return lars_optax.create(case["optimizer"], **kwargs)
+  return lars_optax.mxnet.create(case["optimizer"], **kwargs)
 
 
 def _buffers(case, state):

@@ -60,23 +60,23 @@ def _rel(a, b):
 def _run(carry_over: bool):
   """Runs the SVRG loop; returns the params after each update and each mu."""
   batches = _batches()
-  tx = lars_optax.svrg(optax.sgd(REF["learning_rate"]))
-  grads_fn = lars_optax.svrg_value_and_grads(_loss)
+  tx = lars_optax.svrg.svrg(optax.sgd(REF["learning_rate"]))
+  grads_fn = lars_optax.svrg.value_and_grads(_loss)
   update = jax.jit(tx.update)
   params = _init()
   state = tx.init(params)
   mu_prev = None
   history, mus = [], []
   for epoch in range(REF["num_epoch"]):
-    if lars_optax.svrg_due(epoch, REF["update_freq"]):
-      mu = lars_optax.full_gradient(_loss, params, batches)
+    if lars_optax.svrg.due(epoch, update_freq=REF["update_freq"]):
+      mu = lars_optax.svrg.full_gradient(_loss, params, batches)
       if carry_over and mu_prev is not None:
         mu = jax.tree.map(lambda m, p: m + p / len(batches), mu, mu_prev)
       mu_prev = mu
       mus.append(mu)
-      state = lars_optax.svrg_refresh(state, params, mu)
+      state = lars_optax.svrg.refresh(state, params, mu)
     for batch in batches:
-      _, g, g_snap = grads_fn(params, lars_optax.svrg_snapshot(state), batch)
+      _, g, g_snap = grads_fn(params, lars_optax.svrg.snapshot(state), batch)
       updates, state = update(g, state, params, snapshot_grads=g_snap)
       params = optax.apply_updates(params, updates)
       history.append(params)
@@ -101,7 +101,7 @@ def test_trajectory_matches_mxnet(carry_over, expected):
 def test_per_batch_gradients_match_mxnet():
   """svrg_value_and_grads gives MXNet's two gradients at the recorded weights."""
   batches = _batches()
-  grads_fn = lars_optax.svrg_value_and_grads(_loss)
+  grads_fn = lars_optax.svrg.value_and_grads(_loss)
   prev = REF["init"]
   snaps = {f["epoch"]: f["snapshot"] for f in REF["full_grads"]}
   snap = None

@@ -37,7 +37,8 @@ LAMB_LR, LAMB_WD = HP["lamb_lr"], HP["lamb_wd"]
 LARS_TOL, ADAM_TOL = 1e-6, 2e-5
 
 NO_DECAY = lars_optax.by_ndim(1)  # timm's and optax's no-decay group: biases and norms
-SIMCLR_EXCLUDE = lars_optax.by_regex("batch_norm|/b$")  # SimCLR's and ALBERT's regexes
+EXCLUDE = ["batch_norm", "/b:", "/b$"]  # the SimCLR and ALBERT generators' exclude lists
+P = lars_optax.porting
 
 
 def _keep(params):
@@ -45,87 +46,79 @@ def _keep(params):
   return jax.tree.map(lambda x: np.ndim(x) > 1, params)
 
 
-def _timm_lars(lr, **kw):
-  return lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, lr_in_momentum=False,
-                         skip=NO_DECAY, wd_skip=NO_DECAY, **kw)
+def _exclude_bias_and_norm(path, value):
+  """BYOL's filter on the case's Haiku-style paths: biases ``b`` and ``*norm*`` modules."""
+  del value
+  return not (path[-1] == "b" or "norm" in path[-2])
 
 
-def _timm_lamb(lr, **kw):
-  return optax.chain(lars_optax.clip_by_global_norm(1.0),
-                     lars_optax.lamb(lr, wd=LAMB_WD, skip=NO_DECAY, wd_skip=NO_DECAY, **kw))
+def _timm(opt, **kw):
+  lars = opt.endswith(("lars", "larc"))
+  args = ({"weight_decay": LARS_WD, "momentum": MU, "trust_coeff": ETA} if lars
+          else {"weight_decay": LAMB_WD})
+  return lambda lr: P.timm_optimizer(opt, lr=lr, **args, **kw)
 
 
-def _simclr(lr, **kw):
-  return lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, epsilon=0.0, update_norm=True,
-                         skip=SIMCLR_EXCLUDE, wd_skip=SIMCLR_EXCLUDE, **kw)
-
-
-def _simclr_popular(lr, nesterov=False):
-  """SimCLR's classic_momentum=False: the ratio of the momentum buffer's step."""
-  return optax.chain(
-      lars_optax.check_inputs("simclr_lars"),
-      lars_optax.add_decayed_weights_per_leaf(LARS_WD, [(SIMCLR_EXCLUDE, 0.0)]),
-      optax.trace(decay=MU, nesterov=nesterov),
-      lars_optax.scale_by_lars_trust_ratio(eta=ETA, skip=SIMCLR_EXCLUDE),
-      optax.scale_by_learning_rate(lr))
-
-
-# row -> (lars_optax optimizer from a learning rate, base rate, tolerance)
+# row -> (the porting call from a learning rate, base rate, tolerance): the peer's
+# call with its prefix changed.
 ROWS = {
-    "timm_lars": (_timm_lars, LARS_LR, LARS_TOL),
-    "timm_larc": (lambda lr: _timm_lars(lr, trust_clip=True), LARS_LR, LARS_TOL),
-    "timm_nlars": (lambda lr: _timm_lars(lr, nesterov=True), LARS_LR, LARS_TOL),
-    "timm_nlarc": (lambda lr: _timm_lars(lr, nesterov=True, trust_clip=True), LARS_LR, LARS_TOL),
-    "timm_lars_dampening": (lambda lr: _timm_lars(lr, dampening=0.1), LARS_LR, LARS_TOL),
-    "timm_lars_always_adapt": (
-        lambda lr: lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, lr_in_momentum=False,
-                                   skip=None, wd_skip=NO_DECAY), LARS_LR, LARS_TOL),
+    "timm_lars": (_timm("lars"), LARS_LR, LARS_TOL),
+    "timm_larc": (_timm("larc"), LARS_LR, LARS_TOL),
+    "timm_nlars": (_timm("nlars"), LARS_LR, LARS_TOL),
+    "timm_nlarc": (_timm("nlarc"), LARS_LR, LARS_TOL),
+    "timm_lars_dampening": (_timm("lars", dampening=0.1), LARS_LR, LARS_TOL),
+    "timm_lars_always_adapt": (_timm("lars", always_adapt=True), LARS_LR, LARS_TOL),
     "timm_lars_class": (
-        lambda lr: lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, lr_in_momentum=False,
-                                   skip=None), LARS_LR, LARS_TOL),
-    "timm_lamb": (_timm_lamb, LAMB_LR, ADAM_TOL),
-    "timm_lambc": (lambda lr: _timm_lamb(lr, trust_clip=True), LAMB_LR, ADAM_TOL),
-    "timm_lambw": (lambda lr: _timm_lamb(lr, decoupled_decay=True), LAMB_LR, ADAM_TOL),
-    "timm_clamb": (lambda lr: _timm_lamb(lr, caution=True), LAMB_LR, ADAM_TOL),
-    "timm_lamb_no_grad_averaging": (lambda lr: _timm_lamb(lr, grad_averaging=False),
-                                    LAMB_LR, ADAM_TOL),
-    "timm_lamb_class": (
-        lambda lr: optax.chain(lars_optax.clip_by_global_norm(1.0),
-                               lars_optax.lamb(lr, wd=0.01)), LAMB_LR, ADAM_TOL),
-    "timm_cadamw": (
-        lambda lr: optax.chain(lars_optax.scale_by_caution(optax.scale_by_adam()),
-                               optax.add_decayed_weights(LAMB_WD, mask=_keep),
-                               optax.scale_by_learning_rate(lr)), LAMB_LR, ADAM_TOL),
-    "keras_lamb": (lambda lr: lars_optax.lamb(lr, epsilon=1e-7), LAMB_LR, ADAM_TOL),
-    "keras_lamb_weight_decay": (
-        lambda lr: lars_optax.lamb(lr, epsilon=1e-7, wd=LAMB_WD, decoupled_decay=True),
-        LAMB_LR, ADAM_TOL),
+        lambda lr: P.timm_lars(lr, momentum=MU, weight_decay=LARS_WD, trust_coeff=ETA),
+        LARS_LR, LARS_TOL),
+    "timm_lamb": (_timm("lamb"), LAMB_LR, ADAM_TOL),
+    "timm_lambc": (_timm("lambc"), LAMB_LR, ADAM_TOL),
+    "timm_lambw": (_timm("lambw"), LAMB_LR, ADAM_TOL),
+    "timm_clamb": (_timm("clamb"), LAMB_LR, ADAM_TOL),
+    "timm_lamb_no_grad_averaging": (_timm("lamb", grad_averaging=False), LAMB_LR, ADAM_TOL),
+    "timm_lamb_class": (lambda lr: P.timm_lamb(lr), LAMB_LR, ADAM_TOL),
+    "timm_cadamw": (_timm("cadamw"), LAMB_LR, ADAM_TOL),
+    "keras_lamb": (lambda lr: P.keras_lamb(lr), LAMB_LR, ADAM_TOL),
+    "keras_lamb_weight_decay": (lambda lr: P.keras_lamb(lr, weight_decay=LAMB_WD),
+                                LAMB_LR, ADAM_TOL),
     "optax_lars": (
-        lambda lr: lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, epsilon=0.0,
-                                   update_norm=True, skip=NO_DECAY, wd_skip=NO_DECAY),
+        lambda lr: P.optax_lars(lr, weight_decay=LARS_WD, weight_decay_mask=_keep,
+                                trust_coefficient=ETA, trust_ratio_mask=_keep, momentum=MU),
         LARS_LR, LARS_TOL),
     "optax_lars_nesterov": (
-        lambda lr: lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, epsilon=0.0,
-                                   update_norm=True, nesterov=True, skip=NO_DECAY,
-                                   wd_skip=NO_DECAY), LARS_LR, LARS_TOL),
-    "optax_lamb": (lambda lr: lars_optax.lamb(lr, wd=LAMB_WD, wd_skip=NO_DECAY),
+        lambda lr: P.optax_lars(lr, weight_decay=LARS_WD, weight_decay_mask=_keep,
+                                trust_coefficient=ETA, trust_ratio_mask=_keep, momentum=MU,
+                                nesterov=True), LARS_LR, LARS_TOL),
+    "optax_lamb": (lambda lr: P.optax_lamb(lr, weight_decay=LAMB_WD, mask=_keep),
                    LAMB_LR, ADAM_TOL),
     "optax_lamb_eps_root": (
-        lambda lr: lars_optax.lamb(lr, wd=LAMB_WD, wd_skip=NO_DECAY, eps_root=1e-6),
+        lambda lr: P.optax_lamb(lr, weight_decay=LAMB_WD, mask=_keep, eps_root=1e-6),
         LAMB_LR, ADAM_TOL),
     "byol_lars": (
-        lambda lr: lars_optax.lars(lr, momentum=MU, eta=ETA, wd=LARS_WD, epsilon=0.0,
-                                   lr_in_momentum=False, update_norm=True, skip="haiku",
-                                   wd_skip="haiku"), LARS_LR, LARS_TOL),
-    "simclr_lars": (_simclr, LARS_LR, LARS_TOL),
-    "simclr_lars_nesterov": (lambda lr: _simclr(lr, nesterov=True), LARS_LR, LARS_TOL),
-    "simclr_lars_popular": (_simclr_popular, LARS_LR, LARS_TOL),
-    "simclr_lars_popular_nesterov": (lambda lr: _simclr_popular(lr, nesterov=True),
-                                     LARS_LR, LARS_TOL),
+        lambda lr: P.byol_lars(lr, weight_decay=LARS_WD, momentum=MU, eta=ETA,
+                               weight_decay_filter=_exclude_bias_and_norm,
+                               lars_adaptation_filter=_exclude_bias_and_norm),
+        LARS_LR, LARS_TOL),
+    "simclr_lars": (
+        lambda lr: P.simclr_lars(lr, momentum=MU, weight_decay=LARS_WD,
+                                 exclude_from_weight_decay=EXCLUDE, eeta=ETA),
+        LARS_LR, LARS_TOL),
+    "simclr_lars_nesterov": (
+        lambda lr: P.simclr_lars(lr, momentum=MU, use_nesterov=True, weight_decay=LARS_WD,
+                                 exclude_from_weight_decay=EXCLUDE, eeta=ETA),
+        LARS_LR, LARS_TOL),
+    "simclr_lars_popular": (
+        lambda lr: P.simclr_lars(lr, momentum=MU, weight_decay=LARS_WD,
+                                 exclude_from_weight_decay=EXCLUDE, classic_momentum=False,
+                                 eeta=ETA), LARS_LR, LARS_TOL),
+    "simclr_lars_popular_nesterov": (
+        lambda lr: P.simclr_lars(lr, momentum=MU, use_nesterov=True, weight_decay=LARS_WD,
+                                 exclude_from_weight_decay=EXCLUDE, classic_momentum=False,
+                                 eeta=ETA), LARS_LR, LARS_TOL),
     "albert_lamb": (
-        lambda lr: lars_optax.lamb(lr, wd=LAMB_WD, bias_correction=False, skip=SIMCLR_EXCLUDE,
-                                   wd_skip=SIMCLR_EXCLUDE), LAMB_LR, ADAM_TOL),
-    "torch_sparse_adam": (lambda lr: lars_optax.adam(lr, lazy_update=True), 0.01, ADAM_TOL),
+        lambda lr: P.albert_lamb(lr, weight_decay_rate=LAMB_WD,
+                                 exclude_from_weight_decay=EXCLUDE), LAMB_LR, ADAM_TOL),
+    "torch_sparse_adam": (lambda lr: P.torch_sparse_adam(lr), 0.01, ADAM_TOL),
 }
 
 
@@ -207,7 +200,7 @@ def test_the_mxnet_default_call_is_far_from_the_peer(key):
   tx = (lars_optax.lars(schedule(base), momentum=MU, eta=ETA, wd=LARS_WD, skip=NO_DECAY,
                         wd_skip=NO_DECAY)
         if "lars" in key else
-        optax.chain(lars_optax.clip_by_global_norm(1.0),
+        optax.chain(lars_optax.sparse.clip_by_global_norm(1.0),
                     lars_optax.lamb(schedule(base), wd=LAMB_WD, skip=NO_DECAY,
                                     wd_skip=NO_DECAY)))
   params = jax.tree.map(jnp.asarray, case.nested(case.initial_params()))

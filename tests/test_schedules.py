@@ -1,4 +1,4 @@
-"""``lars_optax.schedules`` against MXNet 2.0.0b1's schedulers, and their errors.
+"""``lars_optax.mxnet.lr_scheduler`` against MXNet 2.0.0b1's schedulers, and their errors.
 
 The reference values come from ``tests/reference/make_mxnet_schedules.py`` (run
 with MXNet in a virtual environment of its own; see the script): whole runs of
@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import public
 
 import lars_optax
-from lars_optax import schedules
+from lars_optax.mxnet import lr_scheduler as schedules
 
 REF = json.loads(
     (pathlib.Path(__file__).parent / "reference" / "mxnet_schedules.json").read_text())
@@ -120,7 +121,7 @@ def test_create_with_scheduler_matches_mxnet_weights(name):
   sched = _scheduler(case["scheduler"]["type"], case["scheduler"]["kwargs"])
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "base_lr ... is replaced by learning_rate", as MXNet says
-    tx = lars_optax.create(case["optimizer"], lr_scheduler=sched,
+    tx = lars_optax.mxnet.create(case["optimizer"], lr_scheduler=sched,
                            begin_num_update=case["begin_num_update"], **case["kwargs"])
   worst = _run(tx, case)
   assert max(worst.values()) <= WEIGHT_RTOL, worst
@@ -129,7 +130,7 @@ def test_create_with_scheduler_matches_mxnet_weights(name):
 def test_create_takes_the_traced_path_and_leaves_the_scheduler_alone():
   sched = schedules.PolyScheduler(max_update=10, base_lr=0.05, warmup_steps=2)
   with pytest.warns(UserWarning, match="base_lr 0.05 is replaced by learning_rate 0.1"):
-    tx = lars_optax.create("lars", learning_rate=0.1, momentum=0.9, lr_scheduler=sched)
+    tx = lars_optax.mxnet.create("lars", learning_rate=0.1, momentum=0.9, lr_scheduler=sched)
   assert sched.base_lr == 0.05  # the caller's object is unchanged
   params = {"w": jnp.ones((3, 2))}
   state = tx.init(params)
@@ -156,8 +157,8 @@ def test_with_base_lr_returns_a_copy_and_keeps_the_warmup_target():
 @pytest.mark.parametrize("optimizer", ["lars", "lamb", "sgd"])
 def test_as_optax_is_a_learning_rate_for_the_optimizers(optimizer):
   sched = schedules.CosineScheduler(max_update=5, base_lr=0.1, warmup_steps=1)
-  via_create = lars_optax.create(optimizer, learning_rate=0.1, lr_scheduler=sched)
-  direct = getattr(lars_optax, optimizer)(learning_rate=sched.as_optax())
+  via_create = lars_optax.mxnet.create(optimizer, learning_rate=0.1, lr_scheduler=sched)
+  direct = public(optimizer)(learning_rate=sched.as_optax())
   params = {"w": jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)}
   grads = {"w": jnp.linspace(0.5, -0.3, 6).reshape(3, 2)}
   for tx in (via_create, direct):
@@ -179,11 +180,11 @@ def test_lamb_follows_mxnet_default_multi_tensor_path(name):
   ours = {}
   for aggregate_num in (None, 1):  # accepted, changes nothing: always the default path
     extra = {} if aggregate_num is None else {"aggregate_num": aggregate_num}
-    tx = lars_optax.create("lamb", **kwargs, **extra)
+    tx = lars_optax.mxnet.create("lamb", **kwargs, **extra)
     ours[aggregate_num] = _run(tx, case, "weights_default")
     assert max(ours[aggregate_num].values()) <= LAMB_RTOL[case["dtype"]], ours[aggregate_num]
   # ... and measurably not MXNet's single-tensor path (aggregate_num=1).
-  single = _run(lars_optax.create("lamb", **kwargs, aggregate_num=1), case, "weights_single")
+  single = _run(lars_optax.mxnet.create("lamb", **kwargs, aggregate_num=1), case, "weights_single")
   assert max(single.values()) > 10 * LAMB_RTOL[case["dtype"]], single
   assert max(case["difference"].values()) > 10 * LAMB_RTOL[case["dtype"]]
 

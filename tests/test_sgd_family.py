@@ -1,4 +1,4 @@
-"""The SGD family: sgd, mxnet_momentum, nag, dcasgd and sgld (``lars_optax.sgd_family``).
+"""The SGD family: sgd, mxnet_momentum, nag, dcasgd and sgld (``lars_optax.mxnet.sgd_family``).
 
 Their numbers against MXNet 2.0.0b1 are checked in
 ``test_reference_mxnet_registry.py`` (nag, dcasgd); here: what the reference
@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import lars_optax
 from conftest import mxnet_grads as _mxnet_grads
 from conftest import mxnet_params as _mxnet_params
 from conftest import mxnet_run as _mxnet_run
+
+import lars_optax
 
 
 def _params():
@@ -65,26 +65,26 @@ def _nag_numpy(lrs, momentum, wd=0.0):
 def test_nag_scheduled_rate_sits_inside_the_momentum():
   lrs = [0.3, 0.1, 0.05, 0.2, 0.01]
   schedule = lambda count: jnp.asarray(lrs)[count]
-  out, _ = _run(lars_optax.nag(schedule, momentum=0.9, wd=1e-2))
+  out, _ = _run(lars_optax.mxnet.nag(schedule, momentum=0.9, wd=1e-2))
   for ours, ref in zip(out, _nag_numpy(lrs, 0.9, wd=1e-2)):
     chex.assert_trees_all_close(ours, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_nag_with_a_constant_rate_equals_optax_sgd_nesterov():
-  ours, _ = _run(lars_optax.nag(0.1, momentum=0.9))
+  ours, _ = _run(lars_optax.mxnet.nag(0.1, momentum=0.9))
   theirs, _ = _run(optax.sgd(0.1, momentum=0.9, nesterov=True))
   chex.assert_trees_all_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_nag_without_momentum_is_sgd_and_keeps_no_buffer():
-  ours, state = _run(lars_optax.nag(0.1, momentum=0.0))
+  ours, state = _run(lars_optax.mxnet.nag(0.1, momentum=0.0))
   theirs, _ = _run(optax.sgd(0.1))
   chex.assert_trees_all_close(ours, theirs, rtol=1e-6)
   assert optax.tree_utils.tree_get(state, "momentum") is None
 
 
 def test_nag_buffer_is_mxnet_momentum_state():
-  _, state = _run(lars_optax.nag(0.1, momentum=0.9), steps=1)
+  _, state = _run(lars_optax.mxnet.nag(0.1, momentum=0.9), steps=1)
   found = optax.tree_utils.tree_get(state, "MXNetMomentumState")
   assert isinstance(found, lars_optax.MXNetMomentumState)
   chex.assert_trees_all_equal_shapes(found.momentum, _params())
@@ -106,9 +106,9 @@ def test_mxnet_momentum_nesterov_update_looks_one_step_ahead():
 
 @pytest.mark.parametrize("name", ["nag", "NAG"])
 def test_nag_by_name(name):
-  ours, _ = _run(lars_optax.create(name, learning_rate=0.1, momentum=0.8, wd=1e-3,
+  ours, _ = _run(lars_optax.mxnet.create(name, learning_rate=0.1, momentum=0.8, wd=1e-3,
                                    lr_mult={"w": 0.5}))
-  theirs, _ = _run(lars_optax.nag(0.1, momentum=0.8, wd=1e-3, lr_mult={"w": 0.5}))
+  theirs, _ = _run(lars_optax.mxnet.nag(0.1, momentum=0.8, wd=1e-3, lr_mult={"w": 0.5}))
   chex.assert_trees_all_equal(ours, theirs)
 
 
@@ -118,7 +118,7 @@ def test_nag_by_name(name):
 
 
 def test_add_delay_compensation_adds_lamda_g_squared_times_the_weight_change():
-  tx = lars_optax.add_delay_compensation(0.5)
+  tx = lars_optax.mxnet.add_delay_compensation(0.5)
   w0 = {"w": jnp.array([1.0, 2.0, -1.0])}
   state = tx.init(w0)
   g = {"w": jnp.array([2.0, -1.0, 0.5])}
@@ -133,13 +133,13 @@ def test_add_delay_compensation_adds_lamda_g_squared_times_the_weight_change():
 
 def test_add_delay_compensation_state_is_a_copy_of_the_params():
   params = {"w": jnp.ones(3)}
-  state = lars_optax.add_delay_compensation().init(params)
+  state = lars_optax.mxnet.add_delay_compensation().init(params)
   assert state.previous_params["w"] is not params["w"]
   chex.assert_trees_all_equal(state.previous_params, params)
 
 
 def test_add_delay_compensation_needs_params():
-  tx = lars_optax.add_delay_compensation()
+  tx = lars_optax.mxnet.add_delay_compensation()
   params = {"w": jnp.ones(3)}
   with pytest.raises(ValueError, match=r"^add_delay_compensation: params are required"):
     tx.update(params, tx.init(params))
@@ -147,8 +147,8 @@ def test_add_delay_compensation_needs_params():
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_dcasgd_with_lamda_zero_is_mxnet_sgd(momentum):
-  ours, _ = _run(lars_optax.dcasgd(0.1, momentum=momentum, lamda=0.0, wd=1e-2))
-  theirs, _ = _run(lars_optax.sgd(0.1, momentum=momentum, wd=1e-2))
+  ours, _ = _run(lars_optax.mxnet.dcasgd(0.1, momentum=momentum, lamda=0.0, wd=1e-2))
+  theirs, _ = _run(lars_optax.mxnet.sgd(0.1, momentum=momentum, wd=1e-2))
   chex.assert_trees_all_close(ours, theirs, rtol=1e-6)
 
 
@@ -172,14 +172,14 @@ def _dcasgd_numpy(lrs, momentum, lamda):
 def test_dcasgd_scheduled_rate_sits_inside_the_momentum():
   lrs = [0.3, 0.1, 0.05, 0.2, 0.01]
   schedule = lambda count: jnp.asarray(lrs)[count]
-  out, _ = _run(lars_optax.dcasgd(schedule, momentum=0.9, lamda=0.3))
+  out, _ = _run(lars_optax.mxnet.dcasgd(schedule, momentum=0.9, lamda=0.3))
   for ours, ref in zip(out, _dcasgd_numpy(lrs, 0.9, 0.3)):
     chex.assert_trees_all_close(ours, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_dcasgd_by_name_with_mxnet_defaults():
-  ours, state = _run(lars_optax.create("dcasgd"))
-  theirs, _ = _run(lars_optax.dcasgd(0.1, momentum=0.0, lamda=0.04))
+  ours, state = _run(lars_optax.mxnet.create("dcasgd"))
+  theirs, _ = _run(lars_optax.mxnet.dcasgd(0.1, momentum=0.0, lamda=0.04))
   chex.assert_trees_all_equal(ours, theirs)
   assert optax.tree_utils.tree_get(state, "momentum") is None  # momentum=0: no buffer
 
@@ -225,13 +225,13 @@ def _assert_normal(x, variance):
 
 @pytest.mark.parametrize("lr", [0.01, 0.25])
 def test_sgld_noise_has_mean_zero_and_variance_the_learning_rate(lr):
-  steps = _noise_steps(lars_optax.sgld(lr, key=0), 4)
+  steps = _noise_steps(lars_optax.mxnet.sgld(lr, key=0), 4)
   _assert_normal(np.concatenate([np.asarray(u["w"]) for u in steps]), lr)
 
 
 def test_sgld_noise_is_independent_between_steps_and_leaves():
   params = {"a": jnp.zeros((N,)), "b": jnp.zeros((N,))}
-  steps = _noise_steps(lars_optax.sgld(0.04, key=1), 2, params=params)
+  steps = _noise_steps(lars_optax.mxnet.sgld(0.04, key=1), 2, params=params)
   pairs = [(steps[0]["a"], steps[1]["a"]), (steps[0]["a"], steps[0]["b"])]
   for x, y in pairs:
     corr = np.corrcoef(np.asarray(x), np.asarray(y))[0, 1]
@@ -240,7 +240,7 @@ def test_sgld_noise_is_independent_between_steps_and_leaves():
 
 def test_sgld_deterministic_part_is_minus_half_the_rate_times_the_gradient():
   # Same key, so the same noise: the difference of two runs is the gradient step alone.
-  tx = lars_optax.sgld(learning_rate=0.1, wd=0.05, rescale_grad=0.5, clip_gradient=0.4,
+  tx = lars_optax.mxnet.sgld(learning_rate=0.1, wd=0.05, rescale_grad=0.5, clip_gradient=0.4,
                        lr_mult={"w": 3.0}, wd_mult={"b": 0.0}, key=7)
   params = _params()
   state = tx.init(params)
@@ -258,7 +258,7 @@ def test_sgld_deterministic_part_is_minus_half_the_rate_times_the_gradient():
 
 def test_sgld_lr_mult_scales_the_noise_variance():
   params = {"fast": jnp.zeros((N,)), "slow": jnp.zeros((N,))}
-  tx = lars_optax.sgld(0.01, lr_mult={"fast": 4.0, "slow": 0.25}, key=2)
+  tx = lars_optax.mxnet.sgld(0.01, lr_mult={"fast": 4.0, "slow": 0.25}, key=2)
   (u,) = _noise_steps(tx, 1, params=params)
   _assert_normal(u["fast"], 0.04)
   _assert_normal(u["slow"], 0.0025)
@@ -267,12 +267,12 @@ def test_sgld_lr_mult_scales_the_noise_variance():
 def test_sgld_scheduled_rate_sets_each_steps_variance():
   lrs = [0.01, 0.25, 0.04]
   schedule = lambda count: jnp.asarray(lrs)[count]
-  for u, lr in zip(_noise_steps(lars_optax.sgld(schedule, key=3), 3), lrs):
+  for u, lr in zip(_noise_steps(lars_optax.mxnet.sgld(schedule, key=3), 3), lrs):
     _assert_normal(u["w"], lr)
 
 
 def test_sgld_under_inject_hyperparams_variance_follows_the_rate():
-  tx = optax.inject_hyperparams(lars_optax.sgld)(learning_rate=0.01)
+  tx = optax.inject_hyperparams(lars_optax.mxnet.sgld)(learning_rate=0.01)
   params = {"w": jnp.zeros((N,))}
   state = tx.init(params)
   step = jax.jit(tx.update)
@@ -283,24 +283,24 @@ def test_sgld_under_inject_hyperparams_variance_follows_the_rate():
 
 
 def test_sgld_same_key_same_steps_different_key_different_steps():
-  a = _noise_steps(lars_optax.sgld(0.1, key=5), 2, n=100, jit=False)
-  b = _noise_steps(lars_optax.sgld(0.1, key=5), 2, n=100, jit=False)
-  c = _noise_steps(lars_optax.sgld(0.1, key=6), 2, n=100, jit=False)
+  a = _noise_steps(lars_optax.mxnet.sgld(0.1, key=5), 2, n=100, jit=False)
+  b = _noise_steps(lars_optax.mxnet.sgld(0.1, key=5), 2, n=100, jit=False)
+  c = _noise_steps(lars_optax.mxnet.sgld(0.1, key=6), 2, n=100, jit=False)
   chex.assert_trees_all_equal(a, b)
   assert not np.allclose(a[0]["w"], c[0]["w"])
   assert not np.allclose(a[0]["w"], a[1]["w"])  # the key moves on every step
 
 
 def test_sgld_int_seed_raw_key_and_typed_key_give_the_same_steps():
-  by_seed = _noise_steps(lars_optax.sgld(0.1, key=9), 2, n=50, jit=False)
-  raw = _noise_steps(lars_optax.sgld(0.1, key=jax.random.PRNGKey(9)), 2, n=50, jit=False)
-  typed = _noise_steps(lars_optax.sgld(0.1, key=jax.random.key(9)), 2, n=50, jit=False)
+  by_seed = _noise_steps(lars_optax.mxnet.sgld(0.1, key=9), 2, n=50, jit=False)
+  raw = _noise_steps(lars_optax.mxnet.sgld(0.1, key=jax.random.PRNGKey(9)), 2, n=50, jit=False)
+  typed = _noise_steps(lars_optax.mxnet.sgld(0.1, key=jax.random.key(9)), 2, n=50, jit=False)
   chex.assert_trees_all_equal(by_seed, raw)
   chex.assert_trees_all_equal(by_seed, typed)
 
 
 def test_sgld_jit_and_eager_give_the_same_steps():
-  tx = lars_optax.sgld(0.1, wd=1e-2, key=4)
+  tx = lars_optax.mxnet.sgld(0.1, wd=1e-2, key=4)
   params = _params()
   state_j = state_e = tx.init(params)
   p_j = p_e = params
@@ -315,7 +315,7 @@ def test_sgld_jit_and_eager_give_the_same_steps():
 
 def test_sgld_replicated_under_pmap_draws_the_same_noise_on_every_device():
   n_dev = min(jax.local_device_count(), 4)
-  tx = lars_optax.sgld(0.1, key=8)
+  tx = lars_optax.mxnet.sgld(0.1, key=8)
   params = {"w": jnp.zeros((16,))}
 
   def replicate(tree):
@@ -332,7 +332,7 @@ def test_sgld_replicated_under_pmap_draws_the_same_noise_on_every_device():
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_sgld_low_precision_noise_is_drawn_in_float32_with_full_tails(dtype):
   # Drawn in bfloat16, the normal's tail would end near 2.9 sigma.
-  (u,) = _noise_steps(lars_optax.sgld(1.0, key=11), 1,
+  (u,) = _noise_steps(lars_optax.mxnet.sgld(1.0, key=11), 1,
                       params={"w": jnp.zeros((N,), dtype)})
   assert u["w"].dtype == dtype
   x = np.asarray(u["w"], np.float64)
@@ -341,8 +341,8 @@ def test_sgld_low_precision_noise_is_drawn_in_float32_with_full_tails(dtype):
 
 
 def test_sgld_by_name_takes_key():
-  a = _noise_steps(lars_optax.create("sgld", learning_rate=0.1, key=12), 1, n=50, jit=False)
-  b = _noise_steps(lars_optax.sgld(0.1, key=12), 1, n=50, jit=False)
+  a = _noise_steps(lars_optax.mxnet.create("sgld", learning_rate=0.1, key=12), 1, n=50, jit=False)
+  b = _noise_steps(lars_optax.mxnet.sgld(0.1, key=12), 1, n=50, jit=False)
   chex.assert_trees_all_equal(a, b)
 
 
@@ -353,7 +353,7 @@ def test_sgld_by_name_takes_key():
 
 def test_sgd_by_hand():
   lr, mu, wd, s, c = 0.1, 0.9, 1e-2, 0.5, 0.2
-  tx = lars_optax.sgd(lr, mu, wd=wd, rescale_grad=s, clip_gradient=c)
+  tx = lars_optax.mxnet.sgd(lr, momentum=mu, wd=wd, rescale_grad=s, clip_gradient=c)
   p = _mxnet_params()
   state = tx.init(p)
   m = dict.fromkeys(p, 0.0)
@@ -369,7 +369,7 @@ def test_sgd_by_hand():
 
 
 def test_sgd_without_momentum_keeps_no_buffer():
-  _, state = _mxnet_run(lars_optax.sgd(momentum=0.0))
+  _, state = _mxnet_run(lars_optax.mxnet.sgd(momentum=0.0))
   assert optax.tree_utils.tree_get(state, "momentum") is None
 
 
@@ -398,7 +398,7 @@ class MXNetMomentumTest(chex.TestCase):
     np.testing.assert_allclose(u["w"], -0.1 * np.ones(3), rtol=1e-6)
 
   def test_dtype_kept_with_schedule(self):
-    tx = lars_optax.mxnet_momentum(optax.constant_schedule(0.1), 0.9)
+    tx = lars_optax.mxnet_momentum(optax.constant_schedule(0.1), momentum=0.9)
     p = jnp.ones(3, jnp.bfloat16)
     u, state = tx.update(p, tx.init(p))
     self.assertEqual(u.dtype, jnp.bfloat16)
@@ -407,7 +407,7 @@ class MXNetMomentumTest(chex.TestCase):
   def test_bad_momentum(self):
     for bad in (-0.1, 1.0, float("inf")):
       with pytest.raises(ValueError, match="momentum"):
-        lars_optax.mxnet_momentum(0.1, bad)
+        lars_optax.mxnet_momentum(0.1, momentum=bad)
 
 
 # --------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def _torch_sgd_buffer(grads, momentum, dampening, nesterov):
 def test_dampened_trace_is_pytorchs_buffer(momentum, dampening, nesterov):
   rng = np.random.default_rng(0)
   grads = [rng.standard_normal(5) for _ in range(4)]
-  tx = lars_optax.dampened_trace(momentum, dampening, nesterov)
+  tx = lars_optax.dampened_trace(momentum, dampening=dampening, nesterov=nesterov)
   state = tx.init(jnp.zeros(5))
   update = jax.jit(tx.update)
   for g, want in zip(grads, _torch_sgd_buffer(grads, momentum, dampening, nesterov)):
@@ -454,18 +454,18 @@ def test_dampened_trace_without_dampening_is_optax_trace():
     ({"momentum": 0.9, "dampening": -0.1}, "^dampening"),
     ({"momentum": 1.0}, "^momentum"),
 ])
-def test_dampened_trace_and_lars_reject_what_pytorch_rejects(kwargs, match):
+def test_dampened_trace_and_timm_lars_reject_what_pytorch_rejects(kwargs, match):
   with pytest.raises(ValueError, match=match):
     lars_optax.dampened_trace(**kwargs)
   with pytest.raises(ValueError, match=match):
-    lars_optax.lars(0.1, **kwargs)
+    lars_optax.porting.timm_lars(0.1, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_dcasgd_low_precision_gradient_above_256_stays_finite(dtype):
   """g * g overflows float16 for |g| > 256; times an unchanged weight that was inf * 0 = NaN."""
   params = {"w": jnp.zeros((2, 2), dtype)}
-  tx = lars_optax.dcasgd(0.001, momentum=0.9, lamda=1e-6)
+  tx = lars_optax.mxnet.dcasgd(0.001, momentum=0.9, lamda=1e-6)
   state = tx.init(params)
   for _ in range(3):
     updates, state = jax.jit(tx.update)({"w": jnp.full((2, 2), 300.0, dtype)}, state, params)
@@ -478,7 +478,7 @@ def test_mxnet_momentum_dampening_is_pytorchs_with_the_rate_inside():
   """m_1 = -lr u_1; m_t = mu m - (1 - d) lr u_t: a constant rate gives PyTorch's SGD."""
   rng = np.random.default_rng(1)
   grads = [rng.standard_normal(4) for _ in range(4)]
-  tx = lars_optax.mxnet_momentum(0.1, 0.9, dampening=0.3)
+  tx = lars_optax.mxnet_momentum(0.1, momentum=0.9, dampening=0.3)
   state = tx.init(jnp.zeros(4))
   for g, want in zip(grads, _torch_sgd_buffer(grads, 0.9, 0.3, False)):
     out, state = jax.jit(tx.update)(jnp.asarray(g, jnp.float32), state)

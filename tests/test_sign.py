@@ -11,12 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-import lars_optax
 from conftest import mxnet_grads as _grads
 from conftest import mxnet_params as _params
 from conftest import mxnet_run as _run
 
+import lars_optax
 
 # --------------------------------------------------------------------------
 # The rules by hand
@@ -25,7 +24,7 @@ from conftest import mxnet_run as _run
 
 def test_signum_one_step_by_hand():
   lr, mu, wd, wd_lh, s, c = 0.1, 0.9, 0.01, 0.02, 0.5, 0.2
-  tx = lars_optax.signum(lr, mu, wd_lh=wd_lh, wd=wd, rescale_grad=s, clip_gradient=c)
+  tx = lars_optax.signum(lr, momentum=mu, wd_lh=wd_lh, wd=wd, rescale_grad=s, clip_gradient=c)
   p, g = _params(), _grads()
   updates, _ = tx.update(g, tx.init(p), p)
   for k in p:
@@ -74,7 +73,7 @@ ZEROS = {"int": 0, "float": 0.0, "np_float32": np.float32(0), "np_float64": np.f
 @pytest.mark.parametrize("zero", sorted(ZEROS))
 def test_signum_with_momentum_zero_is_signsgd_whatever_the_type_of_zero(zero):
   params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5, -0.5])}
-  tx = lars_optax.signum(0.1, ZEROS[zero], wd=0.1, wd_lh=0.01)
+  tx = lars_optax.signum(0.1, momentum=ZEROS[zero], wd=0.1, wd_lh=0.01)
   ref = lars_optax.signsgd(0.1, wd=0.1, wd_lh=0.01)
   s, r = tx.init(params), ref.init(params)
   for k in range(3):

@@ -6,8 +6,8 @@ is present; dense leaves in the same tree; the update is row-sparse and
 ``optax.apply_updates`` adds it by a scatter, with no table-sized temporary
 (``memory_analysis``); Flax ``TrainState`` and ``nnx.Optimizer``; the errors
 (layout, index dtype, shape, out-of-range, optimizers that are not row-wise);
-:func:`lars_optax.sparse_value_and_grad` with Flax linen, nnx, Haiku and
-Equinox models; :func:`lars_optax.sparse_psum` under ``pmap``.
+:func:`lars_optax.sparse.value_and_grad` with Flax linen, nnx, Haiku and
+Equinox models; :func:`lars_optax.sparse.psum` under ``pmap``.
 """
 
 import json
@@ -19,11 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import as_row_sparse as _as_row_sparse
 from jax.experimental.sparse import BCOO
 
 import lars_optax
-from conftest import as_row_sparse as _as_row_sparse
-from lars_optax import sparse_psum, sparse_value_and_grad
 
 
 def _bcoo(values, rows, shape):
@@ -43,11 +42,11 @@ def _params(n=8, d=3):
 
 
 OPTIMIZERS = {
-    "adam": lambda: lars_optax.adam(0.01, wd=0.01, lazy_update=True),
-    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=0.001, lazy_update=True),
-    "create_adam": lambda: lars_optax.create("adam", learning_rate=0.01, lazy_update=True),
-    "create_sgd": lambda: lars_optax.create("sgd", momentum=0.9, lazy_update=True),
-    "wrapped_optax_adam": lambda: lars_optax.lazy_update(optax.adam(0.01)),
+    "adam": lambda: lars_optax.mxnet.adam(0.01, wd=0.01, lazy_update=True),
+    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=0.001, lazy_update=True),
+    "create_adam": lambda: lars_optax.mxnet.create("adam", learning_rate=0.01, lazy_update=True),
+    "create_sgd": lambda: lars_optax.mxnet.create("sgd", momentum=0.9, lazy_update=True),
+    "wrapped_optax_adam": lambda: lars_optax.sparse.lazy_update(optax.adam(0.01)),
 }
 
 STEPS = [([1, 4, 1], 0), ([0, 4], 1), ([7], 2), ([2, 2, 2, 5], 3)]
@@ -89,7 +88,7 @@ def test_lazy_step_on_bcoo_without_jit_equals_jit():
 
 def test_duplicate_rows_are_summed():
   params = {"emb": jnp.ones((4, 2))}
-  tx = lars_optax.sgd(1.0, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(1.0, lazy_update=True)
   g = _bcoo([[1.0, 2.0], [3.0, 4.0], [0.5, 0.5]], [2, 2, 0], (4, 2))
   updates, _ = tx.update({"emb": g}, tx.init(params), params)
   np.testing.assert_allclose(updates["emb"].todense(),
@@ -99,7 +98,7 @@ def test_duplicate_rows_are_summed():
 def test_row_listed_with_zero_values_is_present():
   """As MXNet's row_sparse: a listed row is updated even if its values are 0."""
   params = {"emb": jnp.ones((3, 2))}
-  tx = lars_optax.sgd(0.1, wd=0.5, lazy_update=True)  # wd moves a present row
+  tx = lars_optax.mxnet.sgd(0.1, wd=0.5, lazy_update=True)  # wd moves a present row
   g = _bcoo(np.zeros((1, 2), np.float32), [1], (3, 2))
   updates, _ = tx.update({"emb": g}, tx.init(params), params)
   new = optax.apply_updates(params, updates)["emb"]
@@ -114,7 +113,7 @@ def test_scalar_state_counts_every_step():
 
 def test_dense_leaf_in_the_tree_follows_the_dense_lazy_rule():
   params = {"emb": jnp.ones((4, 2)), "b": jnp.ones((3,))}
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   grads = {"emb": _bcoo([[1.0, 1.0]], [0], (4, 2)), "b": jnp.array([0.0, 2.0, 0.0])}
   updates, state = tx.update(grads, tx.init(params), params)
   np.testing.assert_array_equal(np.asarray(updates["b"])[[0, 2]], 0.0)
@@ -129,9 +128,10 @@ def test_update_is_row_sparse_of_the_gradients_type_and_apply_updates_scatters(k
   that optax.apply_if_finite's zero tree of the gradient matches it), a
   RowSparseUpdate for a RowSparseUpdate."""
   params = {"emb": jnp.zeros((5, 2))}
-  tx = lars_optax.sgd(1.0, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(1.0, lazy_update=True)
   grad = (_bcoo([[1.0, 2.0]], [3], (5, 2)) if kind == "bcoo"
-          else lars_optax.row_sparse(jnp.array([[1.0, 2.0]]), jnp.array([3]), 5))
+          else lars_optax.sparse.row_sparse(jnp.array([[1.0, 2.0]]), rows=jnp.array([3]),
+                                            num_rows=5))
   updates, _ = tx.update({"emb": grad}, tx.init(params), params)
   u = updates["emb"]
   assert type(u) is type(grad)
@@ -152,7 +152,7 @@ def test_donated_step_has_no_table_sized_temporary(name):
   masters = name == "adam_masters_float16"
   dtype = np.float16 if masters else np.float32
   params = {"emb": jnp.zeros((n, d), dtype)}
-  tx = (lars_optax.adam(0.1, lazy_update=True, multi_precision=True) if masters
+  tx = (lars_optax.mxnet.adam(0.1, lazy_update=True, multi_precision=True) if masters
         else OPTIMIZERS[name]())
   state = tx.init(params)
   grads = {"emb": _bcoo(np.ones((k, d), dtype), np.arange(k) * 7, (n, d))}
@@ -173,8 +173,8 @@ def test_donated_step_has_no_table_sized_temporary(name):
 
 def test_wider_row_sparse_update_keeps_the_tables_dtype_and_sums_repeated_rows():
   table = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], jnp.float16)
-  u = lars_optax.row_sparse(jnp.asarray([[0.25, 0.5], [0.5, 0.25], [1.0, 1.0]], jnp.float32),
-                            jnp.array([2, 0, 2]), 3)
+  u = lars_optax.sparse.row_sparse(jnp.asarray([[0.25, 0.5], [0.5, 0.25], [1.0, 1.0]], jnp.float32),
+                            rows=jnp.array([2, 0, 2]), num_rows=3)
   new = table + u
   assert new.dtype == jnp.float16
   expected = np.asarray(table, np.float32) + np.asarray(u.todense())
@@ -185,7 +185,7 @@ def test_wider_row_sparse_update_keeps_the_tables_dtype_and_sums_repeated_rows()
 
 def test_bfloat16_params_take_bcoo_gradients():
   params = {"emb": jnp.ones((4, 2), jnp.bfloat16)}
-  tx = lars_optax.sgd(0.5, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(0.5, lazy_update=True)
   g = _bcoo(np.ones((1, 2), np.float32), [1], (4, 2))
   updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
   new = optax.apply_updates(params, updates)["emb"]
@@ -205,7 +205,7 @@ CASES = {c["name"]: c for c in REF["cases"]}
 @pytest.mark.parametrize("name", ["adam_lazy", "sgd_lazy"])
 def test_matches_mxnet_row_sparse_fixtures(name):
   case = CASES[name]
-  tx = lars_optax.create(case["optimizer"], **case["kwargs"])
+  tx = lars_optax.mxnet.create(case["optimizer"], **case["kwargs"])
   params = {k: jnp.asarray(v, jnp.float32) for k, v in case["params"].items()}
   state = tx.init(params)
 
@@ -242,7 +242,7 @@ def test_lars_rejects_bcoo_naming_the_leaf():
 ], ids=["lars", "clip_by_global_norm", "tf_lars"])
 def test_not_row_wise_inner_raises_naming_the_leaf(inner):
   params = _params()
-  tx = lars_optax.lazy_update(inner())
+  tx = lars_optax.sparse.lazy_update(inner())
   grads = {"emb": _bcoo([[1.0, 1.0, 1.0]], [0], (8, 3)), "w": jnp.ones((3, 2))}
   with pytest.raises(ValueError, match=r"gradient 'emb' is row-sparse.*not row-wise"):
     tx.update(grads, tx.init(params), params)
@@ -265,7 +265,7 @@ def test_buffers_of_an_unknown_state_are_found_by_structure():
     return jax.tree.map(lambda g, a: -g / jnp.sqrt(a + 1.0), updates, acc), MyState(
         acc, state.steps + 1)
 
-  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  tx = lars_optax.sparse.lazy_update(optax.GradientTransformation(init, update))
   params = {"emb": jnp.ones((5, 2))}
   sparse_g = {"emb": _bcoo(np.full((1, 2), 2.0, np.float32), [3], (5, 2))}
   _, state = jax.jit(tx.update)(sparse_g, tx.init(params), params)
@@ -285,14 +285,14 @@ def test_reduction_over_a_state_buffer_is_not_row_wise():
     return out, optax.TraceState(trace=jax.tree.map(jnp.add, state.trace, updates))
 
   params = {"emb": jnp.ones((5, 2))}
-  tx = lars_optax.lazy_update(optax.GradientTransformation(init, update))
+  tx = lars_optax.sparse.lazy_update(optax.GradientTransformation(init, update))
   with pytest.raises(ValueError, match=r"gradient 'emb' is row-sparse.*not row-wise"):
     tx.update({"emb": _bcoo(np.ones((1, 2), np.float32), [1], (5, 2))}, tx.init(params), params)
 
 
 def _lazy_update_error(grad, shape=(4, 2)):
   params = {"emb": jnp.ones(shape)}
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   tx.update({"emb": grad}, tx.init(params), params)
 
 
@@ -323,7 +323,7 @@ def test_out_of_range_rows_raise_when_concrete(row):
 @pytest.mark.parametrize("row", [-1, 5, 100])
 def test_out_of_range_rows_raise_under_jit(row):
   params = {"emb": jnp.ones((4, 2))}
-  tx = lars_optax.sgd(1.0, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(1.0, lazy_update=True)
   g = _bcoo(np.ones((3, 2), np.float32), [1, row, 2], (4, 2))
   with pytest.raises(Exception, match=rf"gradient 'emb' has row indices out of range .*\[{row}\]"):
     jax.block_until_ready(jax.jit(tx.update)({"emb": g}, tx.init(params), params))
@@ -331,7 +331,7 @@ def test_out_of_range_rows_raise_under_jit(row):
 
 def test_padding_index_is_not_out_of_range_under_jit():
   params = {"emb": jnp.ones((4, 2))}
-  tx = lars_optax.sgd(1.0, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(1.0, lazy_update=True)
   g = _bcoo(np.ones((3, 2), np.float32), [4, 1, 4], (4, 2))
   updates, _ = jax.jit(tx.update)({"emb": g}, tx.init(params), params)
   new = optax.apply_updates(params, updates)["emb"]
@@ -348,7 +348,7 @@ def test_flax_train_state_apply_gradients():
 
   params = _params()
   ts = train_state.TrainState.create(apply_fn=None, params=params,
-                                     tx=lars_optax.adam(0.1, lazy_update=True))
+                                     tx=lars_optax.mxnet.adam(0.1, lazy_update=True))
   grads = {"emb": _bcoo([[1.0, 1.0, 1.0]], [2], (8, 3)), "w": jnp.zeros((3, 2))}
   new = jax.jit(lambda ts, g: ts.apply_gradients(grads=g))(ts, grads)
   changed = np.nonzero(np.any(np.asarray(new.params["emb"] != params["emb"]), axis=1))[0]
@@ -392,7 +392,7 @@ def _linen():
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_value_and_grad_flax_linen_embed(jit):
   params, loss = _linen()
-  fn = sparse_value_and_grad(loss, "embedding", max_rows=8)
+  fn = lars_optax.sparse.value_and_grad(loss, sparse="embedding", max_rows=8)
   fn = jax.jit(fn) if jit else fn
   value, grads = fn(params, IDS, Y)
   ref_value, ref_grads = jax.value_and_grad(loss)(params, IDS, Y)
@@ -414,10 +414,10 @@ def test_value_and_grad_flax_nnx_embed_with_nnx_optimizer():
   model = Bag(nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
   loss = lambda p, ids, y: jnp.mean((nnx.merge(graphdef, p)(ids) - y) ** 2)
-  _, grads = sparse_value_and_grad(loss, "embedding", max_rows=8)(params, IDS, Y)
+  _, grads = lars_optax.sparse.value_and_grad(loss, sparse="embedding", max_rows=8)(params, IDS, Y)
   ref = nnx.grad(lambda m: jnp.mean((m(IDS) - Y) ** 2))(model)
   _check_grads(grads, ref)
-  optimizer = nnx.Optimizer(model, lars_optax.adam(0.1, lazy_update=True), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, lars_optax.mxnet.adam(0.1, lazy_update=True), wrt=nnx.Param)
   before = np.asarray(model.embed.embedding[...])
   optimizer.update(model, grads)
   changed = np.nonzero(np.any(np.asarray(model.embed.embedding[...]) != before, axis=1))[0]
@@ -431,7 +431,7 @@ def test_value_and_grad_haiku_embed():
       lambda ids: hk.Linear(1)(hk.Embed(50, 4)(ids).mean(axis=1))[:, 0]))
   params = f.init(jax.random.key(0), IDS)
   loss = lambda p, ids, y: jnp.mean((f.apply(p, ids) - y) ** 2)
-  _, grads = sparse_value_and_grad(loss, "embeddings", max_rows=8)(params, IDS, Y)
+  _, grads = lars_optax.sparse.value_and_grad(loss, sparse="embeddings", max_rows=8)(params, IDS, Y)
   _check_grads(grads, jax.grad(loss)(params, IDS, Y))
 
 
@@ -440,13 +440,15 @@ def test_value_and_grad_equinox_embedding():
 
   model = eqx.nn.Embedding(50, 4, key=jax.random.key(1))
   loss = lambda m, ids, y: jnp.mean((jax.vmap(jax.vmap(m))(ids).mean(axis=(1, 2)) - y) ** 2)
-  _, grads = jax.jit(sparse_value_and_grad(loss, "weight", max_rows=8))(model, IDS, Y)
+  _, grads = jax.jit(lars_optax.sparse.value_and_grad(loss, sparse="weight", max_rows=8))(model,
+                                                                                          IDS, Y)
   _check_grads(grads, jax.grad(loss)(model, IDS, Y))
 
 
 def test_value_and_grad_has_aux():
   params, loss = _linen()
-  fn = sparse_value_and_grad(lambda p, i, y: (loss(p, i, y), {"n": i.size}), "embedding",
+  fn = lars_optax.sparse.value_and_grad(lambda p, i, y: (loss(p, i, y), {"n": i.size}),
+                                        sparse="embedding",
                              max_rows=8, has_aux=True)
   (value, aux), _ = fn(params, IDS, Y)
   np.testing.assert_allclose(value, loss(params, IDS, Y), rtol=1e-6)
@@ -466,9 +468,10 @@ def test_value_and_grad_whole_train_step_has_no_table_sized_temporary():
   model = Bag()
   ids = jnp.asarray(np.random.default_rng(0).integers(0, n, (64, 4)), jnp.int32)
   params = model.init(jax.random.key(0), ids)["params"]
-  tx = lars_optax.adam(0.01, lazy_update=True)
-  grad_fn = sparse_value_and_grad(
-      lambda p, ids: jnp.mean(model.apply({"params": p}, ids) ** 2), "embedding", max_rows=256)
+  tx = lars_optax.mxnet.adam(0.01, lazy_update=True)
+  grad_fn = lars_optax.sparse.value_and_grad(
+      lambda p, ids: jnp.mean(model.apply({"params": p},
+                                          ids) ** 2), sparse="embedding", max_rows=256)
 
   def step(params, state, ids):
     _, grads = grad_fn(params, ids)
@@ -483,27 +486,27 @@ def test_value_and_grad_whole_train_step_has_no_table_sized_temporary():
 def test_value_and_grad_too_many_rows_raises_when_concrete():
   params, loss = _linen()
   with pytest.raises(ValueError, match=r"max_rows: a lookup of 'Embed_0/embedding' reads 4"):
-    sparse_value_and_grad(loss, "embedding", max_rows=3)(params, IDS, Y)
+    lars_optax.sparse.value_and_grad(loss, sparse="embedding", max_rows=3)(params, IDS, Y)
 
 
 def test_value_and_grad_other_use_of_the_table_raises():
   params = {"emb": jnp.ones((5, 2))}
   loss = lambda p, ids: p["emb"][ids].sum() + jnp.sum(p["emb"] ** 2)
   with pytest.raises(ValueError, match=r"sparse: the leaf 'emb' is used by"):
-    sparse_value_and_grad(loss, "emb", max_rows=4)(params, jnp.array([1, 2]))
+    lars_optax.sparse.value_and_grad(loss, sparse="emb", max_rows=4)(params, jnp.array([1, 2]))
 
 
 @pytest.mark.parametrize("max_rows", [0, 2.5, True])
 def test_value_and_grad_bad_max_rows(max_rows):
   with pytest.raises(ValueError, match="max_rows"):
-    sparse_value_and_grad(lambda p: p, "emb", max_rows=max_rows)
+    lars_optax.sparse.value_and_grad(lambda p: p, sparse="emb", max_rows=max_rows)
 
 
 def test_value_and_grad_two_lookups_of_one_table():
   params = {"emb": jnp.arange(10.0).reshape(5, 2)}
   loss = lambda p, a, b: jnp.sum(p["emb"][a] * p["emb"][b])
   a, b = jnp.array([0, 1]), jnp.array([1, 3])
-  _, g = sparse_value_and_grad(loss, "emb", max_rows=2)(params, a, b)
+  _, g = lars_optax.sparse.value_and_grad(loss, sparse="emb", max_rows=2)(params, a, b)
   assert g["emb"].data.shape[0] == 4
   np.testing.assert_allclose(g["emb"].todense(), jax.grad(loss)(params, a, b)["emb"])
 
@@ -525,12 +528,12 @@ def _data_parallel_step(name, n_dev, seed):
   ids = jnp.asarray(rng.integers(0, 50, (n_dev * 2, 3)), jnp.int32)
   y = jnp.asarray(rng.normal(size=n_dev * 2), jnp.float32)
   summed = lambda p, i, t: loss(p, i, t) * i.shape[0]  # a sum over the examples
-  grad_fn = sparse_value_and_grad(summed, "embedding", max_rows=ids.size)
+  grad_fn = lars_optax.sparse.value_and_grad(summed, sparse="embedding", max_rows=ids.size)
 
   def step(params, state, ids, y, axis_name=None):
     _, grads = grad_fn(params, ids, y)
     if axis_name:
-      grads = sparse_psum(grads, axis_name)
+      grads = lars_optax.sparse.psum(grads, axis_name)
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
@@ -557,7 +560,7 @@ def test_sparse_psum_mean_divides_by_axis_size():
   rep = lambda x: jnp.broadcast_to(x, (n_dev, *jnp.shape(x)))
 
   def mean(g):
-    out = sparse_psum(g, "i", mean=True)
+    out = lars_optax.sparse.psum(g, "i", mean=True)
     assert out["emb"].data.shape[0] == n_dev  # every replica's rows, gathered
     return {"emb": out["emb"].todense(), "b": out["b"]}
 
@@ -568,7 +571,7 @@ def test_sparse_psum_mean_divides_by_axis_size():
 
 def test_sparse_psum_unbound_axis_names_the_option():
   with pytest.raises(ValueError, match="axis_name: 'nope' is not bound"):
-    sparse_psum({"b": jnp.ones(2)}, "nope")
+    lars_optax.sparse.psum({"b": jnp.ones(2)}, "nope")
 
 
 # --------------------------------------------------------------------------
@@ -585,7 +588,8 @@ def test_benchmark_quick_run_prints_a_markdown_table():
   spec.loader.exec_module(module)
   report = module.main(["--quick", "--rounds", "1", "--rows", "2000"])
   assert "2,000 x 64 float32 table" in report
-  assert "| lars_optax.adam(lazy_update=True), BCOO gradient (unique_indices=True) |" in report
+  assert ("| lars_optax.mxnet.adam(lazy_update=True), BCOO gradient (unique_indices=True) |"
+          in report)
   assert "multi_precision=True), float16 table" in report
   assert "not run (no --mxnet-python)" in report
 
@@ -623,12 +627,13 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
   chex.assert_trees_all_close(sharded(params, state, ids, y), single, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(set(lars_optax.registered()) - {
+@pytest.mark.parametrize("name", sorted(set(lars_optax.mxnet.registered()) - {
     "adam", "sgd", "adagrad", "groupadagrad", "ftrl"}))
 def test_every_registered_optimizer_without_lazy_updates_rejects_a_bcoo_naming_the_leaf(name):
   params = {"emb": jnp.ones((5, 3))}
-  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([0, 3]), 5)}
-  tx = lars_optax.create(name)
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 3)), rows=jnp.array([0, 3]),
+                                               num_rows=5)}
+  tx = lars_optax.mxnet.create(name)
   with pytest.raises(ValueError, match=rf"{name}: gradient 'emb' is row-sparse \(a BCOO\)"):
     tx.update(grads, tx.init(params), params)
 
@@ -642,7 +647,8 @@ SPARSE_ROWS = np.array([1, 4, 9])
 
 def _rows_grad(dense):
   """The rows SPARSE_ROWS of a dense table gradient, as a row-sparse BCOO."""
-  return lars_optax.row_sparse(dense[SPARSE_ROWS], jnp.asarray(SPARSE_ROWS), dense.shape[0])
+  return lars_optax.sparse.row_sparse(dense[SPARSE_ROWS], rows=jnp.asarray(SPARSE_ROWS),
+                                      num_rows=dense.shape[0])
 
 
 def _table_grad(shape, seed=5):
@@ -681,7 +687,7 @@ class _EqxBag:
 
 
 def _apply_lars_optax(model, updates):
-  return lars_optax.apply_updates(model, updates)
+  return lars_optax.sparse.apply_updates(model, updates)
 
 
 def _apply_partition_combine(model, updates):
@@ -695,13 +701,13 @@ def _apply_partition_combine(model, updates):
 @pytest.mark.parametrize("apply", [_apply_lars_optax, _apply_partition_combine],
                          ids=["lars_optax_apply_updates", "partition_combine"])
 def test_equinox_model_takes_a_row_sparse_update(apply):
-  """lars_optax.apply_updates, the drop-in for eqx.apply_updates (whole model, None
+  """lars_optax.sparse.apply_updates, the drop-in for eqx.apply_updates (whole model, None
   updates, row-sparse leaves), and the partition/combine idiom: equal to
   optax.apply_updates on the arrays and to eqx.apply_updates of the dense step."""
   import equinox as eqx
 
   model = _EqxBag.model()
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   params = eqx.filter(model, eqx.is_array)
   state = tx.init(params)
 
@@ -711,7 +717,7 @@ def test_equinox_model_takes_a_row_sparse_update(apply):
     return apply(model, updates), updates, state
 
   new, updates, _ = step(model, state, _EqxBag.grads(model, sparse=True))
-  assert isinstance(updates.emb.weight, lars_optax.RowSparseUpdate)
+  assert isinstance(updates.emb.weight, lars_optax.sparse.RowSparseUpdate)
   assert updates.mlp.activation is None and new.mlp.activation is model.mlp.activation
   chex.assert_trees_all_close(eqx.filter(new, eqx.is_array),
                               optax.apply_updates(params, updates), rtol=1e-5)
@@ -726,30 +732,31 @@ def test_equinox_model_takes_a_row_sparse_update(apply):
 def test_lars_optax_apply_updates_on_dense_trees_is_optax_apply_updates():
   params = {"w": jnp.ones((3,), jnp.bfloat16), "b": jnp.zeros((2,))}
   updates = {"w": jnp.full((3,), 0.25, jnp.float32), "b": jnp.ones((2,))}
-  new = lars_optax.apply_updates(params, updates)
+  new = lars_optax.sparse.apply_updates(params, updates)
   chex.assert_trees_all_equal(new, optax.apply_updates(params, updates))
   assert new["w"].dtype == jnp.bfloat16  # cast back, as optax does (eqx.apply_updates widens)
-  chex.assert_trees_all_equal(lars_optax.apply_updates(params, {"w": None, "b": updates["b"]}),
+  chex.assert_trees_all_equal(lars_optax.sparse.apply_updates(params, {"w": None,
+                                                                       "b": updates["b"]}),
                               {"w": params["w"], "b": jnp.ones((2,))})
   with pytest.raises(ValueError, match=r"^apply_updates: the updates' tree is not a prefix"):
-    lars_optax.apply_updates(params, {"w": updates["w"]})
+    lars_optax.sparse.apply_updates(params, {"w": updates["w"]})
   # A row-sparse update's own errors come through as they are.
   table = {"emb": jnp.zeros((4, 2))}
-  bad = lars_optax.row_sparse(jnp.ones((1, 2)), jnp.array([9]), 4)
+  bad = lars_optax.sparse.row_sparse(jnp.ones((1, 2)), rows=jnp.array([9]), num_rows=4)
   with pytest.raises(ValueError, match=r"row indices out of range \[0, 4\)"):
-    lars_optax.apply_updates(table, {"emb": bad})
+    lars_optax.sparse.apply_updates(table, {"emb": bad})
 
 
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
     "eqx.apply_updates maps over the updates first, so a row-sparse update (a pytree "
     "node, so that it can leave jit) must match the model's array leaf: 'pytree "
-    "structure error'. lars_optax.dense_updates(tx) returns arrays it takes; "
-    "lars_optax.apply_updates takes the row-sparse update."))
+    "structure error'. lars_optax.sparse.dense_updates(tx) returns arrays it takes; "
+    "lars_optax.sparse.apply_updates takes the row-sparse update."))
 def test_equinox_apply_updates_takes_a_bare_row_sparse_update():
   import equinox as eqx
 
   model = _EqxBag.model()
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   params = eqx.filter(model, eqx.is_array)
   updates, _ = tx.update(_EqxBag.grads(model, sparse=True), tx.init(params), params)
   new = eqx.apply_updates(model, updates)
@@ -764,13 +771,13 @@ def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(nam
   the gradient's rows move."""
   import equinox as eqx
 
-  make = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
-          "groupadagrad": lambda: lars_optax.create("groupadagrad", learning_rate=0.1),
-          "ftrl": lambda: lars_optax.create("ftrl")}[name]
+  make = {"adam": lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
+          "groupadagrad": lambda: lars_optax.mxnet.create("groupadagrad", learning_rate=0.1),
+          "ftrl": lambda: lars_optax.mxnet.create("ftrl")}[name]
   model = _EqxBag.model()
   params = eqx.filter(model, eqx.is_array)
   grads = _EqxBag.grads(model, sparse=True)
-  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+  sparse_tx, tx = make(), lars_optax.sparse.dense_updates(make())
   expected_updates, _ = sparse_tx.update(grads, sparse_tx.init(params), params)
   expected = optax.apply_updates(params, expected_updates)
   expected_model = jax.tree.map(np.asarray, expected)  # (the model's buffers are donated)
@@ -794,10 +801,10 @@ def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(nam
 def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name, dense):
   from flax.training import train_state
 
-  tx = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
-        "adagrad": lambda: lars_optax.create("adagrad", learning_rate=0.1),
-        "ftrl": lambda: lars_optax.create("ftrl")}[name]()
-  tx = lars_optax.dense_updates(tx) if dense else tx
+  tx = {"adam": lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
+        "adagrad": lambda: lars_optax.mxnet.create("adagrad", learning_rate=0.1),
+        "ftrl": lambda: lars_optax.mxnet.create("ftrl")}[name]()
+  tx = lars_optax.sparse.dense_updates(tx) if dense else tx
   params = {"emb": jnp.asarray(np.random.default_rng(0).normal(size=(12, 4)), jnp.float32),
             "w": jnp.ones((4,))}
   grads = {"emb": _rows_grad(_table_grad((12, 4))), "w": jnp.full((4,), 0.5)}
@@ -819,14 +826,14 @@ def test_nnx_optimizer_update_equals_optax_apply_updates(dense):
       self.out = nnx.Linear(4, 1, rngs=rngs)
 
   model = Bag(nnx.Rngs(0))
-  tx = lars_optax.create("groupadagrad", learning_rate=0.1)
-  tx = lars_optax.dense_updates(tx) if dense else tx
+  tx = lars_optax.mxnet.create("groupadagrad", learning_rate=0.1)
+  tx = lars_optax.sparse.dense_updates(tx) if dense else tx
   _, params = nnx.split(model, nnx.Param)
   grads = jax.tree.map(jnp.ones_like, params)
   grads["embed"]["embedding"] = nnx.Param(_rows_grad(_table_grad((12, 4))))
   pure = nnx.to_pure_dict(params)
   pure_grads = jax.tree.map(lambda g: g, nnx.to_pure_dict(grads),
-                            is_leaf=lars_optax.is_row_sparse)
+                            is_leaf=lars_optax.sparse.is_row_sparse)
   updates, _ = tx.update(pure_grads, tx.init(pure), pure)
   expected = optax.apply_updates(pure, updates)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
@@ -844,7 +851,7 @@ def test_value_and_grad_without_max_rows_holds_every_row(jit):
   params, loss = _linen()
   ids = jnp.arange(40, dtype=jnp.int32).reshape(4, 10) % 50  # 40 distinct ids
   y = jnp.ones(4)
-  fn = sparse_value_and_grad(loss, "embedding")
+  fn = lars_optax.sparse.value_and_grad(loss, sparse="embedding")
   fn = jax.jit(fn) if jit else fn
   _, grads = fn(params, ids, y)
   assert grads["Embed_0"]["embedding"].data.shape[0] == ids.size
@@ -856,7 +863,7 @@ def test_value_and_grad_without_max_rows_holds_every_row(jit):
 def test_value_and_grad_too_many_rows_raises_under_jit():
   params, loss = _linen()
   ids = jnp.arange(20, dtype=jnp.int32).reshape(2, 10)  # 20 distinct rows
-  fn = jax.jit(sparse_value_and_grad(loss, "embedding", max_rows=8))
+  fn = jax.jit(lars_optax.sparse.value_and_grad(loss, sparse="embedding", max_rows=8))
   with pytest.raises(Exception, match=r"max_rows: a lookup of 'Embed_0/embedding' reads 20 "
                      r"distinct rows, more than max_rows=8"):
     jax.block_until_ready(fn(params, ids, jnp.ones(2)))
@@ -867,7 +874,7 @@ def test_value_and_grad_too_many_rows_raises_under_jit():
 @pytest.mark.parametrize("max_rows", [0, -3, 2.5, True, "8"])
 def test_value_and_grad_bad_max_rows_names_it(max_rows):
   with pytest.raises(ValueError, match="max_rows: expected an integer >= 1 or None"):
-    sparse_value_and_grad(lambda p: p, "emb", max_rows=max_rows)
+    lars_optax.sparse.value_and_grad(lambda p: p, sparse="emb", max_rows=max_rows)
 
 
 # --------------------------------------------------------------------------
@@ -878,7 +885,7 @@ def test_value_and_grad_bad_max_rows_names_it(max_rows):
 def _two_grads(n=1000):
   params = {"emb": jnp.ones((n, 2)), "w": jnp.ones(2)}
   loss = lambda p, ids: jnp.sum(p["emb"][ids] @ p["w"])
-  fn = sparse_value_and_grad(loss, "emb")
+  fn = lars_optax.sparse.value_and_grad(loss, sparse="emb")
   _, g1 = fn(params, jnp.array([1, 500, 900]))
   _, g2 = fn(params, jnp.array([2, 3, 400]))
   return params, fn, g1, g2
@@ -888,18 +895,18 @@ def _two_grads(n=1000):
 def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
   params, _, g1, g2 = _two_grads()
   summed = jax.tree.map(jnp.add, g1, g2)  # rows 1 + 2 = 3, 500 + 3 = 503, ...: silently wrong
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   update = jax.jit(tx.update) if jit else tx.update
   with pytest.raises(Exception, match=r"lazy_update: gradient 'emb': the row indices of this "
                      r"row-sparse BCOO were changed after it was made.*jax.tree.map\(jnp.add, "
-                     r"g1, g2\).*lars_optax.tree_add"):
+                     r"g1, g2\).*lars_optax.sparse.tree_add"):
     jax.block_until_ready(update(summed, tx.init(params), params))
 
 
 def test_tree_map_add_of_a_zero_tree_keeps_the_rows():
   params, _, g1, _ = _two_grads()
   summed = jax.tree.map(jnp.add, g1, optax.tree_utils.tree_zeros_like(g1))
-  tx = lars_optax.sgd(1.0, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(1.0, lazy_update=True)
   updates, _ = jax.jit(tx.update)(summed, tx.init(params), params)
   chex.assert_trees_all_close(optax.apply_updates(params, updates),
                               optax.apply_updates(params, tx.update(g1, tx.init(params),
@@ -909,9 +916,9 @@ def test_tree_map_add_of_a_zero_tree_keeps_the_rows():
 def test_float_indices_name_the_cause_and_the_replacement():
   params, _, g1, _ = _two_grads()
   cast = jax.tree.map(lambda x: x.astype(jnp.float32), g1)
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   with pytest.raises(TypeError, match=r"gradient 'emb' has indices of dtype float32.*walks "
-                     r"into a BCOO.*lars_optax.clip_by_global_norm"):
+                     r"into a BCOO.*lars_optax.sparse.clip_by_global_norm"):
     tx.update(cast, tx.init(params), params)
 
 
@@ -919,7 +926,7 @@ def test_float_indices_name_the_cause_and_the_replacement():
 def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
   """chain(adam(lazy_update=True), optax.scale(0.5)) scales the update's row indices too."""
   params, _, g1, _ = _two_grads()
-  tx = optax.chain(lars_optax.adam(0.1, lazy_update=True), optax.scale(0.5))
+  tx = optax.chain(lars_optax.mxnet.adam(0.1, lazy_update=True), optax.scale(0.5))
 
   def step(params, state, grads):
     updates, state = tx.update(grads, state, params)
@@ -927,7 +934,8 @@ def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
 
   step = jax.jit(step) if jit else step
   with pytest.raises(TypeError, match=r"apply_updates: a row-sparse update is a row-sparse BCOO "
-                     r"with indices of dtype float32.*lars_optax.lazy_update\(optax.chain\("):
+                     r"with indices of dtype float32.*"
+                     r"lars_optax.sparse.lazy_update\(optax.chain\("):
     step(params, tx.init(params), g1)
   # A BCOO built by hand gets a plain BCOO update, which JAX itself rejects, without a
   # message (docs/troubleshooting.md says so).
@@ -938,10 +946,10 @@ def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
 
 def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
   params, _, g1, _ = _two_grads()
-  tx = lars_optax.lazy_update(optax.chain(lars_optax.adam(0.1), optax.scale(0.5)))
+  tx = lars_optax.sparse.lazy_update(optax.chain(lars_optax.mxnet.adam(0.1), optax.scale(0.5)))
   updates, _ = tx.update(g1, tx.init(params), params)
-  dense = jax.tree.map(lambda g: g.todense() if lars_optax.is_row_sparse(g) else g, g1,
-                       is_leaf=lars_optax.is_row_sparse)
+  dense = jax.tree.map(lambda g: g.todense() if lars_optax.sparse.is_row_sparse(g) else g, g1,
+                       is_leaf=lars_optax.sparse.is_row_sparse)
   ref, _ = tx.update(dense, tx.init(params), params)
   chex.assert_trees_all_close(optax.apply_updates(params, updates),
                               optax.apply_updates(params, ref), rtol=1e-6)
@@ -949,7 +957,7 @@ def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
 
 def test_bcoo_passed_as_params_names_the_mistake():
   params, _, g1, _ = _two_grads()
-  tx = lars_optax.adam(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
   with pytest.raises(TypeError, match=r"parameter 'emb' is a BCOO; parameters must be dense"):
     tx.update(g1, tx.init(params), g1)
 
@@ -968,10 +976,11 @@ def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
     grads = [{"emb": _bcoo(np.full((2, 2), 0.5 * k, np.float32), [k, 2 * k], (50, 2)),
               "w": jnp.ones(2)} for k in (1, 2, 3)]
   else:
-    grads = [{"emb": lars_optax.row_sparse(jnp.full((2, 2), 0.5 * k), jnp.array([k, 2 * k]), 50),
+    grads = [{"emb": lars_optax.sparse.row_sparse(jnp.full((2, 2), 0.5 * k),
+                                                  rows=jnp.array([k, 2 * k]), num_rows=50),
               "w": jnp.ones(2)} for k in (1, 2, 3)]
-  plain = lars_optax.adam(0.1, lazy_update=True)
-  guarded = optax.apply_if_finite(lars_optax.adam(0.1, lazy_update=True), 3)
+  plain = lars_optax.mxnet.adam(0.1, lazy_update=True)
+  guarded = optax.apply_if_finite(lars_optax.mxnet.adam(0.1, lazy_update=True), 3)
 
   def run(tx, grads):
     state = tx.init(params)
@@ -995,8 +1004,8 @@ def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
   params = {"emb": jnp.ones((5, 2))}
   good = {"emb": _bcoo(np.ones((2, 2), np.float32), [1, 3], (5, 2))}
   bad = {"emb": _bcoo(np.full((2, 2), np.nan, np.float32), [1, 3], (5, 2))}
-  plain = lars_optax.adam(0.1, lazy_update=True)
-  guarded = lars_optax.skip_nonfinite(lars_optax.adam(0.1, lazy_update=True))
+  plain = lars_optax.mxnet.adam(0.1, lazy_update=True)
+  guarded = lars_optax.skip_nonfinite(lars_optax.mxnet.adam(0.1, lazy_update=True))
   state = guarded.init(params)
   updates, state = jax.jit(guarded.update)(bad, state, params)
   chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
@@ -1022,7 +1031,7 @@ def test_value_and_grad_takes_keyword_and_python_arguments():
 
   ids = jnp.array([0, 3])
   for kwargs in ({}, {"scale": 0.5, "mode": "mean", "train": False}, {"scale": jnp.float32(3)}):
-    value, g = sparse_value_and_grad(loss, "emb")(params, ids, **kwargs)
+    value, g = lars_optax.sparse.value_and_grad(loss, sparse="emb")(params, ids, **kwargs)
     ref_value, ref = jax.value_and_grad(loss)(params, ids, **kwargs)
     np.testing.assert_allclose(value, ref_value, rtol=1e-6)
     np.testing.assert_allclose(g["emb"].todense(), ref["emb"], rtol=1e-6)
@@ -1031,10 +1040,10 @@ def test_value_and_grad_takes_keyword_and_python_arguments():
 def test_value_and_grad_python_bool_positional_argument_is_not_traced():
   params = {"emb": jnp.arange(10.0).reshape(5, 2)}
   loss = lambda p, ids, train: jnp.sum(p["emb"][ids]) * (2.0 if train else 1.0)
-  _, g = jax.jit(sparse_value_and_grad(loss, "emb"), static_argnums=2)(
+  _, g = jax.jit(lars_optax.sparse.value_and_grad(loss, sparse="emb"), static_argnums=2)(
       params, jnp.array([1]), True)
   np.testing.assert_allclose(g["emb"].todense()[1], [2.0, 2.0])
-  _, g = sparse_value_and_grad(loss, "emb")(params, jnp.array([1]), False)
+  _, g = lars_optax.sparse.value_and_grad(loss, sparse="emb")(params, jnp.array([1]), False)
   np.testing.assert_allclose(g["emb"].todense()[1], [1.0, 1.0])
 
 
@@ -1042,10 +1051,10 @@ def test_value_and_grad_argnums():
   params = {"emb": jnp.arange(10.0).reshape(5, 2)}
   loss = lambda ids, p: jnp.sum(p["emb"][ids] ** 2)
   ids = jnp.array([1, 1, 4])
-  _, g = sparse_value_and_grad(loss, "emb", argnums=1)(ids, params)
+  _, g = lars_optax.sparse.value_and_grad(loss, sparse="emb", argnums=1)(ids, params)
   np.testing.assert_allclose(g["emb"].todense(), jax.grad(loss, argnums=1)(ids, params)["emb"])
   with pytest.raises(TypeError, match="argnums: expected an int"):
-    sparse_value_and_grad(loss, "emb", argnums=(0, 1))
+    lars_optax.sparse.value_and_grad(loss, sparse="emb", argnums=(0, 1))
 
 
 def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
@@ -1061,7 +1070,7 @@ def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
   model = Bag()
   params = model.init(jax.random.key(0), IDS)["params"]
   loss = lambda p, ids, y: jnp.mean((model.apply({"params": p}, ids) - y) ** 2)
-  value, grads = jax.jit(sparse_value_and_grad(loss, "embedding"))(params, IDS, Y)
+  value, grads = jax.jit(lars_optax.sparse.value_and_grad(loss, sparse="embedding"))(params, IDS, Y)
   ref_value, ref = jax.value_and_grad(loss)(params, IDS, Y)
   assert grads["Embed_0"]["embedding"].dtype == jnp.float32
   np.testing.assert_allclose(value, ref_value, rtol=1e-6)
@@ -1076,13 +1085,13 @@ def test_value_and_grad_string_matches_a_full_path_or_a_last_name():
   params, loss = _linen()
   assert "Embed_0/embedding" in lars_optax.leaf_names(params)["Embed_0"]["embedding"]
   for sparse in ("Embed_0/embedding", "embedding"):
-    _, grads = sparse_value_and_grad(loss, sparse)(params, IDS, Y)
-    assert lars_optax.is_row_sparse(grads["Embed_0"]["embedding"])
-    assert not lars_optax.is_row_sparse(grads["Dense_0"]["kernel"])
+    _, grads = lars_optax.sparse.value_and_grad(loss, sparse=sparse)(params, IDS, Y)
+    assert lars_optax.sparse.is_row_sparse(grads["Embed_0"]["embedding"])
+    assert not lars_optax.sparse.is_row_sparse(grads["Dense_0"]["kernel"])
   with pytest.raises(ValueError, match=r"sparse: selects no leaf of params \(the string "
                      r"'Embed_0/emb' matches a leaf whose full path .*leaf_names.* or last path "
                      r"component equals it\)"):
-    sparse_value_and_grad(loss, "Embed_0/emb")(params, IDS, Y)
+    lars_optax.sparse.value_and_grad(loss, sparse="Embed_0/emb")(params, IDS, Y)
 
 
 @pytest.mark.quick  # (also at the floors: jax 0.7 has lax.pvary, not lax.pcast)
@@ -1100,31 +1109,33 @@ def test_value_and_grad_inside_shard_map_with_check_vma_equals_the_dense_gradien
   def grads(grad_fn):
     def f(p, i, t):
       _, g = grad_fn(p, i, t)
-      return jax.tree.map(lambda x: x.todense() if lars_optax.is_row_sparse(x) else x, g,
-                          is_leaf=lars_optax.is_row_sparse)
+      return jax.tree.map(lambda x: x.todense() if lars_optax.sparse.is_row_sparse(x) else x, g,
+                          is_leaf=lars_optax.sparse.is_row_sparse)
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
                                  out_specs=P()))(params, ids, y)
 
-  chex.assert_trees_all_close(grads(sparse_value_and_grad(loss, "embedding")),
+  chex.assert_trees_all_close(grads(lars_optax.sparse.value_and_grad(loss, sparse="embedding")),
                               grads(jax.value_and_grad(loss)), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("optimizer", [
-    lambda: lars_optax.adam(0.1, lazy_update=True), lambda: lars_optax.sgd(0.1, momentum=0.9,
+    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True), lambda: lars_optax.mxnet.sgd(0.1,
+                                                                                       momentum=0.9,
                                                                            lazy_update=True),
-    lambda: lars_optax.adagrad(0.1), lambda: lars_optax.ftrl()],
+    lambda: lars_optax.mxnet.adagrad(0.1), lambda: lars_optax.mxnet.ftrl()],
     ids=["adam", "sgd", "adagrad", "ftrl"])
 def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer):
   """flax.serialization.from_bytes and checkpoints give numpy arrays."""
   params = {"emb": np.arange(12.0, dtype=np.float32).reshape(6, 2), "w": np.ones(2, np.float32)}
-  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 2)), jnp.array([1, 4]), 6),
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 2)), rows=jnp.array([1, 4]),
+                                               num_rows=6),
            "w": np.full(2, 0.5, np.float32)}
   tx = optimizer()
   want_u, want_s = tx.update(grads, tx.init(jax.tree.map(jnp.asarray, params)),
                              jax.tree.map(jnp.asarray, params))
   state = jax.tree.map(np.asarray, tx.init(params))  # a restored state: numpy leaves
   updates, _ = tx.update(grads, state, params)
-  for apply in (optax.apply_updates, lars_optax.apply_updates):
+  for apply in (optax.apply_updates, lars_optax.sparse.apply_updates):
     chex.assert_trees_all_close(apply(params, updates), apply(params, want_u))
   del want_s
 
@@ -1132,9 +1143,9 @@ def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer):
 def test_row_sparse_rejects_float_rows_naming_them():
   with pytest.raises(TypeError, match=r"^rows: expected integer row indices, got an array "
                                       r"of float32"):
-    lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([1.0, 2.0]), 5)
+    lars_optax.sparse.row_sparse(jnp.ones((2, 3)), rows=jnp.array([1.0, 2.0]), num_rows=5)
   with pytest.raises(TypeError, match=r"^num_rows: expected an int"):
-    lars_optax.row_sparse(jnp.ones((2, 3)), jnp.array([1, 2]), 5.0)
+    lars_optax.sparse.row_sparse(jnp.ones((2, 3)), rows=jnp.array([1, 2]), num_rows=5.0)
 
 
 def test_sparse_value_and_grad_with_float_ids_fails_as_jax_indexing_does():
@@ -1142,4 +1153,4 @@ def test_sparse_value_and_grad_with_float_ids_fails_as_jax_indexing_does():
     return jnp.sum(p["table"][ids])
   params = {"table": jnp.ones((10, 3))}
   with pytest.raises(TypeError, match="Indexer must have integer"):
-    sparse_value_and_grad(loss, sparse="table")(params, jnp.array([1.0, 2.0]))
+    lars_optax.sparse.value_and_grad(loss, sparse="table")(params, jnp.array([1.0, 2.0]))

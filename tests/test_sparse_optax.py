@@ -1,4 +1,4 @@
-"""Tests for lars_optax.sparse_optax: tree_add, clip_by_global_norm and multi_steps.
+"""Tests for lars_optax.sparse.optax_compat: tree_add, clip_by_global_norm and multi_steps.
 
 Each equals its optax counterpart on the equivalent dense gradients; the
 row-sparse buffers of multi_steps do not grow with the table.
@@ -32,22 +32,22 @@ def _batches(n=6, seed=1):
 
 
 def _dense(tree):
-  return jax.tree.map(lambda x: x.todense() if lars_optax.is_row_sparse(x) else x, tree,
-                      is_leaf=lars_optax.is_row_sparse)
+  return jax.tree.map(lambda x: x.todense() if lars_optax.sparse.is_row_sparse(x) else x, tree,
+                      is_leaf=lars_optax.sparse.is_row_sparse)
 
 
-SPARSE_GRAD = lars_optax.sparse_value_and_grad(_loss, "emb")
+SPARSE_GRAD = lars_optax.sparse.value_and_grad(_loss, sparse="emb")
 
 
 def test_tree_add_equals_the_sum_of_the_dense_gradients():
   params = _params()
   g1, g2 = (SPARSE_GRAD(params, ids)[1] for ids in _batches(2))
-  total = lars_optax.tree_add(g1, g2)
+  total = lars_optax.sparse.tree_add(g1, g2)
   assert total["emb"].nse == g1["emb"].nse + g2["emb"].nse
   chex.assert_trees_all_close(_dense(total), optax.tree_utils.tree_add(_dense(g1), _dense(g2)),
                               rtol=1e-6)
   # The sum trains the right rows.
-  tx = lars_optax.sgd(0.1, lazy_update=True)
+  tx = lars_optax.mxnet.sgd(0.1, lazy_update=True)
   updates, _ = jax.jit(tx.update)(total, tx.init(params), params)
   ref, _ = tx.update(_dense(total), tx.init(params), params)
   chex.assert_trees_all_close(optax.apply_updates(params, updates),
@@ -58,7 +58,7 @@ def test_tree_add_rejects_a_mix_of_sparse_and_dense_naming_the_leaf():
   params = _params()
   g = SPARSE_GRAD(params, _batches(1)[0])[1]
   with pytest.raises(ValueError, match="tree_add: leaf 'emb' is row-sparse in some trees"):
-    lars_optax.tree_add(g, _dense(g))
+    lars_optax.sparse.tree_add(g, _dense(g))
 
 
 @pytest.mark.parametrize("max_norm", [0.01, 1e3])
@@ -66,16 +66,18 @@ def test_clip_by_global_norm_equals_optax_on_dense_gradients(max_norm):
   params = _params()
   ids = jnp.array([3, 3, 7, 1])  # a repeated row: its entries are summed before the norm
   g = SPARSE_GRAD(params, ids)[1]
-  clipped, _ = jax.jit(lars_optax.clip_by_global_norm(max_norm).update)(g, optax.EmptyState())
+  clipped, _ = jax.jit(lars_optax.sparse.clip_by_global_norm(max_norm).update)(g,
+                                                                               optax.EmptyState())
   ref, _ = optax.clip_by_global_norm(max_norm).update(_dense(g), optax.EmptyState())
-  assert lars_optax.is_row_sparse(clipped["emb"])
+  assert lars_optax.sparse.is_row_sparse(clipped["emb"])
   chex.assert_trees_all_close(_dense(clipped), ref, rtol=1e-6)
 
 
 def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
   params = _params()
-  tx = optax.chain(lars_optax.clip_by_global_norm(0.1), lars_optax.adam(0.1, lazy_update=True))
-  ref_tx = optax.chain(optax.clip_by_global_norm(0.1), lars_optax.adam(0.1, lazy_update=True))
+  tx = optax.chain(lars_optax.sparse.clip_by_global_norm(0.1), lars_optax.mxnet.adam(0.1,
+                                                                                     lazy_update=True))
+  ref_tx = optax.chain(optax.clip_by_global_norm(0.1), lars_optax.mxnet.adam(0.1, lazy_update=True))
   p, s = params, tx.init(params)
   rp, rs = params, ref_tx.init(params)
   for ids in _batches(3):
@@ -92,27 +94,27 @@ def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
 def test_clip_by_global_norm_takes_a_low_precision_norm_in_float32(dtype, sparse):
   """4,096 entries of 4 have norm 256; their sum of squares (65,536) overflows float16."""
   g = jnp.full((64, 64), 4.0, dtype)
-  grad = lars_optax.row_sparse(g, jnp.arange(64), 64) if sparse else g
-  out, _ = lars_optax.clip_by_global_norm(1.0).update({"w": grad}, optax.EmptyState())
+  grad = lars_optax.sparse.row_sparse(g, rows=jnp.arange(64), num_rows=64) if sparse else g
+  out, _ = lars_optax.sparse.clip_by_global_norm(1.0).update({"w": grad}, optax.EmptyState())
   values = out["w"].data if sparse else out["w"]
   assert values.dtype == dtype
   np.testing.assert_allclose(np.asarray(values, np.float32), 4.0 / 256, rtol=1e-2)
   big = jnp.full((64, 64), 2000.0, dtype)  # norm 128,000: not even the norm fits float16
-  out, _ = lars_optax.clip_by_global_norm(1.0).update({"w": big}, optax.EmptyState())
+  out, _ = lars_optax.sparse.clip_by_global_norm(1.0).update({"w": big}, optax.EmptyState())
   np.testing.assert_allclose(np.asarray(out["w"], np.float32), 1 / 64, rtol=1e-2)
 
 
 @pytest.mark.parametrize("max_norm", [0, -1.0])
 def test_clip_by_global_norm_bad_max_norm(max_norm):
   with pytest.raises(ValueError, match="max_norm"):
-    lars_optax.clip_by_global_norm(max_norm)
+    lars_optax.sparse.clip_by_global_norm(max_norm)
 
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_multi_steps_equals_optax_multi_steps_on_dense_gradients(k):
   params = _params()
-  inner = lambda: lars_optax.adam(0.1, lazy_update=True)
-  tx = lars_optax.multi_steps(inner(), k, sparse="emb", nse=4)
+  inner = lambda: lars_optax.mxnet.adam(0.1, lazy_update=True)
+  tx = lars_optax.sparse.multi_steps(inner(), every_k_schedule=k, sparse="emb", nse=4)
   ref_tx = optax.MultiSteps(inner(), k).gradient_transformation()
   p, s = params, tx.init(params)
   rp, rs = params, ref_tx.init(params)
@@ -129,7 +131,7 @@ def test_multi_steps_equals_optax_multi_steps_on_dense_gradients(k):
 def test_multi_steps_dense_only_with_a_schedule_equals_optax():
   params = _params()
   schedule = lambda step: jnp.where(step < 1, 2, 3)
-  tx = lars_optax.multi_steps(optax.sgd(0.1), schedule)
+  tx = lars_optax.sparse.multi_steps(optax.sgd(0.1), every_k_schedule=schedule)
   ref_tx = optax.MultiSteps(optax.sgd(0.1), schedule).gradient_transformation()
   p, s, rp, rs = params, tx.init(params), params, ref_tx.init(params)
   for ids in _batches(5):
@@ -140,11 +142,37 @@ def test_multi_steps_dense_only_with_a_schedule_equals_optax():
   chex.assert_trees_all_close(p, rp, rtol=1e-6)
 
 
+def test_multi_steps_should_skip_update_fn_equals_optax_with_a_nan_batch():
+  # optax's skip_not_finite: the NaN call is skipped (not counted), as in optax.
+  params = _params()
+  tx = lars_optax.sparse.multi_steps(optax.sgd(0.1), every_k_schedule=2,
+                                     should_skip_update_fn=optax.skip_not_finite)
+  ref_tx = optax.MultiSteps(optax.sgd(0.1), 2,
+                            should_skip_update_fn=optax.skip_not_finite).gradient_transformation()
+  p, s, rp, rs = params, tx.init(params), params, ref_tx.init(params)
+  assert set(ref_tx.init(params)._fields) == set(s._fields)
+  step = jax.jit(tx.update)
+  for i, ids in enumerate(_batches(5)):
+    g, rg = jax.grad(_loss)(p, ids), jax.grad(_loss)(rp, ids)
+    if i == 2:
+      g = jax.tree.map(lambda x: x * jnp.nan, g)
+      rg = jax.tree.map(lambda x: x * jnp.nan, rg)
+    u, s = step(g, s, p)
+    p = optax.apply_updates(p, u)
+    ru, rs = ref_tx.update(rg, rs, rp)
+    rp = optax.apply_updates(rp, ru)
+  chex.assert_trees_all_close(p, rp, rtol=1e-6)
+  chex.assert_trees_all_equal(s.skip_state, rs.skip_state)
+  assert int(s.gradient_step) == int(rs.gradient_step) == 2
+
+
 def test_multi_steps_memory_does_not_grow_with_the_table():
   def temp_bytes(n):
     params = {"emb": jnp.zeros((n, 16)), "w": jnp.zeros(16)}
-    tx = lars_optax.multi_steps(lars_optax.adam(0.1, lazy_update=True), 4, sparse="emb", nse=64)
-    g = {"emb": lars_optax.row_sparse(jnp.ones((64, 16)), jnp.arange(64), n), "w": jnp.ones(16)}
+    tx = lars_optax.sparse.multi_steps(lars_optax.mxnet.adam(0.1, lazy_update=True),
+                                       every_k_schedule=4, sparse="emb", nse=64)
+    g = {"emb": lars_optax.sparse.row_sparse(jnp.ones((64, 16)), rows=jnp.arange(64), num_rows=n),
+         "w": jnp.ones(16)}
 
     def step(params, state, g):
       u, state = tx.update(g, state, params)
@@ -165,12 +193,12 @@ def test_multi_steps_memory_does_not_grow_with_the_table():
 ])
 def test_multi_steps_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    lars_optax.multi_steps(optax.sgd(0.1), **kwargs)
+    lars_optax.sparse.multi_steps(optax.sgd(0.1), **kwargs)
 
 
 def test_multi_steps_sparse_leaf_not_named_raises():
   params = _params()
-  tx = lars_optax.multi_steps(optax.sgd(0.1), 2)
+  tx = lars_optax.sparse.multi_steps(optax.sgd(0.1), every_k_schedule=2)
   with pytest.raises(ValueError, match=r"multi_steps: gradient 'emb' is row-sparse; name it in "
                      "`sparse`"):
     tx.update(SPARSE_GRAD(params, _batches(1)[0])[1], tx.init(params), params)
@@ -179,7 +207,7 @@ def test_multi_steps_sparse_leaf_not_named_raises():
 def test_module_docstring_training_loop_runs():
   import textwrap
 
-  doc = lars_optax.sparse_optax.__doc__
+  doc = lars_optax.sparse.optax_compat.__doc__
   lines = doc.split("::\n\n", 1)[1].splitlines()
   code = []
   for line in lines:
@@ -194,7 +222,7 @@ def test_module_docstring_training_loop_runs():
   assert float(jnp.abs(namespace["params"]["table"]).max()) > 0
 
 
-@pytest.mark.parametrize("fn", [lars_optax.apply_updates, lars_optax.dense_updates],
+@pytest.mark.parametrize("fn", [lars_optax.sparse.apply_updates, lars_optax.sparse.dense_updates],
                          ids=["apply_updates", "dense_updates"])
 def test_equinox_docstring_example_runs(fn):
   """The ``::`` example of each (an Equinox embedding, rows 3 and 7 in the gradient)."""
@@ -228,15 +256,15 @@ def test_dense_updates_step_equals_the_row_sparse_step_without_a_table_sized_tem
   from jax.experimental.sparse import BCOO
 
   n, d, k = 100_000, 32, 64
-  make = {"adam": lambda: lars_optax.adam(0.1, lazy_update=True),
-          "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, lazy_update=True),
-          "groupadagrad": lambda: lars_optax.create("groupadagrad", learning_rate=0.1)}[name]
+  make = {"adam": lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
+          "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),
+          "groupadagrad": lambda: lars_optax.mxnet.create("groupadagrad", learning_rate=0.1)}[name]
   rows = jnp.asarray(np.arange(k) * 7 % n, jnp.int32)
   values = jnp.asarray(np.random.default_rng(0).normal(size=(k, d)), jnp.float32)
   grads = {"emb": (BCOO((values, rows[:, None]), shape=(n, d)) if kind == "bcoo"
-                   else lars_optax.row_sparse(values, rows, n))}
+                   else lars_optax.sparse.row_sparse(values, rows=rows, num_rows=n))}
   params = {"emb": jnp.asarray(np.random.default_rng(1).normal(size=(n, d)), jnp.float32)}
-  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+  sparse_tx, tx = make(), lars_optax.sparse.dense_updates(make())
 
   def step(params, state, grads):
     updates, state = tx.update(grads, state, params)
@@ -261,7 +289,8 @@ def test_dense_updates_step_equals_the_row_sparse_step_without_a_table_sized_tem
 def test_dense_updates_leaves_dense_gradients_and_the_state_alone():
   params = _params()
   grads = jax.tree.map(lambda x: jnp.full_like(x, 0.5), params)
-  tx, inner = lars_optax.dense_updates(lars_optax.adam(0.1)), lars_optax.adam(0.1)
+  inner = lars_optax.mxnet.adam(0.1)
+  tx = lars_optax.sparse.dense_updates(lars_optax.mxnet.adam(0.1))
   chex.assert_trees_all_equal(tx.init(params), inner.init(params))
   chex.assert_trees_all_equal(tx.update(grads, tx.init(params), params),
                               inner.update(grads, inner.init(params), params))
@@ -270,16 +299,17 @@ def test_dense_updates_leaves_dense_gradients_and_the_state_alone():
 def test_dense_updates_rejects_what_is_not_a_transformation():
   with pytest.raises(TypeError, match=r"dense_updates: `inner` must be an optax "
                                       r"GradientTransformation, got str"):
-    lars_optax.dense_updates("adam")
+    lars_optax.sparse.dense_updates("adam")
 
 
 def test_dense_updates_under_multi_precision_keeps_the_float32_update():
   """A float16 table with float32 masters: the dense update is float32, and applying it
   with optax.apply_updates equals applying the row-sparse one (float16 kept)."""
   params = {"emb": jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float16)}
-  grads = {"emb": lars_optax.row_sparse(jnp.ones((2, 3), jnp.float16), jnp.array([1, 4]), 6)}
-  make = lambda: lars_optax.adam(0.1, lazy_update=True, multi_precision=True)
-  sparse_tx, tx = make(), lars_optax.dense_updates(make())
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 3), jnp.float16),
+                                               rows=jnp.array([1, 4]), num_rows=6)}
+  make = lambda: lars_optax.mxnet.adam(0.1, lazy_update=True, multi_precision=True)
+  sparse_tx, tx = make(), lars_optax.sparse.dense_updates(make())
   updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
   expected, _ = jax.jit(sparse_tx.update)(grads, sparse_tx.init(params), params)
   assert updates["emb"].dtype == jnp.float32

@@ -119,7 +119,7 @@ def test_flax_linen_scan_equals_unrolled_blocks(name, how):
   params = scanned.init(jax.random.key(0), x0)["params"]
   if how == "partition_boxes":
     assert isinstance(params["blocks"]["Dense_0"]["kernel"], nn.Partitioned)
-    assert lars_optax.layer_axes(params)["blocks/Dense_0/kernel"] == 1
+    assert lars_optax.stacked.layer_axes(params)["blocks/Dense_0/kernel"] == 1
     tx = OPTIMIZERS[name]()  # the default: read from the boxes
   else:
     tx = OPTIMIZERS[name](stacked=masks.by_regex(r"^blocks/"))
@@ -208,7 +208,7 @@ def _nnx_train_and_compare(nnx, Scanned, Unrolled, name):
       getattr(unrolled.blocks[i].linear, leaf)[...] = getattr(scanned.blocks.linear, leaf)[i]
   unrolled.head.kernel[...], unrolled.head.bias[...] = scanned.head.kernel[...], \
       scanned.head.bias[...]
-  assert lars_optax.layer_axes(nnx.state(scanned, nnx.Param))["blocks/linear/kernel"] == 1
+  assert lars_optax.stacked.layer_axes(nnx.state(scanned, nnx.Param))["blocks/linear/kernel"] == 1
 
   def train(model):
     optimizer = nnx.Optimizer(model, OPTIMIZERS[name](), wrt=nnx.Param)  # stacked from metadata
@@ -449,7 +449,7 @@ WARNS = {
     "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, **kw),
     "lamb": lambda **kw: lars_optax.lamb(1e-3, **kw),
     "lans": lambda **kw: lars_optax.lans(1e-3, **kw),
-    "create_lamb": lambda **kw: lars_optax.create("lamb", learning_rate=1e-3, **kw),
+    "create_lamb": lambda **kw: lars_optax.mxnet.create("lamb", learning_rate=1e-3, **kw),
 }
 
 
@@ -476,5 +476,5 @@ def test_the_warning_names_a_stacked_rule_that_silences_it(params):
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     lars_optax.lamb(1e-3, stacked=rule).init(p)
-  assert lars_optax.layer_axes(p, rule)  # the stack's leaves, one layer axis each
+  assert lars_optax.stacked.layer_axes(p, rule)  # the stack's leaves, one layer axis each
 

@@ -51,24 +51,24 @@ def test_update_is_inner_of_g_minus_snapshot_g_plus_mu(inner):
   g = jax.tree.map(lambda p: 0.1 * p + 0.05, params)
   g_snap = jax.tree.map(lambda p: -0.2 * p, params)
   mu = jax.tree.map(lambda p: 0.3 * jnp.ones_like(p), params)
-  tx = lars_optax.svrg(inner)
-  state = lars_optax.svrg_refresh(tx.init(params), params, mu)
+  tx = lars_optax.svrg.svrg(inner)
+  state = lars_optax.svrg.refresh(tx.init(params), params, mu)
   updates, state = jax.jit(tx.update)(g, state, params, snapshot_grads=g_snap)
   expected, _ = inner.update(jax.tree.map(lambda a, b, m: a - b + m, g, g_snap, mu),
                              inner.init(params), params)
   chex.assert_trees_all_close(updates, expected, rtol=1e-6)
   # The snapshot and mu are kept; only the inner state moves.
   chex.assert_trees_all_equal(state.full_grad, mu)
-  chex.assert_trees_all_equal(lars_optax.svrg_snapshot(state), params)
+  chex.assert_trees_all_equal(lars_optax.svrg.snapshot(state), params)
 
 
 def test_at_the_snapshot_the_gradient_is_mu():
   x, y = _problem()
   params = _params()
-  tx = lars_optax.svrg(optax.sgd(1.0))
-  mu = lars_optax.full_gradient(_loss, params, _batches(x, y, 50))
-  state = lars_optax.svrg_refresh(tx.init(params), params, mu)
-  _, g, g_snap = lars_optax.svrg_value_and_grads(_loss)(params, lars_optax.svrg_snapshot(state),
+  tx = lars_optax.svrg.svrg(optax.sgd(1.0))
+  mu = lars_optax.svrg.full_gradient(_loss, params, _batches(x, y, 50))
+  state = lars_optax.svrg.refresh(tx.init(params), params, mu)
+  _, g, g_snap = lars_optax.svrg.value_and_grads(_loss)(params, lars_optax.svrg.snapshot(state),
                                                    (x[:50], y[:50]))
   updates, _ = tx.update(g, state, params, snapshot_grads=g_snap)
   chex.assert_trees_all_close(updates, jax.tree.map(jnp.negative, mu), rtol=1e-6)
@@ -78,7 +78,7 @@ def test_value_and_grads_in_one_call():
   x, y = _problem()
   params = _params()
   snap = jax.tree.map(lambda p: p + 0.5, params)
-  loss, g, g_snap = lars_optax.svrg_value_and_grads(_loss)(params, snap, (x, y))
+  loss, g, g_snap = lars_optax.svrg.value_and_grads(_loss)(params, snap, (x, y))
   np.testing.assert_allclose(loss, _loss(params, (x, y)), rtol=1e-6)
   chex.assert_trees_all_close(g, jax.grad(_loss)(params, (x, y)), rtol=1e-6)
   chex.assert_trees_all_close(g_snap, jax.grad(_loss)(snap, (x, y)), rtol=1e-6)
@@ -94,8 +94,8 @@ def test_full_gradient_equals_the_whole_data_gradient(size):
   x, y = _problem()
   params = jax.tree.map(lambda p: p + 0.3, _params())
   exact = jax.grad(_loss)(params, (x, y))
-  from_list = lars_optax.full_gradient(_loss, params, _batches(x, y, size))
-  stacked = lars_optax.full_gradient(_loss, params, (x, y), batch_size=size)
+  from_list = lars_optax.svrg.full_gradient(_loss, params, _batches(x, y, size))
+  stacked = lars_optax.svrg.full_gradient(_loss, params, (x, y), batch_size=size)
   chex.assert_trees_all_close(from_list, exact, rtol=2e-5, atol=1e-6)
   chex.assert_trees_all_close(stacked, exact, rtol=2e-5, atol=1e-6)
 
@@ -104,7 +104,7 @@ def test_full_gradient_from_a_generator():
   x, y = _problem()
   params = _params()
   gen = (b for b in _batches(x, y, 40))
-  chex.assert_trees_all_close(lars_optax.full_gradient(_loss, params, gen),
+  chex.assert_trees_all_close(lars_optax.svrg.full_gradient(_loss, params, gen),
                               jax.grad(_loss)(params, (x, y)), rtol=2e-5, atol=1e-6)
 
 
@@ -116,8 +116,8 @@ def test_data_parallel_with_pmap_and_axis_name():
   rep = jax.tree.map(lambda p: jnp.stack([p] * n_dev), params)
 
   def per_device(p, data):
-    mu = lars_optax.full_gradient(_loss, p, data, batch_size=20, axis_name="d")
-    _, g, g_snap = lars_optax.svrg_value_and_grads(_loss, axis_name="d", jit=False)(p, p, data)
+    mu = lars_optax.svrg.full_gradient(_loss, p, data, batch_size=20, axis_name="d")
+    _, g, g_snap = lars_optax.svrg.value_and_grads(_loss, axis_name="d", jit=False)(p, p, data)
     return mu, g, g_snap
 
   mu, g, g_snap = jax.pmap(per_device, axis_name="d")(rep, shards)
@@ -129,7 +129,7 @@ def test_data_parallel_with_pmap_and_axis_name():
 def test_unbound_axis_name_is_named():
   x, y = _problem()
   with pytest.raises(ValueError, match="axis_name: 'nope' is not bound"):
-    lars_optax.full_gradient(_loss, _params(), (x, y), batch_size=50, axis_name="nope")
+    lars_optax.svrg.full_gradient(_loss, _params(), (x, y), batch_size=50, axis_name="nope")
 
 
 @pytest.mark.parametrize("kwargs, data, match", [
@@ -146,7 +146,7 @@ def test_full_gradient_bad_input(kwargs, data, match):
   elif data == "ragged":
     data = (x, y[:-1])
   with pytest.raises(ValueError, match=match):
-    lars_optax.full_gradient(_loss, _params(), data, **kwargs)
+    lars_optax.svrg.full_gradient(_loss, _params(), data, **kwargs)
 
 
 # --------------------------------------------------------------------------
@@ -155,32 +155,32 @@ def test_full_gradient_bad_input(kwargs, data, match):
 
 
 def test_update_before_any_snapshot_is_an_error():
-  tx = lars_optax.svrg(optax.sgd(0.1))
+  tx = lars_optax.svrg.svrg(optax.sgd(0.1))
   params = _params()
   g = jax.tree.map(jnp.ones_like, params)
-  with pytest.raises(ValueError, match=r"svrg: no snapshot yet; .*svrg_refresh"):
+  with pytest.raises(ValueError, match=r"svrg: no snapshot yet; .*lars_optax\.svrg\.refresh"):
     tx.update(g, tx.init(params), params, snapshot_grads=g)
   with pytest.raises(ValueError, match="svrg: no snapshot yet"):
-    lars_optax.svrg_snapshot(tx.init(params))
+    lars_optax.svrg.snapshot(tx.init(params))
 
 
 def test_missing_snapshot_grads_is_an_error():
-  tx = lars_optax.svrg(optax.sgd(0.1))
+  tx = lars_optax.svrg.svrg(optax.sgd(0.1))
   params = _params()
-  state = lars_optax.svrg_refresh(tx.init(params), params, params)
+  state = lars_optax.svrg.refresh(tx.init(params), params, params)
   with pytest.raises(ValueError, match="snapshot_grads: svrg's update needs"):
     tx.update(params, state, params)
 
 
 def test_mismatched_trees_are_errors():
-  tx = lars_optax.svrg(optax.sgd(0.1))
+  tx = lars_optax.svrg.svrg(optax.sgd(0.1))
   params = _params()
-  state = lars_optax.svrg_refresh(tx.init(params), params, params)
+  state = lars_optax.svrg.refresh(tx.init(params), params, params)
   bad = {"params": {"Dense_0": {"kernel": jnp.zeros(5)}}}
   with pytest.raises(ValueError, match="snapshot_grads: gradients and params have different"):
     tx.update(params, state, params, snapshot_grads=bad)
   with pytest.raises(ValueError, match="full_grad: gradients and params have different"):
-    lars_optax.svrg_refresh(state, params, bad)
+    lars_optax.svrg.refresh(state, params, bad)
   wrong_shape = {"params": {"Dense_0": {"kernel": jnp.zeros(4), "bias": jnp.zeros(())}}}
   with pytest.raises(ValueError, match="has shape"):
     tx.update(params, state, params, snapshot_grads=wrong_shape)
@@ -189,35 +189,35 @@ def test_mismatched_trees_are_errors():
 @pytest.mark.parametrize("update_freq", [0, -1, 1.5, True, "2"])
 def test_update_freq_must_be_a_positive_int(update_freq):
   with pytest.raises(ValueError, match="update_freq: expected an int >= 1"):
-    lars_optax.svrg_due(0, update_freq)
+    lars_optax.svrg.due(0, update_freq=update_freq)
 
 
 def test_svrg_due_follows_mxnet():
-  assert [e for e in range(7) if lars_optax.svrg_due(e, 2)] == [0, 2, 4, 6]
-  assert all(lars_optax.svrg_due(e, 1) for e in range(3))
+  assert [e for e in range(7) if lars_optax.svrg.due(e, update_freq=2)] == [0, 2, 4, 6]
+  assert all(lars_optax.svrg.due(e, update_freq=1) for e in range(3))
   with pytest.raises(ValueError, match="epoch: expected an int >= 0"):
-    lars_optax.svrg_due(-1, 2)
+    lars_optax.svrg.due(-1, update_freq=2)
 
 
 def test_bad_inner_and_loss():
   with pytest.raises(TypeError, match=r"inner: expected an optax\.GradientTransformation"):
-    lars_optax.svrg(lambda g: g)
+    lars_optax.svrg.svrg(lambda g: g)
   with pytest.raises(TypeError, match="loss_fn: expected a callable"):
-    lars_optax.svrg_value_and_grads(3)
+    lars_optax.svrg.value_and_grads(3)
   with pytest.raises(TypeError, match="loss_fn: expected a callable"):
-    lars_optax.full_gradient(3, _params(), [])
+    lars_optax.svrg.full_gradient(3, _params(), [])
 
 
 def test_refresh_needs_an_svrg_state():
   with pytest.raises(ValueError, match="state: no SVRGState found"):
-    lars_optax.svrg_refresh(optax.sgd(0.1).init(_params()), _params(), _params())
+    lars_optax.svrg.refresh(optax.sgd(0.1).init(_params()), _params(), _params())
 
 
 def test_refresh_inside_a_chain():
   params = _params()
-  tx = optax.chain(optax.clip(1.0), lars_optax.svrg(optax.sgd(0.1)))
-  state = lars_optax.svrg_refresh(tx.init(params), params, params)
-  assert lars_optax.svrg_snapshot(state) is not None
+  tx = optax.chain(optax.clip(1.0), lars_optax.svrg.svrg(optax.sgd(0.1)))
+  state = lars_optax.svrg.refresh(tx.init(params), params, params)
+  assert lars_optax.svrg.snapshot(state) is not None
 
 
 # --------------------------------------------------------------------------
@@ -226,16 +226,16 @@ def test_refresh_inside_a_chain():
 
 
 def _train(tx, params, batches, epochs, use_svrg, update_freq=2, jit=True):
-  grads_fn = lars_optax.svrg_value_and_grads(_loss)
+  grads_fn = lars_optax.svrg.value_and_grads(_loss)
   state = tx.init(params)
   update = jax.jit(tx.update) if jit else tx.update
   for epoch in range(epochs):
-    if use_svrg and lars_optax.svrg_due(epoch, update_freq):
-      mu = lars_optax.full_gradient(_loss, params, batches)
-      state = lars_optax.svrg_refresh(state, params, mu)
+    if use_svrg and lars_optax.svrg.due(epoch, update_freq=update_freq):
+      mu = lars_optax.svrg.full_gradient(_loss, params, batches)
+      state = lars_optax.svrg.refresh(state, params, mu)
     for batch in batches:
       if use_svrg:
-        _, g, g_snap = grads_fn(params, lars_optax.svrg_snapshot(state), batch)
+        _, g, g_snap = grads_fn(params, lars_optax.svrg.snapshot(state), batch)
         updates, state = update(g, state, params, snapshot_grads=g_snap)
       else:
         g = jax.grad(_loss)(params, batch)
@@ -259,7 +259,7 @@ def test_svrg_converges_linearly_where_sgd_stalls():
     params = _params(dtype=jnp.float64)
     lr = 0.05
     epochs = (8, 16, 32)
-    errs_svrg = [dist(_train(lars_optax.svrg(optax.sgd(lr)), params, batches, e, True))
+    errs_svrg = [dist(_train(lars_optax.svrg.svrg(optax.sgd(lr)), params, batches, e, True))
                  for e in epochs]
     errs_sgd = [dist(_train(optax.sgd(lr), params, batches, e, False)) for e in epochs]
   print("distance to the optimum after", epochs, "epochs: svrg", errs_svrg, "sgd", errs_sgd)
@@ -277,7 +277,7 @@ def test_svrg_converges_linearly_where_sgd_stalls():
 def test_training_with_lars_inside_and_without_jit():
   x, y = _problem()
   batches = _batches(x, y, 50)
-  tx = lars_optax.svrg(lars_optax.lars(0.5, momentum=0.9, eta=1.0, skip="flax"))
+  tx = lars_optax.svrg.svrg(lars_optax.lars(0.5, momentum=0.9, eta=1.0, skip="flax"))
   a = _train(tx, _params(), batches, 4, True, jit=True)
   b = _train(tx, _params(), batches, 4, True, jit=False)
   chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
@@ -326,21 +326,21 @@ def test_flax_and_haiku_models(make_model, inner):
   skip = "flax" if make_model is _flax_model else "haiku"
   opt = optax.sgd(0.05) if inner == "sgd" else lars_optax.lars(0.1, momentum=0.9, eta=0.1,
                                                                skip=skip)
-  tx = lars_optax.svrg(opt)
-  grads_fn = lars_optax.svrg_value_and_grads(loss)
+  tx = lars_optax.svrg.svrg(opt)
+  grads_fn = lars_optax.svrg.value_and_grads(loss)
   state = tx.init(params)
   start = loss(params, (x, y))
 
   @jax.jit
   def step(params, state, batch):
-    _, g, g_snap = grads_fn(params, lars_optax.svrg_snapshot(state), batch)
+    _, g, g_snap = grads_fn(params, lars_optax.svrg.snapshot(state), batch)
     updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
     return optax.apply_updates(params, updates), state
 
   for epoch in range(4):
-    if lars_optax.svrg_due(epoch, 2):
-      state = lars_optax.svrg_refresh(state, params,
-                                      lars_optax.full_gradient(loss, params, batches))
+    if lars_optax.svrg.due(epoch, update_freq=2):
+      state = lars_optax.svrg.refresh(state, params,
+                                      lars_optax.svrg.full_gradient(loss, params, batches))
     for batch in batches:
       params, state = step(params, state, batch)
   assert loss(params, (x, y)) < 0.7 * start
@@ -349,15 +349,15 @@ def test_flax_and_haiku_models(make_model, inner):
 def test_training_step_under_pmap_equals_one_device():
   x, y = _problem(n=200)
   n_dev = jax.local_device_count()
-  tx = lars_optax.svrg(lars_optax.lars(0.5, momentum=0.9, eta=1.0, skip="flax"))
+  tx = lars_optax.svrg.svrg(lars_optax.lars(0.5, momentum=0.9, eta=1.0, skip="flax"))
   params = jax.tree.map(lambda p: p + 0.2, _params())
-  mu = lars_optax.full_gradient(_loss, params, (x, y), batch_size=40)
-  state = lars_optax.svrg_refresh(tx.init(params), params, mu)
+  mu = lars_optax.svrg.full_gradient(_loss, params, (x, y), batch_size=40)
+  state = lars_optax.svrg.refresh(tx.init(params), params, mu)
   batch = (x[:40], y[:40])
 
   def step(params, state, batch, axis_name=None):
-    fn = lars_optax.svrg_value_and_grads(_loss, axis_name=axis_name, jit=False)
-    _, g, g_snap = fn(params, lars_optax.svrg_snapshot(state), batch)
+    fn = lars_optax.svrg.value_and_grads(_loss, axis_name=axis_name, jit=False)
+    _, g, g_snap = fn(params, lars_optax.svrg.snapshot(state), batch)
     updates, state = tx.update(g, state, params, snapshot_grads=g_snap)
     return optax.apply_updates(params, updates)
 

@@ -9,7 +9,6 @@ import pytest
 
 import lars_optax
 
-
 # --------------------------------------------------------------------------
 # scale_per_leaf, add_decayed_weights_per_leaf
 # --------------------------------------------------------------------------
@@ -40,14 +39,15 @@ def test_scale_per_leaf_unknown_name_names_the_argument():
 
 
 def test_add_decayed_weights_per_leaf():
-  tx = lars_optax.add_decayed_weights_per_leaf(0.1, {"fc1_bias": 0.0, "fc1_weight": 3.0})
+  tx = lars_optax.add_decayed_weights_per_leaf(0.1, multipliers={"fc1_bias": 0.0,
+                                                                 "fc1_weight": 3.0})
   out, _ = tx.update(_G, tx.init(_TREE), _TREE)
   chex.assert_trees_all_close(out, {"fc1_weight": _G["fc1_weight"] + 0.3 * _TREE["fc1_weight"],
                                     "fc1_bias": _G["fc1_bias"]})
 
 
 def test_add_decayed_weights_per_leaf_zero_rate_does_not_read_params():
-  tx = lars_optax.add_decayed_weights_per_leaf(0.1, {"fc1_bias": 0.0})
+  tx = lars_optax.add_decayed_weights_per_leaf(0.1, multipliers={"fc1_bias": 0.0})
   jaxpr = jax.make_jaxpr(lambda g, p: tx.update(g, tx.init(p), p)[0])(_G, _TREE)
   # Only fc1_weight's decay: one multiply and one add.
   assert [e.primitive.name for e in jaxpr.eqns].count("mul") == 1
@@ -126,7 +126,7 @@ def test_add_decoupled_weight_decay_decays_first_and_passes_the_decayed_weights(
   w = {"kernel": jnp.array([[2.0, -4.0]]), "bias": jnp.array([1.0])}
   g = {"kernel": jnp.array([[0.5, 0.5]]), "bias": jnp.array([0.5])}
   tx = lars_optax.add_decoupled_weight_decay(
-      inner, optax.linear_schedule(0.1, 0.2, 1), 0.5,
+      inner, learning_rate=optax.linear_schedule(0.1, 0.2, 1), weight_decay=0.5,
       wd_mult=[(lars_optax.by_ndim(1), 0.0)], lr_mult={"kernel": 2.0})
   state = tx.init(w)
   for lr in (0.1, 0.2):  # the schedule is called with the count
@@ -138,13 +138,14 @@ def test_add_decoupled_weight_decay_decays_first_and_passes_the_decayed_weights(
 
 def test_add_decoupled_weight_decay_checks_its_arguments():
   with pytest.raises(ValueError, match=r"^weight_decay"):
-    lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, -1.0)
+    lars_optax.add_decoupled_weight_decay(optax.identity(), learning_rate=0.1, weight_decay=-1.0)
   with pytest.raises(ValueError, match=r"^learning_rate"):
-    lars_optax.add_decoupled_weight_decay(optax.identity(), -0.1, 1e-2)
-  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2)
+    lars_optax.add_decoupled_weight_decay(optax.identity(), learning_rate=-0.1, weight_decay=1e-2)
+  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), learning_rate=0.1, weight_decay=1e-2)
   with pytest.raises(ValueError, match=r"^params: add_decoupled_weight_decay needs the params"):
     tx.update(_G, tx.init(_TREE))
-  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), 0.1, 1e-2, wd_mult={"nope": 0.0})
+  tx = lars_optax.add_decoupled_weight_decay(optax.identity(), learning_rate=0.1,
+                                             weight_decay=1e-2, wd_mult={"nope": 0.0})
   with pytest.raises(ValueError, match="wd_mult"):
     tx.init(_TREE)
 
@@ -157,6 +158,6 @@ def test_scale_by_caution_keeps_a_nonfinite_gradient_visible(bad):
   out, _ = tx.update(g, tx.init(g))
   assert not bool(jnp.all(jnp.isfinite(out["w"])))
   params = {"w": jnp.ones((2, 2))}
-  tx = lars_optax.lamb(1e-2, wd=0.01, caution=True)
+  tx = lars_optax.porting.timm_lamb(1e-2, weight_decay=0.01, caution=True)
   updates, _ = tx.update({"w": jnp.array([[1.0, bad], [0.5, -1.0]])}, tx.init(params), params)
   assert not bool(jnp.all(jnp.isfinite(updates["w"])))

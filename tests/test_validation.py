@@ -24,8 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
-from conftest import x64
+from conftest import public, x64
 
 import lars_optax
 from lars_optax import _validation as v
@@ -146,41 +145,41 @@ ARGS = {
              "epsilon": "nonneg", "begin_num_update": "step"},
 }
 
-FACTORIES = {name: getattr(lars_optax, name) for name in ARGS}
+FACTORIES = {name: public(name) for name in ARGS}
 REQUIRED = {"tf_lars": {"learning_rate": 0.1}}
 
 # The building blocks' hyperparameters.
 TRANSFORMS = {
     "scale_by_lars_trust_ratio": (lars_optax.scale_by_lars_trust_ratio, {},
-                                  {"eta": "nonneg", "weight_decay": "nonneg",
+                                  {"eta": "nonneg", "ratio_weight_decay": "nonneg",
                                    "epsilon": "nonneg", "rescale": "pos"}),
     "mxnet_momentum": (lars_optax.mxnet_momentum, {"learning_rate": 0.1},
                        {"learning_rate": "lr", "momentum": "unit", "nesterov": "flag"}),
-    "scale_by_mxnet_adam": (lars_optax.scale_by_mxnet_adam, {},
+    "scale_by_mxnet_adam": (lars_optax.mxnet.scale_by_mxnet_adam, {},
                             {"b1": "unit", "b2": "unit", "eps": "nonneg",
                              "initial_count": "step"}),
-    "add_delay_compensation": (lars_optax.add_delay_compensation, {},
+    "add_delay_compensation": (lars_optax.mxnet.add_delay_compensation, {},
                                {"variance_control": "nonneg"}),
-    "add_langevin_noise": (lars_optax.add_langevin_noise, {"learning_rate": 0.1},
+    "add_langevin_noise": (lars_optax.mxnet.add_langevin_noise, {"learning_rate": 0.1},
                            {"learning_rate": "lr", "key": "key"}),
-    "scale_by_mxnet_adagrad": (lars_optax.scale_by_mxnet_adagrad, {}, {"eps": "nonneg"}),
-    "scale_by_group_adagrad": (lars_optax.scale_by_group_adagrad, {}, {"eps": "nonneg"}),
-    "clip_params": (lars_optax.clip_params, {"max_abs": 1.0}, {"max_abs": "pos"}),
-    "ftrl_proximal": (lars_optax.ftrl_proximal, {"learning_rate": 0.1},
+    "scale_by_mxnet_adagrad": (lars_optax.mxnet.scale_by_mxnet_adagrad, {}, {"eps": "nonneg"}),
+    "scale_by_group_adagrad": (lars_optax.mxnet.scale_by_group_adagrad, {}, {"eps": "nonneg"}),
+    "clip_params": (lars_optax.mxnet.clip_params, {"max_abs": 1.0}, {"max_abs": "pos"}),
+    "ftrl_proximal": (lars_optax.mxnet.ftrl_proximal, {"learning_rate": 0.1},
                       {"learning_rate": "pos_lr", "lamda1": "nonneg", "beta": "nonneg",
                        "weight_decay": "nonneg"}),
-    "scale_by_adam_moments": (lars_optax.scale_by_adam_moments, {},
+    "scale_by_adam_moments": (lars_optax.mxnet.scale_by_adam_moments, {},
                               {"b1": "unit", "b2": "unit", "eps": "nonneg"}),
-    "scale_by_bias_correction": (lars_optax.scale_by_bias_correction, {},
+    "scale_by_bias_correction": (lars_optax.mxnet.scale_by_bias_correction, {},
                                  {"b1": "unit", "b2": "unit", "initial_count": "step"}),
-    "scale_by_mxnet_adamax": (lars_optax.scale_by_mxnet_adamax, {},
+    "scale_by_mxnet_adamax": (lars_optax.mxnet.scale_by_mxnet_adamax, {},
                               {"b1": "unit", "b2": "unit", "eps": "nonneg"}),
-    "scale_by_mxnet_belief": (lars_optax.scale_by_mxnet_belief, {},
+    "scale_by_mxnet_belief": (lars_optax.mxnet.scale_by_mxnet_belief, {},
                               {"b1": "unit", "b2": "unit", "eps": "nonneg"}),
-    "scale_by_mxnet_nadam": (lars_optax.scale_by_mxnet_nadam, {},
+    "scale_by_mxnet_nadam": (lars_optax.mxnet.scale_by_mxnet_nadam, {},
                              {"b1": "unit", "b2": "unit", "eps": "nonneg",
                               "schedule_decay": "nonneg", "initial_count": "step"}),
-    "scale_by_ftml": (lars_optax.scale_by_ftml, {},
+    "scale_by_ftml": (lars_optax.mxnet.scale_by_ftml, {},
                       {"learning_rate": "lr_pos", "b1": "unit", "b2": "unit",
                        "eps": "nonneg", "initial_count": "step"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
@@ -189,7 +188,7 @@ TRANSFORMS = {
                          {"param": jnp.ones(3), "grad": jnp.ones(3)},
                          {"eta": "nonneg", "weight_decay": "nonneg", "epsilon": "nonneg",
                           "grad_scale": "finite"}),
-    "mxnet_schedule": (lars_optax.mxnet_schedule, {"lr_scheduler": lambda n: 0.1},
+    "mxnet_schedule": (lars_optax.mxnet.mxnet_schedule, {"lr_scheduler": lambda n: 0.1},
                        {"begin_num_update": "step"}),
     "scale_by_lamb_trust_ratio": (lars_optax.scale_by_lamb_trust_ratio, {},
                                   {"lower_bound": "nonneg_or_none",
@@ -226,12 +225,12 @@ def test_bad_hyperparameter(name, arg, value, exc, msg):
                           if not (c.values[1] == "learning_rate" and c.values[2] is None)])
 def test_bad_hyperparameter_through_create(name, arg, value, exc, msg):
   with _expect(exc, arg, msg):
-    lars_optax.create(name, **{arg: value})
+    lars_optax.mxnet.create(name, **{arg: value})
 
 
 @pytest.mark.parametrize("make", [
     lars_optax.lamb, lars_optax.lans, lars_optax.scale_by_lamb_trust_ratio,
-    lars_optax.scale_by_lans, lambda **kw: lars_optax.create("lamb", **kw)],
+    lars_optax.scale_by_lans, lambda **kw: lars_optax.mxnet.create("lamb", **kw)],
     ids=["lamb", "lans", "scale_by_lamb_trust_ratio", "scale_by_lans", "create"])
 def test_lower_bound_above_upper_bound_names_both(make):
   with pytest.raises(ValueError, match=r"^lower_bound: must be <= upper_bound .*got "
@@ -248,10 +247,10 @@ def test_bad_transformation_hyperparameter(name, arg, value, exc, msg):
     fn(**{**required, arg: value})
 
 
-@pytest.mark.parametrize("fn", [lars_optax.lazy_update, lars_optax.multi_precision,
+@pytest.mark.parametrize("fn", [lars_optax.sparse.lazy_update, lars_optax.multi_precision,
                                 lars_optax.skip_nonfinite,
                                 lars_optax.scale_by_lars_trust_ratio])
-@pytest.mark.parametrize("inner", ["sgd", lars_optax.sgd, lambda g, s, p: (g, s)])
+@pytest.mark.parametrize("inner", ["sgd", lars_optax.mxnet.sgd, lambda g, s, p: (g, s)])
 def test_wrappers_need_a_transformation(fn, inner):
   with pytest.raises(TypeError, match=r"^inner: expected an optax.GradientTransformation"):
     fn(inner)
@@ -260,7 +259,7 @@ def test_wrappers_need_a_transformation(fn, inner):
 @pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
 def test_skip_nonfinite_max_consecutive_errors(value):
   with pytest.raises(ValueError, match=r"^max_consecutive_errors: expected None or an int >= 0"):
-    lars_optax.skip_nonfinite(lars_optax.sgd(), value)
+    lars_optax.skip_nonfinite(lars_optax.mxnet.sgd(), max_consecutive_errors=value)
 
 
 def _loss(params, batch):
@@ -284,7 +283,7 @@ BLOCKS = {
     "scale_per_leaf-type": (lambda: lars_optax.scale_per_leaf(3), TypeError,
                             r"^multipliers: expected a dict"),
     "add_decayed_weights_per_leaf-multipliers": (
-        lambda: lars_optax.add_decayed_weights_per_leaf(0.1, {"w": NAN}), ValueError,
+        lambda: lars_optax.add_decayed_weights_per_leaf(0.1, multipliers={"w": NAN}), ValueError,
         r"^multipliers: the value for 'w' must be finite"),
     "check_inputs-name": (lambda: lars_optax.check_inputs(3), TypeError,
                           r"^name: expected a string"),
@@ -296,37 +295,38 @@ BLOCKS = {
         leaf_values=[("lr_mult", {"w": -1.0})]), ValueError, r"^lr_mult: the value for 'w'"),
     "check_inputs-hyperparams": (lambda: lars_optax.check_inputs(hyperparams=3), TypeError,
                                  r"^hyperparams: expected a sequence of 2 or 3-tuples"),
-    "lazy_update-axis_name": (lambda: lars_optax.lazy_update(lars_optax.sgd(), axis_name=3),
+    "lazy_update-axis_name": (lambda: lars_optax.sparse.lazy_update(lars_optax.mxnet.sgd(),
+                                                                    axis_name=3),
                               TypeError, r"^axis_name: expected None"),
-    "present_rows-type": (lambda: lars_optax.present_rows([1.0, 2.0]), TypeError,
+    "present_rows-type": (lambda: lars_optax.sparse.present_rows([1.0, 2.0]), TypeError,
                           r"^grad: expected an array"),
-    "present_rows-0d": (lambda: lars_optax.present_rows(jnp.ones(())), ValueError,
+    "present_rows-0d": (lambda: lars_optax.sparse.present_rows(jnp.ones(())), ValueError,
                         r"^grad: a 0-d array has no rows"),
-    "svrg_due-update_freq": (lambda: lars_optax.svrg_due(0, 0), ValueError,
+    "svrg_due-update_freq": (lambda: lars_optax.svrg.due(0, update_freq=0), ValueError,
                              r"^update_freq: expected an int >= 1"),
-    "svrg_due-epoch": (lambda: lars_optax.svrg_due(-1, 1), ValueError,
+    "svrg_due-epoch": (lambda: lars_optax.svrg.due(-1, update_freq=1), ValueError,
                        r"^epoch: expected an int >= 0"),
-    "svrg_value_and_grads-loss_fn": (lambda: lars_optax.svrg_value_and_grads(3), TypeError,
+    "svrg_value_and_grads-loss_fn": (lambda: lars_optax.svrg.value_and_grads(3), TypeError,
                                      r"^loss_fn: expected a callable"),
-    "svrg_value_and_grads-axis_name": (lambda: lars_optax.svrg_value_and_grads(
+    "svrg_value_and_grads-axis_name": (lambda: lars_optax.svrg.value_and_grads(
         _loss, axis_name=3), TypeError, r"^axis_name: expected None"),
-    "svrg_value_and_grads-jit": (lambda: lars_optax.svrg_value_and_grads(_loss, jit="yes"),
+    "svrg_value_and_grads-jit": (lambda: lars_optax.svrg.value_and_grads(_loss, jit="yes"),
                                  TypeError, r"^jit: expected a bool"),
-    "full_gradient-loss_fn": (lambda: lars_optax.full_gradient(3, {}, []), TypeError,
+    "full_gradient-loss_fn": (lambda: lars_optax.svrg.full_gradient(3, {}, []), TypeError,
                               r"^loss_fn: expected a callable"),
-    "full_gradient-batch_size": (lambda: lars_optax.full_gradient(
+    "full_gradient-batch_size": (lambda: lars_optax.svrg.full_gradient(
         _loss, {"w": jnp.ones(2)}, (jnp.ones((4, 1)),), batch_size=0), ValueError,
         r"^batch_size: expected an int >= 1"),
-    "full_gradient-axis_name": (lambda: lars_optax.full_gradient(
+    "full_gradient-axis_name": (lambda: lars_optax.svrg.full_gradient(
         _loss, {"w": jnp.ones(2)}, [jnp.ones((1, 1))], axis_name=3), TypeError,
         r"^axis_name: expected None"),
-    "mxnet_schedule-lr_scheduler": (lambda: lars_optax.mxnet_schedule(3), TypeError,
+    "mxnet_schedule-lr_scheduler": (lambda: lars_optax.mxnet.mxnet_schedule(3), TypeError,
                                     r"^lr_scheduler: expected a callable"),
     "trust_ratios-state": (lambda: lars_optax.trust_ratios(3), ValueError,
                            r"^state: no ScaleByLarsTrustRatioState found"),
     "master_params-state": (lambda: lars_optax.master_params(3, {}), ValueError,
                             r"^state: no MultiPrecisionState found"),
-    "svrg_snapshot-state": (lambda: lars_optax.svrg_snapshot(3), ValueError,
+    "svrg_snapshot-state": (lambda: lars_optax.svrg.snapshot(3), ValueError,
                             r"^state: no SVRGState found"),
 }
 
@@ -347,7 +347,7 @@ LARGEST_BEGIN = 2**31 - 2
 
 def test_begin_num_update_at_its_largest_value_gives_the_converged_bias_correction():
   # t = 2**31 - 1 at the first step and stays there: both bias corrections are 1.
-  tx = lars_optax.adam(0.1, begin_num_update=LARGEST_BEGIN)
+  tx = lars_optax.mxnet.adam(0.1, begin_num_update=LARGEST_BEGIN)
   params = {"w": jnp.ones(3)}
   state, update = tx.init(params), jax.jit(tx.update)
   m = v = 0.0
@@ -360,7 +360,7 @@ def test_begin_num_update_at_its_largest_value_gives_the_converged_bias_correcti
 
 def test_begin_num_update_at_its_largest_value_through_create():
   seen = []
-  tx = lars_optax.create("sgd", lr_scheduler=lambda n: seen.append(int(n)) or 0.1,
+  tx = lars_optax.mxnet.create("sgd", lr_scheduler=lambda n: seen.append(int(n)) or 0.1,
                          begin_num_update=LARGEST_BEGIN)
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
@@ -371,23 +371,23 @@ def test_begin_num_update_at_its_largest_value_through_create():
   # and the saturated count repeats).
   assert seen and set(seen) == {2**31 - 1}
   with pytest.raises(ValueError, match=r"^begin_num_update: expected an int in \[0, 2147483646\]"):
-    lars_optax.create("adam", begin_num_update=LARGEST_BEGIN + 1)
+    lars_optax.mxnet.create("adam", begin_num_update=LARGEST_BEGIN + 1)
 
 
 # (optimizer, argument, value, params dtype): each overflows the dtype it meets.
 BEYOND = [
-    (lambda **kw: lars_optax.sgd(**kw), "learning_rate", 1e39, jnp.float32),
-    (lambda **kw: lars_optax.sgd(**kw), "learning_rate", 1e5, jnp.float16),
-    (lambda **kw: lars_optax.sgd(**kw), "wd", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.mxnet.sgd(**kw), "learning_rate", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.mxnet.sgd(**kw), "learning_rate", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.mxnet.sgd(**kw), "wd", 1e5, jnp.float16),
     (lambda **kw: lars_optax.lars(**kw), "rescale_grad", 1e5, jnp.float16),
     (lambda **kw: lars_optax.lars(**kw), "eta", 1e39, jnp.float16),  # used in float32
     (lambda **kw: lars_optax.tf_lars(0.1, **kw), "eeta", 1e39, jnp.float32),
     (lambda **kw: lars_optax.signum(**kw), "wd_lh", 1e5, jnp.float16),
     (lambda **kw: lars_optax.signsgd(**kw), "learning_rate", np.float32(1e5), jnp.float16),
-    (lambda **kw: lars_optax.adam(**kw), "learning_rate", jnp.float32(1e5), jnp.float16),
+    (lambda **kw: lars_optax.mxnet.adam(**kw), "learning_rate", jnp.float32(1e5), jnp.float16),
     (lambda **kw: lars_optax.mxnet_momentum(**kw), "learning_rate", 1e39, jnp.float32),
-    (lambda **kw: lars_optax.ftrl(**kw), "lamda1", 1e5, jnp.float16),
-    (lambda **kw: lars_optax.rmsprop(**kw), "epsilon", 1e39, jnp.float32),
+    (lambda **kw: lars_optax.mxnet.ftrl(**kw), "lamda1", 1e5, jnp.float16),
+    (lambda **kw: lars_optax.mxnet.rmsprop(**kw), "epsilon", 1e39, jnp.float32),
     (lambda **kw: lars_optax.add_decayed_weights_per_leaf(**kw), "weight_decay", 1e5,
      jnp.float16),
 ]
@@ -406,11 +406,12 @@ def test_hyperparameter_beyond_the_params_dtype_is_rejected_at_init(make, arg, v
 
 
 def test_hyperparameter_that_fits_with_master_weights_or_float64_is_accepted():
-  lars_optax.sgd(1e5, multi_precision=True).init({"w": jnp.ones(2, jnp.float16)})
+  lars_optax.mxnet.sgd(1e5, multi_precision=True).init({"w": jnp.ones(2, jnp.float16)})
   lars_optax.lars(eta=1e5).init({"w": jnp.ones(2, jnp.float16)})  # the ratio is float32
-  lars_optax.sgd(optax.constant_schedule(1e39)).init({"w": jnp.ones(2)})  # schedules: unchecked
+  # schedules: unchecked
+  lars_optax.mxnet.sgd(optax.constant_schedule(1e39)).init({"w": jnp.ones(2)})
   with x64():
-    lars_optax.sgd(1e39).init({"w": jnp.ones(2, jnp.float64)})
+    lars_optax.mxnet.sgd(1e39).init({"w": jnp.ones(2, jnp.float64)})
 
 
 @pytest.mark.parametrize("name", sorted(ARGS))
@@ -463,7 +464,7 @@ def test_lars_bad_skip_at_construction(skip, exc, msg, arg):
      "skip: no parameter name has the last component 'bais'"),
     (lars_optax.by_regex(r"^Dense_\d"), ValueError,
      r"skip: no parameter name matches the regex '\^Dense_\\\\d'"),
-    (lars_optax.FLAX_SKIP | lars_optax.by_substring("embeding"), ValueError,
+    (lars_optax.masks.FLAX_SKIP | lars_optax.by_substring("embeding"), ValueError,
      "skip: no parameter name contains 'embeding'"),
     (~lars_optax.by_substring("bn") & lars_optax.by_suffix("wieght"), ValueError,
      "skip: no parameter name contains 'bn', and none ends with 'wieght'"),
@@ -476,9 +477,9 @@ def test_lars_bad_skip_at_init(skip, exc, msg, arg):
 
 
 @pytest.mark.parametrize("skip", [
-    "flax", "haiku", lars_optax.HAIKU_SKIP,  # presets may match nothing
+    "flax", "haiku", lars_optax.masks.HAIKU_SKIP,  # presets may match nothing
     lars_optax.by_suffix("bais").optional(),
-    lars_optax.by_substring("embedding").optional() | lars_optax.MXNET_SKIP,
+    lars_optax.by_substring("embedding").optional() | lars_optax.masks.MXNET_SKIP,
     lars_optax.by_suffix("weight") & lars_optax.by_ndim(1),  # names match; selects nothing
     lars_optax.by_predicate(lambda n, x: False),
     lambda p: jax.tree.map(lambda _: False, p),
@@ -610,8 +611,8 @@ def test_python_scalar_gradients_rejected(name):
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.lars(),
     lambda: lars_optax.tf_lars(0.1, skip_list=["b"]),
-    lambda: lars_optax.sgd(lr_mult={"a/b": 0.5}),
-    lambda: lars_optax.adam(wd=0.1, wd_mult=[("mxnet", 0.0)]),
+    lambda: lars_optax.mxnet.sgd(lr_mult={"a/b": 0.5}),
+    lambda: lars_optax.mxnet.adam(wd=0.1, wd_mult=[("mxnet", 0.0)]),
     lambda: lars_optax.scale_per_leaf({"a/b": 2.0}),
     lambda: lars_optax.scale_by_lars_trust_ratio(),
 ], ids=["lars", "tf_lars", "lr_mult", "wd_mult", "scale_per_leaf", "trust_ratio"])
@@ -625,7 +626,7 @@ def test_leaves_sharing_a_name_are_rejected_at_init(make):
 
 def test_leaves_sharing_a_name_are_fine_where_names_are_not_used():
   params = {"a/b": jnp.ones((2, 2)), "a": {"b": jnp.ones(2)}}
-  tx = lars_optax.sgd(0.1, momentum=0.9)
+  tx = lars_optax.mxnet.sgd(0.1, momentum=0.9)
   tx.update(params, tx.init(params), params)
 
 
@@ -653,7 +654,7 @@ MXNET = ["lars", "signum", "signsgd", "adam", "sgd", "adagrad", "rmsprop", "adad
     ([("bias", 0.0)], ValueError, "unknown preset 'bias'"),
     ([(None, 0.0)], TypeError, "a rule's mask is None"),
     ([("mxnet",)], TypeError, r"expected \(mask, value\) pairs"),
-    ([(lars_optax.MXNET_SKIP, -1.0)], ValueError,
+    ([(lars_optax.masks.MXNET_SKIP, -1.0)], ValueError,
      r"the value for Mask\(suffix in .*\) must be finite and >= 0"),
 ])
 def test_bad_leaf_values_at_construction(name, arg, spec, exc, msg):
@@ -687,9 +688,9 @@ def test_leaf_value_presets_may_match_nothing(name):
 
 @pytest.mark.parametrize("make", [
     lambda m: lars_optax.scale_by_lars_trust_ratio(skip=m),
-    lambda m: lars_optax.scale_by_lars_trust_ratio(weight_decay=0.1, wd_mult=[(m, 0.0)]),
+    lambda m: lars_optax.scale_by_lars_trust_ratio(ratio_weight_decay=0.1, wd_mult=[(m, 0.0)]),
     lambda m: lars_optax.scale_per_leaf([(m, 2.0)]),
-    lambda m: lars_optax.add_decayed_weights_per_leaf(0.1, [(m, 0.0)]),
+    lambda m: lars_optax.add_decayed_weights_per_leaf(0.1, multipliers=[(m, 0.0)]),
 ], ids=["lars_skip", "lars_wd_mult", "scale_per_leaf", "add_decayed_weights_per_leaf"])
 def test_transformations_check_names_at_init(make):
   with pytest.raises(ValueError, match="no parameter name contains 'batchnorm'"):
@@ -708,17 +709,17 @@ VARIANTS = {
     "tf_lars": lambda: lars_optax.tf_lars(0.1),
     "signum": lambda: lars_optax.signum(0.1, wd_lh=1e-3),
     "signsgd": lambda: lars_optax.signsgd(0.1, wd=1e-3),
-    "adam": lambda: lars_optax.adam(0.1, wd=1e-3),
-    "adam_lazy": lambda: lars_optax.adam(0.1, wd=1e-3, lazy_update=True),
-    "sgd": lambda: lars_optax.sgd(0.1, momentum=0.9, wd=1e-3),
+    "adam": lambda: lars_optax.mxnet.adam(0.1, wd=1e-3),
+    "adam_lazy": lambda: lars_optax.mxnet.adam(0.1, wd=1e-3, lazy_update=True),
+    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3),
     "sgd_lazy_mp": lambda: lars_optax.multi_precision(
-        lars_optax.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True)),
-    "adagrad": lambda: lars_optax.adagrad(0.1, wd=1e-3),
-    "rmsprop": lambda: lars_optax.rmsprop(0.01, wd=1e-3),
-    "rmsprop_centered_mp": lambda: lars_optax.rmsprop(0.01, centered=True, clip_weights=2.0,
+        lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True)),
+    "adagrad": lambda: lars_optax.mxnet.adagrad(0.1, wd=1e-3),
+    "rmsprop": lambda: lars_optax.mxnet.rmsprop(0.01, wd=1e-3),
+    "rmsprop_centered_mp": lambda: lars_optax.mxnet.rmsprop(0.01, centered=True, clip_weights=2.0,
                                                       wd=1e-3, multi_precision=True),
-    "adadelta": lambda: lars_optax.adadelta(wd=1e-3),
-    "ftrl": lambda: lars_optax.ftrl(0.1, wd=1e-3),
+    "adadelta": lambda: lars_optax.mxnet.adadelta(wd=1e-3),
+    "ftrl": lambda: lars_optax.mxnet.ftrl(0.1, wd=1e-3),
 }
 LAZY = {"adam_lazy", "sgd_lazy_mp"}
 
@@ -775,10 +776,11 @@ def test_params_required_where_read(name):
 
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.signum(0.1), lambda: lars_optax.signsgd(0.1),
-    lambda: lars_optax.adam(0.1), lambda: lars_optax.sgd(0.1, momentum=0.9),
-    lambda: lars_optax.adam(0.1, lazy_update=True), lambda: lars_optax.adagrad(0.1),
-    lambda: lars_optax.groupadagrad(0.1), lambda: lars_optax.rmsprop(0.01, centered=True),
-    lambda: lars_optax.adadelta()],
+    lambda: lars_optax.mxnet.adam(0.1), lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
+    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True), lambda: lars_optax.mxnet.adagrad(0.1),
+    lambda: lars_optax.mxnet.groupadagrad(0.1), lambda: lars_optax.mxnet.rmsprop(0.01,
+                                                                                 centered=True),
+    lambda: lars_optax.mxnet.adadelta()],
     ids=["signum", "signsgd", "adam", "sgd", "adam_lazy", "adagrad", "groupadagrad",
          "rmsprop_centered", "adadelta"])
 def test_params_optional_where_not_read(make):
@@ -808,8 +810,9 @@ def test_non_float_params_rejected_at_init(name, dtype):
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - COMPLEX_OK))
 def test_complex_params_rejected_naming_the_optimizers_that_take_them(name):
   params = {"w": jnp.ones((2, 3), jnp.complex64)}
-  with pytest.raises(TypeError, match=r"Complex params are taken by lars_optax.sgd, "
-                                      r"lars_optax.nag, lars_optax.adam, lars_optax.lars, "
+  with pytest.raises(TypeError, match=r"Complex params are taken by lars_optax.mxnet.sgd, "
+                                      r"lars_optax.mxnet.nag, lars_optax.mxnet.adam, "
+                                      r"lars_optax.lars, "
                                       r"lars_optax.tf_lars, lars_optax.lamb \(without "
                                       r"clip_gradient or multi_precision\)"):
     VARIANTS[name]().init(params)
@@ -817,7 +820,7 @@ def test_complex_params_rejected_naming_the_optimizers_that_take_them(name):
 
 def test_complex_params_with_clip_gradient_rejected():
   with pytest.raises(TypeError, match="Complex params are taken by"):
-    lars_optax.sgd(0.1, clip_gradient=1.0).init({"w": jnp.ones(2, jnp.complex64)})
+    lars_optax.mxnet.sgd(0.1, clip_gradient=1.0).init({"w": jnp.ones(2, jnp.complex64)})
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -925,7 +928,7 @@ def test_gradients_of_another_float_dtype_are_cast_to_the_params(name):
 
 
 def test_lr_mult_beyond_the_params_dtype_is_rejected_at_init():
-  tx = lars_optax.sgd(0.1, lr_mult={"w": 1e5})
+  tx = lars_optax.mxnet.sgd(0.1, lr_mult={"w": 1e5})
   with pytest.raises(ValueError, match=r"^lr_mult: 100000 is beyond the range of float16 "
                      r".*parameter 'w'"):
     tx.init({"w": jnp.ones(2, jnp.float16), "z": jnp.ones(2)})
@@ -945,14 +948,14 @@ def test_weight_decay_keyword_names_mxnets_wd(name):
   with pytest.raises(TypeError, match=rf"^weight_decay: {name}\(\) has no argument "
                                       r"'weight_decay'; it takes MXNet's name for weight "
                                       r"decay, wd \(e\.g\. wd=1e-4\)\."):
-    getattr(lars_optax, name)(weight_decay=1e-4)
+    public(name)(weight_decay=1e-4)
 
 
 @pytest.mark.parametrize("name", _MXNET_FLAVOURED)
 def test_lr_keyword_names_learning_rate(name):
   with pytest.raises(TypeError, match=rf"^lr: {name}\(\) has no argument 'lr'; it takes "
                                       "learning_rate"):
-    getattr(lars_optax, name)(lr=0.1)
+    public(name)(lr=0.1)
 
 
 def test_lars_weight_decay_also_points_to_tf_lars():
@@ -970,11 +973,11 @@ def test_tf_lars_names_tensorflows_keywords(kwarg, right):
 
 @pytest.mark.parametrize("name", [*_MXNET_FLAVOURED, "tf_lars"])
 def test_keyword_hints_keep_the_signature(name):
-  fn = getattr(lars_optax, name)
+  fn = public(name)
   params = inspect.signature(fn).parameters
   assert "wd" in params or "weight_decay" in params
   assert "kwargs" not in params and fn.__name__ == name and fn.__doc__
-  lars_optax.create("sgd", wd=1e-4)  # create still reads the arguments
+  lars_optax.mxnet.create("sgd", wd=1e-4)  # create still reads the arguments
 
 
 def test_keyword_hints_leave_a_taken_keyword_alone():

@@ -1,7 +1,7 @@
 """Produce reference values for the rest of MXNet 2.0.0b1's optimizer registry.
 
 The project's tests (``tests/test_reference_mxnet_registry.py``) compare
-``lars_optax.create(<name>, **kwargs)`` against the numbers this script writes
+``lars_optax.mxnet.create(<name>, **kwargs)`` against the numbers this script writes
 to ``tests/reference/mxnet_registry.json``. The tests read only that JSON
 file, so they never need MXNet. This script imports nothing from the project;
 it reuses the parameter tree and gradients of its companion

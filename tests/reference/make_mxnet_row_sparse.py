@@ -1,7 +1,7 @@
 """Produce reference values for MXNet 2.0.0b1's row-sparse AdaGrad, GroupAdaGrad and FTRL.
 
 The project's tests (``tests/test_reference_mxnet_row_sparse.py``) compare
-``lars_optax.create(<name>, **kwargs)`` fed with row-sparse BCOO gradients
+``lars_optax.mxnet.create(<name>, **kwargs)`` fed with row-sparse BCOO gradients
 against the numbers this script writes to
 ``tests/reference/mxnet_row_sparse.json``. The tests read only that JSON file,
 so they never need MXNet. This script imports nothing from the project; it

@@ -1,7 +1,7 @@
 """Produce reference values for MXNet 2.0.0b1's learning-rate schedulers.
 
 The project's tests (``tests/test_schedules.py``) compare
-``lars_optax.schedules`` against the numbers this script writes to
+``lars_optax.mxnet.lr_scheduler`` against the numbers this script writes to
 ``tests/reference/mxnet_schedules.json``. The tests read only that JSON file,
 so they never need MXNet. This script imports nothing from the project; the
 optimizer runs reuse the parameter tree and gradients of its companion

@@ -29,10 +29,10 @@ A training step with gradient accumulation and clipping::
   def loss_fn(params, ids, y):
     return jnp.mean((params["table"][ids].mean(axis=1) @ params["w"] - y) ** 2)
 
-  grad_fn = lars_optax.sparse_value_and_grad(loss_fn, "table")  # 8 x 4 ids: 32 entries
-  tx = lars_optax.multi_steps(
-      optax.chain(lars_optax.clip_by_global_norm(1.0),
-                  lars_optax.adam(1e-2, lazy_update=True)),
+  grad_fn = lars_optax.sparse.value_and_grad(loss_fn, sparse="table")  # 8 x 4 ids: 32 entries
+  tx = lars_optax.sparse.multi_steps(
+      optax.chain(lars_optax.sparse.clip_by_global_norm(1.0),
+                  lars_optax.mxnet.adam(1e-2, lazy_update=True)),
       every_k_schedule=4, sparse="table", nse=32)
   state = tx.init(params)
 
@@ -64,7 +64,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax import sparse as _sparse
+from lars_optax.sparse import _checks, _grad, _rows, _types
 
 __all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_updates",
            "multi_steps", "tree_add"]
@@ -72,17 +72,17 @@ __all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_upd
 
 def _like(grad: BCOO, values: jax.Array, indices: jax.Array) -> BCOO:
   """A BCOO of ``grad``'s type and flags with other values (and indices)."""
-  cls = _sparse.RowSparseUpdate if isinstance(grad, _sparse.RowSparseUpdate) else BCOO
+  cls = _types.RowSparseUpdate if isinstance(grad, _types.RowSparseUpdate) else BCOO
   return cls((values, indices), shape=grad.shape, indices_sorted=grad.indices_sorted,
              unique_indices=grad.unique_indices)
 
 
 def _checked_indices(what: str, grad: BCOO, where: str) -> jax.Array:
-  """``grad``'s indices after the checks of :func:`lars_optax.sparse.check_indices`."""
+  """``grad``'s indices after the checks of ``check_indices``."""
   if grad.n_batch != 0 or grad.n_sparse != 1:
     raise ValueError(f"{where}: {what} is a BCOO with n_batch={grad.n_batch}, "
                      f"n_sparse={grad.n_sparse}; a row-sparse leaf has indices of shape (K, 1).")
-  ok = _sparse.check_indices(what, grad, grad.shape[0], where)
+  ok = _checks.check_indices(what, grad, grad.shape[0], where)
   return grad.indices + jnp.asarray(ok, grad.indices.dtype)
 
 
@@ -95,7 +95,7 @@ def tree_add(*trees: Any) -> Any:
   ``BCOO.todense`` sum repeated rows. Unlike ``jax.tree.map(jnp.add, g1,
   g2)``, which adds the *row indices* of two BCOOs, this is the sum of the
   gradients. The result's row-sparse leaves are
-  :class:`~lars_optax.RowSparseUpdate` arrays.
+  :class:`~lars_optax.sparse.RowSparseUpdate` arrays.
 
   Raises a ValueError naming the leaf where one tree has a row-sparse leaf
   and another a dense one, or their shapes differ.
@@ -104,7 +104,7 @@ def tree_add(*trees: Any) -> Any:
     raise TypeError("tree_add: expected at least one tree.")
 
   def add(path, *leaves):
-    sparse = [_sparse.is_row_sparse(x) for x in leaves]
+    sparse = [_rows.is_row_sparse(x) for x in leaves]
     if not any(sparse):
       return functools.reduce(operator.add, leaves)
     name = masks.path_to_name(path) or "<root>"
@@ -117,12 +117,12 @@ def tree_add(*trees: Any) -> Any:
                        f"{[tuple(x.shape) for x in leaves]} in the trees.")
     indices = [_checked_indices(f"leaf {name!r}", x, "tree_add") for x in leaves]
     dtype = jnp.result_type(*[x.data.dtype for x in leaves])
-    return _sparse.RowSparseUpdate(
+    return _types.RowSparseUpdate(
         (jnp.concatenate([x.data.astype(dtype) for x in leaves]),
          jnp.concatenate([i.astype(jnp.result_type(*indices)) for i in indices])),
         shape=leaves[0].shape)
 
-  return jax.tree_util.tree_map_with_path(add, *trees, is_leaf=_sparse.is_row_sparse)
+  return jax.tree_util.tree_map_with_path(add, *trees, is_leaf=_rows.is_row_sparse)
 
 
 def apply_updates(model: Any, updates: Any) -> Any:
@@ -133,7 +133,7 @@ def apply_updates(model: Any, updates: Any) -> Any:
   ``None`` update leaves its leaf alone (Equinox's filtered trees hold ``None``
   for the activation functions and other non-arrays), and every other leaf
   becomes ``p + u`` cast to ``p``'s dtype, as in ``optax.apply_updates``. A
-  row-sparse update (a :class:`~lars_optax.RowSparseUpdate`, what a lazy
+  row-sparse update (a :class:`~lars_optax.sparse.RowSparseUpdate`, what a lazy
   optimizer returns for a row-sparse gradient) is added to its rows by a
   scatter, in O(rows).
 
@@ -146,12 +146,12 @@ def apply_updates(model: Any, updates: Any) -> Any:
     import equinox as eqx, jax, jax.numpy as jnp, lars_optax
 
     model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
-    tx = lars_optax.adam(1e-2, lazy_update=True)
+    tx = lars_optax.mxnet.adam(1e-2, lazy_update=True)
     state = tx.init(eqx.filter(model, eqx.is_array))
-    rows = lars_optax.row_sparse(jnp.ones((2, 8)), jnp.array([3, 7]), 100)
+    rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]), num_rows=100)
     grads = eqx.tree_at(lambda m: m.weight, model, rows)
     updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
-    model = lars_optax.apply_updates(model, updates)
+    model = lars_optax.sparse.apply_updates(model, updates)
   """
 
   def apply(u: Any, p: Any) -> Any:
@@ -160,7 +160,7 @@ def apply_updates(model: Any, updates: Any) -> Any:
     return jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
 
   flat_u, treedef_ = jax.tree.flatten(
-      updates, is_leaf=lambda x: x is None or _sparse.is_row_sparse(x))
+      updates, is_leaf=lambda x: x is None or _rows.is_row_sparse(x))
   treedef: Any = treedef_  # (jax's stubs do not describe flatten_up_to)
   try:
     flat_p = treedef.flatten_up_to(model)
@@ -172,9 +172,9 @@ def apply_updates(model: Any, updates: Any) -> Any:
 
 def _densify(u: Any) -> Any:
   """A row-sparse update as the dense array it stands for (others unchanged)."""
-  if not _sparse.is_row_sparse(u):
+  if not _rows.is_row_sparse(u):
     return u
-  if isinstance(u, _sparse.RowSparseUpdate):  # (its indices are checked, as when applied)
+  if isinstance(u, _types.RowSparseUpdate):  # (its indices are checked, as when applied)
     return jnp.zeros(u.shape, u.dtype) + u  # RowSparseUpdate.__radd__: a scatter-add
   return u.todense()
 
@@ -208,7 +208,7 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
     import equinox as eqx, jax, jax.numpy as jnp, lars_optax
 
     model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
-    tx = lars_optax.dense_updates(lars_optax.adam(1e-2, lazy_update=True))
+    tx = lars_optax.sparse.dense_updates(lars_optax.mxnet.adam(1e-2, lazy_update=True))
     state = tx.init(eqx.filter(model, eqx.is_array))
 
     @eqx.filter_jit(donate="all")
@@ -216,7 +216,7 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
       updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
       return eqx.apply_updates(model, updates), state
 
-    rows = lars_optax.row_sparse(jnp.ones((2, 8)), jnp.array([3, 7]), 100)
+    rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]), num_rows=100)
     model, state = step(model, state, eqx.tree_at(lambda m: m.weight, model, rows))
 
   Args:
@@ -233,7 +233,7 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
 
   def update_fn(updates, state, params=None, **extra_args):
     updates, state = inner_tx.update(updates, state, params, **extra_args)
-    return jax.tree.map(_densify, updates, is_leaf=_sparse.is_row_sparse), state
+    return jax.tree.map(_densify, updates, is_leaf=_rows.is_row_sparse), state
 
   return GradientTransformationExtraArgs(inner_tx.init, update_fn)
 
@@ -242,10 +242,10 @@ def _sum_sq(x: Any) -> jax.Array:
   """The squared norm of a dense leaf, or of a row-sparse leaf's dense equivalent."""
   # In float32 or wider: a float16 gradient of 4096 entries of 4 has a norm of
   # 256, but its sum of squares (65536) overflows float16.
-  if not _sparse.is_row_sparse(x):
+  if not _rows.is_row_sparse(x):
     return jnp.sum(utils.abs_sq(x.astype(utils.norm_dtype(x.dtype))))
   num_rows = x.shape[0]
-  rows, values = _sparse._combine(x, num_rows)  # repeated rows summed
+  rows, values = _rows.combine(x, num_rows)  # repeated rows summed
   keep = (rows < num_rows).reshape((-1,) + (1,) * (values.ndim - 1))  # padding: not in the array
   values = values.astype(utils.norm_dtype(values.dtype))
   return jnp.sum(jnp.where(keep, utils.abs_sq(values), 0))
@@ -264,8 +264,8 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
   rows are summed first, and the padding index (the number of rows) holds
   nothing. Values are scaled, indices kept, in O(entries). On dense
   gradients this is ``optax.clip_by_global_norm``. Chain it before a lazy
-  optimizer: ``optax.chain(lars_optax.clip_by_global_norm(1.0),
-  lars_optax.adam(lr, lazy_update=True))``.
+  optimizer: ``optax.chain(lars_optax.sparse.clip_by_global_norm(1.0),
+  lars_optax.mxnet.adam(lr, lazy_update=True))``.
 
   Args:
     max_norm: the largest global norm kept (> 0).
@@ -277,21 +277,21 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 
   def update_fn(updates, state, params=None):
     del params
-    leaves = jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)
+    leaves = jax.tree.leaves(updates, is_leaf=_rows.is_row_sparse)
     for x in leaves:
-      if _sparse.is_row_sparse(x):
+      if _rows.is_row_sparse(x):
         _checked_indices("a row-sparse gradient", x, "clip_by_global_norm")
     g_norm = jnp.sqrt(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)))
     trigger = g_norm < max_norm
 
     def clip(x):
-      values = x.data if _sparse.is_row_sparse(x) else x
+      values = x.data if _rows.is_row_sparse(x) else x
       wide = values.astype(utils.norm_dtype(values.dtype))  # a float16 norm may not fit float16
       out = jnp.where(trigger, wide, (wide / g_norm.astype(wide.dtype)) * max_norm)
       out = out.astype(values.dtype)
-      return _like(x, out, x.indices) if _sparse.is_row_sparse(x) else out
+      return _like(x, out, x.indices) if _rows.is_row_sparse(x) else out
 
-    return jax.tree.map(clip, updates, is_leaf=_sparse.is_row_sparse), state
+    return jax.tree.map(clip, updates, is_leaf=_rows.is_row_sparse), state
 
   return GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
@@ -299,24 +299,27 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
 class MultiStepsState(NamedTuple):
   """The state of :func:`multi_steps`.
 
-  ``acc_grads`` has the params' tree: the sum of the micro-batch gradients
-  for a dense leaf, a ``(values, indices)`` pair of ``k x nse`` entries for a
-  row-sparse one.
+  The fields of :class:`optax.MultiStepsState`. ``acc_grads`` has the params'
+  tree: the sum of the micro-batch gradients for a dense leaf, a ``(values,
+  indices)`` pair of ``k x nse`` entries for a row-sparse one. ``skip_state``
+  is what ``should_skip_update_fn`` returned last (``()`` without one).
   """
 
   mini_step: jax.Array
   gradient_step: jax.Array
   inner_opt_state: Any
   acc_grads: Any
+  skip_state: Any = ()
 
 
 def multi_steps(
     opt: GradientTransformation,
-    every_k_schedule: int | Callable[[jax.Array], jax.Array],
     *,
+    every_k_schedule: int | Callable[[jax.Array], jax.Array],
     sparse: masks.MaskLike = None,
     nse: int | None = None,
     use_grad_mean: bool = True,
+    should_skip_update_fn: Callable[..., tuple[Any, Any]] | None = None,
 ) -> GradientTransformationExtraArgs:
   r"""``optax.MultiSteps`` for gradient trees with row-sparse leaves.
 
@@ -340,17 +343,95 @@ def multi_steps(
       buffer needs a fixed ``k``).
     sparse: which leaves get row-sparse gradients (a leaf name, a full path,
       a :class:`~lars_optax.masks.Mask`, as in
-      :func:`lars_optax.sparse_value_and_grad`); ``None`` for none.
+      :func:`lars_optax.sparse.value_and_grad`); ``None`` for none.
     nse: the number of entries (``grad.nse``) of one micro-batch's
       row-sparse gradient of each selected leaf; every call must give that
-      many (``sparse_value_and_grad`` without ``max_rows`` gives the number
+      many (``value_and_grad`` without ``max_rows`` gives the number
       of ids of the batch).
     use_grad_mean: pass the mean of the ``k`` gradients (else their sum).
+    should_skip_update_fn: as optax's: ``fn(updates, gradient_step, params)``
+      returns ``(should_skip, skip_state)``; a skipped call returns zero
+      updates and leaves the state as it was but for ``skip_state``.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` with a
     :class:`MultiStepsState`.
   """
+  fixed_k, sparse = _check_multi_steps(opt, every_k_schedule, sparse, nse, use_grad_mean,
+                                       should_skip_update_fn)
+  inner = optax.with_extra_args_support(opt)
+
+  def k_steps(gradient_step):
+    k = fixed_k if fixed_k is not None else every_k_schedule(gradient_step)
+    return jnp.asarray(k, jnp.int32)
+
+  def init_fn(params):
+    flat, treedef = jax.tree.flatten(params)
+    chosen = ([False] * len(flat) if sparse is None
+              else masks.resolve_mask(sparse, params, "sparse"))
+    acc = [_empty_buffer(p, _buffer_size(fixed_k, nse)) if c else jnp.zeros_like(p)
+           for p, c in zip(flat, chosen)]
+    state = MultiStepsState(mini_step=jnp.zeros([], jnp.int32),
+                            gradient_step=jnp.zeros([], jnp.int32),
+                            inner_opt_state=inner.init(params),
+                            acc_grads=jax.tree.unflatten(treedef, acc))
+    if should_skip_update_fn is None:
+      return state
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    _, skip_state = jax.eval_shape(should_skip_update_fn, zeros, state.gradient_step, params)
+    return state._replace(skip_state=optax.tree_utils.tree_zeros_like(skip_state))
+
+  def accumulate(updates, state, params=None, **extra_args):
+    flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
+    names = _checks.leaf_names_of(treedef)
+    acc = [_add_micro_batch(name, g, a, state.mini_step, nse)
+           for name, g, a in zip(names, flat_g, treedef.flatten_up_to(state.acc_grads))]
+    k = k_steps(state.gradient_step)
+    emit = state.mini_step == k - 1
+
+    def do_emit(inner_state):
+      grads = [_mean_of(g, a, k, use_grad_mean) for g, a in zip(flat_g, acc)]
+      return inner.update(jax.tree.unflatten(treedef, grads), inner_state, params,
+                          **extra_args)
+
+    def skip(inner_state):
+      shapes, _ = jax.eval_shape(do_emit, inner_state)
+      return optax.tree_utils.tree_zeros_like(shapes), inner_state
+
+    new_updates, inner_state = jax.lax.cond(emit, do_emit, skip, state.inner_opt_state)
+    return new_updates, MultiStepsState(
+        mini_step=jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32),
+        gradient_step=jnp.where(emit, state.gradient_step + 1,
+                                state.gradient_step).astype(jnp.int32),
+        inner_opt_state=inner_state,
+        acc_grads=jax.tree.unflatten(treedef, [_emptied(g, a, emit) for g, a in zip(flat_g, acc)]),
+        skip_state=state.skip_state)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if should_skip_update_fn is None:
+      return accumulate(updates, state, params, **extra_args)
+    should_skip, skip_state = should_skip_update_fn(updates, state.gradient_step, params)
+    run = lambda s: accumulate(updates, s, params, **extra_args)
+
+    def skipped(state):
+      shapes, _ = jax.eval_shape(run, state)
+      return optax.tree_utils.tree_zeros_like(shapes), state
+
+    new_updates, new_state = jax.lax.cond(should_skip, skipped, run, state)
+    return new_updates, new_state._replace(skip_state=skip_state)
+
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class _SparseBuffer(NamedTuple):
+  """A row-sparse leaf's accumulator: ``k x nse`` values and their rows (padding: num_rows)."""
+
+  values: jax.Array
+  rows: jax.Array
+
+
+def _check_multi_steps(opt, every_k_schedule, sparse, nse, use_grad_mean, should_skip_update_fn):
+  """The checks of :func:`multi_steps`' arguments: ``(fixed k or None, sparse mask)``."""
   if not isinstance(opt, GradientTransformation):
     raise TypeError(f"opt: expected an optax.GradientTransformation, got {type(opt).__name__}.")
   fixed_k = None
@@ -364,102 +445,61 @@ def multi_steps(
                      f"{every_k_schedule!r}.")
   else:
     fixed_k = int(every_k_schedule)
-  if not isinstance(use_grad_mean, (bool, np.bool_)):
-    raise TypeError(f"use_grad_mean: expected a bool, got {use_grad_mean!r}.")
+  v.check_flag("use_grad_mean", use_grad_mean)
+  if should_skip_update_fn is not None and not callable(should_skip_update_fn):
+    raise TypeError(f"should_skip_update_fn: expected a function, got "
+                    f"{should_skip_update_fn!r}.")
   if sparse is not None:
     if isinstance(nse, bool) or not isinstance(nse, (int, np.integer)) or nse < 1:
       raise ValueError(f"nse: expected an int >= 1 (the entries of one row-sparse "
                        f"gradient) with `sparse`, got {nse!r}.")
     if isinstance(sparse, str):
-      sparse = _sparse._by_name(sparse)
+      sparse = _grad.by_name(sparse)
     masks.check_mask_like(sparse, "sparse")
-  inner = optax.with_extra_args_support(opt)
+  return fixed_k, sparse
 
-  def k_steps(gradient_step):
-    if fixed_k is not None:
-      return jnp.asarray(fixed_k, jnp.int32)
-    return jnp.asarray(every_k_schedule(gradient_step), jnp.int32)
 
-  def chosen(params):
-    if sparse is None:
-      return [False] * len(jax.tree.leaves(params))
-    return masks.resolve_mask(sparse, params, "sparse")
+def _buffer_size(fixed_k: int | None, nse: int | None) -> int:
+  assert fixed_k is not None and nse is not None  # checked: `sparse` needs both
+  return fixed_k * nse
 
-  def init_fn(params):
-    flat, treedef = jax.tree.flatten(params)
-    acc = []
-    for p, c in zip(flat, chosen(params)):
-      if c:
-        assert fixed_k is not None and nse is not None
-        size = fixed_k * nse
-        acc.append((jnp.zeros((size, *p.shape[1:]), p.dtype),
-                    jnp.full((size, 1), p.shape[0], jnp.int32)))
-      else:
-        acc.append(jnp.zeros_like(p))
-    return MultiStepsState(mini_step=jnp.zeros([], jnp.int32),
-                           gradient_step=jnp.zeros([], jnp.int32),
-                           inner_opt_state=inner.init(params),
-                           acc_grads=jax.tree.unflatten(treedef, acc))
 
-  def update_fn(updates, state, params=None, **extra_args):
-    flat_g, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
-    flat_acc = treedef.flatten_up_to(state.acc_grads)
-    names = _sparse._leaf_names(treedef)
-    k = k_steps(state.gradient_step)
-    acc = []
-    for name, g, a in zip(names, flat_g, flat_acc):
-      if isinstance(a, tuple):
-        if not _sparse.is_row_sparse(g):
-          raise ValueError(f"multi_steps: gradient {name!r} is dense, but `sparse` selects "
-                           "it: pass its row-sparse gradient, or leave it out of `sparse`.")
-        if g.nse != nse:
-          raise ValueError(f"multi_steps: gradient {name!r} has {g.nse} entries, but "
-                           f"nse={nse}; every micro-batch must give nse entries.")
-        idx = _checked_indices(f"gradient {name!r}", g, "multi_steps")
-        start = state.mini_step * nse
-        values = jax.lax.dynamic_update_slice_in_dim(a[0], g.data.astype(a[0].dtype), start, 0)
-        rows = jax.lax.dynamic_update_slice_in_dim(a[1], idx.astype(jnp.int32), start, 0)
-        acc.append((values, rows))
-      elif _sparse.is_row_sparse(g):
-        raise ValueError(f"multi_steps: gradient {name!r} is row-sparse; name it in "
-                         "`sparse` (with `nse`) so that its rows are accumulated.")
-      else:
-        acc.append(a + g.astype(a.dtype))
-    emit = state.mini_step == k - 1
+def _empty_buffer(param: jax.Array, size: int) -> _SparseBuffer:
+  return _SparseBuffer(jnp.zeros((size, *param.shape[1:]), param.dtype),
+                       jnp.full((size, 1), param.shape[0], jnp.int32))
 
-    def gradients():
-      out = []
-      for g, a in zip(flat_g, acc):
-        if isinstance(a, tuple):
-          values = a[0] / k.astype(a[0].dtype) if use_grad_mean else a[0]
-          out.append(_sparse.RowSparseUpdate((values.astype(g.dtype), a[1]), shape=g.shape))
-        else:
-          out.append((a / k.astype(a.dtype) if use_grad_mean else a).astype(g.dtype))
-      return jax.tree.unflatten(treedef, out)
 
-    def do_emit(inner_state):
-      return inner.update(gradients(), inner_state, params, **extra_args)
+def _add_micro_batch(name: str, g: Any, a: Any, mini_step: jax.Array, nse: int | None) -> Any:
+  """The accumulator ``a`` with one micro-batch's gradient ``g`` added."""
+  if isinstance(a, _SparseBuffer):
+    if not _rows.is_row_sparse(g):
+      raise ValueError(f"multi_steps: gradient {name!r} is dense, but `sparse` selects "
+                       "it: pass its row-sparse gradient, or leave it out of `sparse`.")
+    if g.nse != nse:
+      raise ValueError(f"multi_steps: gradient {name!r} has {g.nse} entries, but "
+                       f"nse={nse}; every micro-batch must give nse entries.")
+    idx = _checked_indices(f"gradient {name!r}", g, "multi_steps")
+    start = mini_step * _buffer_size(1, nse)
+    return _SparseBuffer(
+        jax.lax.dynamic_update_slice_in_dim(a.values, g.data.astype(a.values.dtype), start, 0),
+        jax.lax.dynamic_update_slice_in_dim(a.rows, idx.astype(jnp.int32), start, 0))
+  if _rows.is_row_sparse(g):
+    raise ValueError(f"multi_steps: gradient {name!r} is row-sparse; name it in "
+                     "`sparse` (with `nse`) so that its rows are accumulated.")
+  return a + g.astype(a.dtype)
 
-    def skip(inner_state):
-      shapes, _ = jax.eval_shape(do_emit, inner_state)
-      return optax.tree_utils.tree_zeros_like(shapes), inner_state
 
-    new_updates, inner_state = jax.lax.cond(emit, do_emit, skip, state.inner_opt_state)
+def _mean_of(g: Any, a: Any, k: jax.Array, use_grad_mean: bool) -> Any:
+  """The gradient handed to the inner transformation: the mean (or sum) of ``a``."""
+  if isinstance(a, _SparseBuffer):
+    values = a.values / k.astype(a.values.dtype) if use_grad_mean else a.values
+    return _types.RowSparseUpdate((values.astype(g.dtype), a.rows), shape=g.shape)
+  return (a / k.astype(a.dtype) if use_grad_mean else a).astype(g.dtype)
 
-    # After an emitting call: empty buffers (a row-sparse one all padding).
-    new_acc = []
-    for g, a in zip(flat_g, acc):
-      if isinstance(a, tuple):
-        new_acc.append((jnp.where(emit, 0, a[0]).astype(a[0].dtype),
-                        jnp.where(emit, g.shape[0], a[1]).astype(a[1].dtype)))
-      else:
-        new_acc.append(jnp.where(emit, 0, a).astype(a.dtype))
-    new_state = MultiStepsState(
-        mini_step=jnp.where(emit, 0, state.mini_step + 1).astype(jnp.int32),
-        gradient_step=jnp.where(emit, state.gradient_step + 1,
-                                state.gradient_step).astype(jnp.int32),
-        inner_opt_state=inner_state,
-        acc_grads=jax.tree.unflatten(treedef, new_acc))
-    return new_updates, new_state
 
-  return GradientTransformationExtraArgs(init_fn, update_fn)
+def _emptied(g: Any, a: Any, emit: jax.Array) -> Any:
+  """``a`` after an emitting call: empty (a row-sparse buffer all padding)."""
+  if isinstance(a, _SparseBuffer):
+    return _SparseBuffer(jnp.where(emit, 0, a.values).astype(a.values.dtype),
+                         jnp.where(emit, g.shape[0], a.rows).astype(a.rows.dtype))
+  return jnp.where(emit, 0, a).astype(a.dtype)

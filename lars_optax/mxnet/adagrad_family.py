@@ -19,12 +19,12 @@ and ``ftrl``, with MXNet's argument names and defaults, each a plain
 They share MXNet's optimizer-base arguments (``wd``, ``rescale_grad``,
 ``clip_gradient``, ``lr_mult``, ``wd_mult``, ``multi_precision``) and take
 Python, numpy and JAX scalars alike (the updates and state keep the
-parameter dtypes). :func:`lars_optax.create` builds them by their MXNet names:
+parameter dtypes). :func:`lars_optax.mxnet.create` builds them by their MXNet names:
 
 >>> import jax.numpy as jnp
 >>> import optax
 >>> import lars_optax
->>> tx = lars_optax.create("rmsprop", learning_rate=0.01, centered=True, clip_weights=1.0)
+>>> tx = lars_optax.mxnet.create("rmsprop", learning_rate=0.01, centered=True, clip_weights=1.0)
 >>> params = {"w": jnp.ones(3)}
 >>> updates, state = tx.update({"w": jnp.ones(3)}, tx.init(params), params)
 >>> params = optax.apply_updates(params, updates)
@@ -43,11 +43,10 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _row_wise
+from lars_optax import _row_wise, masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax.sgd_family import mxnet_momentum
+from lars_optax.momentum import mxnet_momentum
 
 __all__ = [
     "FtrlProximalState",
@@ -244,10 +243,10 @@ class FtrlProximalState(NamedTuple):
 
 def ftrl_proximal(
     learning_rate: optax.ScalarOrSchedule,
+    *,
     lamda1: float = 0.01,
     beta: float = 1.0,
     weight_decay: float = 0.0,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
 ) -> optax.GradientTransformation:
@@ -383,11 +382,11 @@ def _no_decay_on_sparse(wd: float, wd_mult: masks.LeafValues):
 @v.mxnet_names
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
+    *,
     epsilon: float = 1e-6,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -436,7 +435,7 @@ def adagrad(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
@@ -449,10 +448,10 @@ def adagrad(
 
 def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
+    *,
     epsilon: float = 1e-6,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
 ) -> optax.GradientTransformation:
@@ -498,7 +497,7 @@ def groupadagrad(
   """
   base.check_base(learning_rate, 0.0, rescale_grad, clip_gradient, lr_mult, None)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
@@ -512,6 +511,7 @@ def groupadagrad(
 @v.mxnet_names
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     rho: float = 0.9,
     momentum: float = 0.9,
     epsilon: float = 1e-8,
@@ -520,7 +520,6 @@ def rmsprop(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -586,16 +585,16 @@ def rmsprop(
   v.check_scalar("rho", rho, low=0.0, high=1.0, high_open=True)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0, low_open=True)
-  centered = base.check_flag("centered", centered)
+  centered = v.check_flag("centered", centered)
   if clip_weights is not None:
     v.check_scalar("clip_weights", clip_weights, low=0.0, low_open=True,
                    alternative=", or None")
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   if centered:
     parts += [utils.keep_dtypes(optax.scale_by_stddev(rho, epsilon, eps_in_sqrt=True),
                                 rho, epsilon),
-              *base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
+              *base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum)]
   else:
     parts += [utils.keep_dtypes(optax.scale_by_rms(rho, epsilon, eps_in_sqrt=False),
                                 rho, epsilon),
@@ -611,12 +610,12 @@ def rmsprop(
 @v.mxnet_names
 def adadelta(
     learning_rate: optax.ScalarOrSchedule = 1.0,
+    *,
     rho: float = 0.9,
     epsilon: float = 1e-6,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -661,7 +660,7 @@ def adadelta(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("rho", rho, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0, low_open=True)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
@@ -674,12 +673,12 @@ def adadelta(
 @v.mxnet_names
 def ftrl(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     lamda1: float = 0.01,
     beta: float = 1.0,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -735,9 +734,10 @@ def ftrl(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("lamda1", lamda1, low=0.0)
   v.check_scalar("beta", beta, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts += [ftrl_proximal(learning_rate, lamda1, beta, wd, lr_mult=lr_mult, wd_mult=wd_mult)]
+  parts += [ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
+                          lr_mult=lr_mult, wd_mult=wd_mult)]
   return base.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,

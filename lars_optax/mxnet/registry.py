@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import adagrad_family, adam_family, optimizers, precision, sgd_family
+from lars_optax import layerwise, precision, sign
+from lars_optax.mxnet import adagrad_family, adam_family, sgd_family
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
@@ -73,10 +73,10 @@ def _own_args(factory: Factory) -> set[str]:
           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def register(name: str, factory: Factory | None = None, *, overwrite: bool = False):
+def register(name: str, *, factory: Factory | None = None, overwrite: bool = False):
   """Adds ``factory`` to :func:`create` under ``name`` (case-insensitive).
 
-  Usable as a decorator (``@lars_optax.register("mysgd")``) or a call
+  Usable as a decorator (``@lars_optax.mxnet.register("mysgd")``) or a call
   (``register("mysgd", my_factory)``). ``factory(**kwargs)`` must return an
   optax transformation; it receives the optimizer-base arguments it declares
   (``learning_rate`` as an optax schedule when ``lr_scheduler`` is given,
@@ -120,7 +120,7 @@ def registered() -> list[str]:
   return sorted(_REGISTRY)
 
 
-def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
+def mxnet_schedule(lr_scheduler: Callable[[Any], Any], *,
                    begin_num_update: int = 0) -> Callable[[jax.Array], jax.Array]:
   """Turns an MXNet-style scheduler into an optax schedule.
 
@@ -132,7 +132,7 @@ def mxnet_schedule(lr_scheduler: Callable[[Any], Any],
   ``2**31 - 2``).
 
   ``lr_scheduler`` may be a JAX-traceable function of the count (one of
-  :mod:`lars_optax.schedules`, an optax schedule, a ``lambda n: ...`` with
+  :mod:`lars_optax.mxnet.lr_scheduler`, an optax schedule, a ``lambda n: ...`` with
   ``jnp`` ops), used as is under ``jit``.
   A Python scheduler that cannot be traced (one that branches on the count or
   keeps state, like MXNet's own ``FactorScheduler`` objects) is called on the
@@ -356,7 +356,7 @@ def create(
   from its default multi-tensor path (see :func:`lars_optax.lamb`), and
   ``create("lamb", aggregate_num=1)`` still gives the default path's numbers.
 
-  ``lr_scheduler`` may be one of :mod:`lars_optax.schedules` (MXNet's
+  ``lr_scheduler`` may be one of :mod:`lars_optax.mxnet.lr_scheduler` (MXNet's
   ``FactorScheduler``, ``MultiFactorScheduler``, ``PolyScheduler``,
   ``CosineScheduler``): it is traced, with no host call, and its ``base_lr`` is
   set through its ``with_base_lr`` (a copy), with MXNet's effect on each.
@@ -369,12 +369,12 @@ def create(
   ``wd``, ...) become hyperparameters in the state, which you may change
   between steps; an optimizer's own arguments are passed as they are (to
   inject those too, wrap the optimizer's function, e.g.
-  ``optax.inject_hyperparams(lars_optax.adam)``):
+  ``optax.inject_hyperparams(lars_optax.mxnet.adam)``):
 
   >>> import functools
   >>> import optax
   >>> import lars_optax
-  >>> tx = optax.inject_hyperparams(functools.partial(lars_optax.create, "adam"))(
+  >>> tx = optax.inject_hyperparams(functools.partial(lars_optax.mxnet.create, "adam"))(
   ...     learning_rate=0.1, beta1=0.8)
 
   Raises:
@@ -427,7 +427,8 @@ def create(
     kwargs["learning_rate"] = 0.01 if lr is None else lr
   v.check_count("begin_num_update", begin, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
   if lr_scheduler is not None:
-    kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory), begin)
+    kwargs["learning_rate"] = mxnet_schedule(_with_base_lr(lr_scheduler, lr, factory),
+                                             begin_num_update=begin)
   if "begin_num_update" in own:
     kwargs["begin_num_update"] = begin
 
@@ -438,7 +439,7 @@ def create(
   wrap = False
   if "multi_precision" not in own and "multi_precision" in kwargs:
     # MXNet's base class gives every optimizer master weights; so does the wrapper.
-    wrap = base.check_flag("multi_precision", kwargs.pop("multi_precision"))
+    wrap = v.check_flag("multi_precision", kwargs.pop("multi_precision"))
   for k in sorted(set(kwargs) - own):
     if k in neutral and kwargs[k] == neutral[k]:
       del kwargs[k]
@@ -467,7 +468,7 @@ def _with_base_lr(lr_scheduler: Any, lr: Any, factory: Factory) -> Any:
     return lr_scheduler
   v.check_scalar("learning_rate", lr, low=0.0)
   old_lr = lr_scheduler.base_lr
-  if hasattr(lr_scheduler, "with_base_lr"):  # lars_optax.schedules: immutable, returns a copy
+  if hasattr(lr_scheduler, "with_base_lr"):  # ours: immutable, returns a copy
     if old_lr != lr:
       warnings.warn(f"lr_scheduler: base_lr {old_lr} is replaced by "
                     f"learning_rate {lr}, as MXNet does.", stacklevel=3)
@@ -497,23 +498,23 @@ def _default(factory: Factory, arg: str) -> Any:
   return _UNSET if p is None or p.default is p.empty else p.default
 
 
-register("lars", optimizers.lars)
-register("signum", optimizers.signum)
-register("signsgd", optimizers.signsgd)
-register("adam", optimizers.adam)
-register("sgd", optimizers.sgd)
-register("nag", sgd_family.nag)
-register("dcasgd", sgd_family.dcasgd)
-register("sgld", sgd_family.sgld)
-register("adagrad", adagrad_family.adagrad)
-register("groupadagrad", adagrad_family.groupadagrad)
-register("rmsprop", adagrad_family.rmsprop)
-register("adadelta", adagrad_family.adadelta)
-register("ftrl", adagrad_family.ftrl)
-register("lamb", optimizers.lamb)
-register("lans", optimizers.lans)
-register("adamw", adam_family.adamw)
-register("adamax", adam_family.adamax)
-register("nadam", adam_family.nadam)
-register("adabelief", adam_family.adabelief)
-register("ftml", adam_family.ftml)
+register("lars", factory=layerwise.lars)
+register("signum", factory=sign.signum)
+register("signsgd", factory=sign.signsgd)
+register("adam", factory=adam_family.adam)
+register("sgd", factory=sgd_family.sgd)
+register("nag", factory=sgd_family.nag)
+register("dcasgd", factory=sgd_family.dcasgd)
+register("sgld", factory=sgd_family.sgld)
+register("adagrad", factory=adagrad_family.adagrad)
+register("groupadagrad", factory=adagrad_family.groupadagrad)
+register("rmsprop", factory=adagrad_family.rmsprop)
+register("adadelta", factory=adagrad_family.adadelta)
+register("ftrl", factory=adagrad_family.ftrl)
+register("lamb", factory=layerwise.lamb)
+register("lans", factory=layerwise.lans)
+register("adamw", factory=adam_family.adamw)
+register("adamax", factory=adam_family.adamax)
+register("nadam", factory=adam_family.nadam)
+register("adabelief", factory=adam_family.adabelief)
+register("ftml", factory=adam_family.ftml)

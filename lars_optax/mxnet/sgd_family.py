@@ -20,7 +20,7 @@ and update rules, each a plain ``optax.chain`` of public transformations:
 
 They share MXNet's optimizer-base arguments (``wd``, ``rescale_grad``,
 ``clip_gradient``, ``lr_mult``, ``wd_mult``, ``multi_precision``) and the
-input checks of :mod:`lars_optax.optimizers`. :func:`lars_optax.create` builds
+input checks of :mod:`lars_optax.mxnet`. :func:`lars_optax.mxnet.create` builds
 them by MXNet's names, ``"nag"``, ``"dcasgd"`` and ``"sgld"``.
 """
 
@@ -35,21 +35,17 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
+from lars_optax.momentum import mxnet_momentum
 
 __all__ = [
     "AddLangevinNoiseState",
-    "DampenedTraceState",
     "DelayCompensationState",
-    "MXNetMomentumState",
     "add_delay_compensation",
     "add_langevin_noise",
-    "dampened_trace",
     "dcasgd",
-    "mxnet_momentum",
     "nag",
     "sgd",
     "sgld",
@@ -58,204 +54,15 @@ __all__ = [
 _SEED_MAX = 2**32 - 1
 
 
-@_row_wise.row_wise("momentum")
-class MXNetMomentumState(NamedTuple):
-  """State of :func:`mxnet_momentum`.
-
-  Attributes:
-    count: number of updates done so far (int32); schedules are called with it.
-    momentum: the momentum buffer, like the params; ``None`` when
-      ``momentum == 0`` (MXNet keeps no state then).
-  """
-
-  # A NamedTuple field called ``count`` shadows ``tuple.count``; optax's own
-  # states use the same name, which is what schedules and tools look for.
-  count: jax.Array  # type: ignore[assignment]
-  momentum: optax.Updates | None
-
-
-def mxnet_momentum(
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: float = 0.0,
-    nesterov: bool = False,
-    dampening: float = 0.0,
-) -> GradientTransformation:
-  r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
-
-  .. math::
-
-    m_t = \mu \, m_{t-1} - \alpha_t \, u_t, \qquad \text{update} = m_t
-    \qquad (m_0 = 0),
-
-  and with :math:`\mu = 0` simply :math:`\text{update} = -\alpha_t u_t` with no
-  buffer. Because :math:`\alpha_t` multiplies the incoming update before it is
-  accumulated, a change of learning rate affects only new contributions
-  (unlike :func:`optax.trace` followed by a learning rate, TensorFlow's
-  convention). The update already carries the minus sign: apply it with
-  :func:`optax.apply_updates`.
-
-  With ``nesterov=True`` the same buffer is kept and the update looks one
-  momentum step ahead, :math:`\text{update} = \mu\,m_t - \alpha_t u_t`
-  (MXNet's ``nag_mom_update``; :func:`lars_optax.nag`).
-
-  With ``dampening`` :math:`d` (PyTorch's), each step after the first adds
-  :math:`(1 - d)` of its contribution, :math:`m_t = \mu\,m_{t-1} - (1 - d)\,
-  \alpha_t u_t`, and the first fills the buffer undamped (``lars(...,
-  dampening=)`` with the rate inside the buffer).
-
-  Args:
-    learning_rate: :math:`\alpha_t`, a scalar or an optax schedule, called with
-      the number of updates done before this one (0 at the first update, optax's
-      convention).
-    momentum: :math:`\mu` in [0, 1).
-    nesterov: Nesterov's look-ahead update (no effect when ``momentum == 0``).
-    dampening: :math:`d` in [0, 1), 0 by default (MXNet's rule); not with
-      ``nesterov``, as in PyTorch.
-
-  Returns:
-    A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
-  """
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-  if nesterov and v.is_constant(dampening) and not utils.is_const(dampening, 0):
-    raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
-                     f"dampening={dampening!r}.")
-  use_buffer = not utils.is_const(momentum, 0)
-  damped = use_buffer and not utils.is_const(dampening, 0)
-
-  def init_fn(params: optax.Params) -> MXNetMomentumState:
-    v.check_float_params(params, "mxnet_momentum", allow_complex=True)
-    v.check_representable("learning_rate", learning_rate, params)
-    buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
-    return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
-
-  def update_fn(updates, state, params=None):
-    del params
-    lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-
-    def step(u):
-      return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
-
-    if damped:  # PyTorch's dampening: the first step fills the buffer undamped
-      keep = jnp.where(state.count == 0, 1.0, 1.0 - jnp.asarray(dampening, jnp.float32))
-      new_m = jax.tree.map(
-          lambda m, u: utils.cast(momentum, m.dtype) * m - keep.astype(m.dtype) * step(u),
-          state.momentum, updates)
-    elif use_buffer:
-      new_m = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
-                           state.momentum, updates)
-    if use_buffer:
-      if nesterov:
-        updates = jax.tree.map(lambda m, u: utils.cast(momentum, m.dtype) * m - step(u),
-                               new_m, updates)
-      else:
-        updates = new_m
-    else:
-      new_m = None
-      updates = jax.tree.map(lambda u: -step(u), updates)
-    return updates, MXNetMomentumState(optax.safe_int32_increment(state.count),
-                                       new_m)
-
-  return GradientTransformation(init_fn, update_fn)
-
-
-class DampenedTraceState(NamedTuple):
-  """State of :func:`dampened_trace`.
-
-  Attributes:
-    count: number of updates done so far (int32); the first update fills the
-      buffer undamped.
-    trace: the momentum buffer, like the params.
-  """
-
-  count: jax.Array  # type: ignore[assignment]
-  trace: optax.Updates
-
-
-def dampened_trace(
-    momentum: float,
-    dampening: float = 0.0,
-    nesterov: bool = False,
-) -> GradientTransformation:
-  r"""PyTorch's momentum buffer: :func:`optax.trace` with ``dampening``.
-
-  .. math::
-
-    b_1 = u_1, \qquad b_t = \mu\,b_{t-1} + (1 - d)\,u_t \quad (t > 1), \qquad
-    \text{update} = b_t \quad\text{or, with Nesterov,}\quad u_t + \mu\,b_t,
-
-  with :math:`\mu` = ``momentum`` and :math:`d` = ``dampening``: the rule of
-  ``torch.optim.SGD`` (and of timm's ``Lars``), whose buffer starts as the
-  first update, undamped. With :math:`d = 0` it equals
-  ``optax.trace(momentum, nesterov)``, which the optimizers use then.
-  The learning rate is not in it: follow it with
-  :func:`optax.scale_by_learning_rate` for PyTorch's rule, or put the rate in
-  front of it to accumulate rate-scaled steps.
-
-  Args:
-    momentum: :math:`\mu` in [0, 1).
-    dampening: :math:`d` in [0, 1).
-    nesterov: Nesterov's look-ahead (PyTorch's ``nesterov``); needs
-      ``momentum > 0`` and ``dampening == 0``, as PyTorch does.
-
-  Returns:
-    A :class:`optax.GradientTransformation` with :class:`DampenedTraceState`.
-
-  References:
-    Sutskever, Martens, Dahl and Hinton, `On the importance of initialization
-    and momentum in deep learning <https://proceedings.mlr.press/v28/sutskever13.html>`_,
-    ICML 2013; PyTorch ``torch.optim.SGD``.
-  """
-  check_torch_momentum(momentum, dampening, nesterov)
-
-  def init_fn(params: optax.Params) -> DampenedTraceState:
-    v.check_float_params(params, "dampened_trace", allow_complex=True)
-    return DampenedTraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
-
-  def update_fn(updates, state, params=None):
-    del params
-    first = state.count == 0
-
-    def step(b, u):
-      u = u.astype(b.dtype)
-      later = utils.cast(momentum, b.dtype) * b + utils.cast(1 - dampening, b.dtype) * u
-      return jnp.where(first, u, later)
-
-    trace = jax.tree.map(step, state.trace, updates)
-    if nesterov:
-      out = jax.tree.map(lambda b, u: (u + utils.cast(momentum, b.dtype) * b).astype(u.dtype),
-                         trace, updates)
-    else:
-      out = jax.tree.map(lambda b, u: b.astype(u.dtype), trace, updates)
-    return out, DampenedTraceState(optax.safe_int32_increment(state.count), trace)
-
-  return GradientTransformation(init_fn, update_fn)
-
-
-def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
-  """PyTorch's checks of ``momentum``, ``dampening`` and ``nesterov``."""
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-  if nesterov and (utils.is_const(momentum, 0)
-                   or (v.is_constant(dampening) and not utils.is_const(dampening, 0))):
-    raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
-                     f"(as in PyTorch), got momentum={momentum!r}, dampening={dampening!r}.")
-
-
 @v.mxnet_names
 def sgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     momentum: float = 0.0,
     lazy_update: bool = False,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -290,8 +97,8 @@ def sgd(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  lazy_update = base.check_flag("lazy_update", lazy_update)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  lazy_update = v.check_flag("lazy_update", lazy_update)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   if lazy_update and multi_precision:
     raise ValueError(
         "lazy_update: sgd takes lazy_update=True or multi_precision=True, not both, as "
@@ -299,7 +106,7 @@ def sgd(
         "or bfloat16 params; for float32 master weights pass lazy_update=False (adam "
         "takes both, on dense gradients).")
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum)]
+  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum)]
   return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -310,11 +117,11 @@ def sgd(
 @v.mxnet_names
 def nag(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     momentum: float = 0.9,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -365,9 +172,10 @@ def nag(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum, nesterov=True)]
+  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum,
+                                                        nesterov=True)]
   return base.finish(parts, "nag", multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -446,12 +254,12 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
 @v.mxnet_names
 def dcasgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     momentum: float = 0.0,
     lamda: float = 0.04,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -504,10 +312,10 @@ def dcasgd(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("lamda", lamda, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [add_delay_compensation(lamda), *base.lr_mult_part(lr_mult),
-            mxnet_momentum(learning_rate, momentum)]
+            mxnet_momentum(learning_rate, momentum=momentum)]
   return base.finish(parts, "dcasgd", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
@@ -563,8 +371,8 @@ def _initial_key(key: Any) -> jax.Array:
 
 def add_langevin_noise(
     learning_rate: optax.ScalarOrSchedule,
-    key: Any = 0,
     *,
+    key: Any = 0,
     multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
 ) -> GradientTransformation:
@@ -645,10 +453,10 @@ def add_langevin_noise(
 @v.mxnet_names
 def sgld(
     learning_rate: optax.ScalarOrSchedule = 0.1,
+    *,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -709,7 +517,7 @@ def sgld(
   >>> import jax.numpy as jnp
   >>> import optax
   >>> import lars_optax
-  >>> tx = lars_optax.sgld(learning_rate=1e-3, key=42)
+  >>> tx = lars_optax.mxnet.sgld(learning_rate=1e-3, key=42)
   >>> params = {"w": jnp.zeros(3)}
   >>> state = tx.init(params)
   >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
@@ -722,11 +530,11 @@ def sgld(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_key("key", key)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [optax.scale(0.5), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult),
-            add_langevin_noise(learning_rate, key, multipliers=lr_mult, arg_name="lr_mult")]
+            add_langevin_noise(learning_rate, key=key, multipliers=lr_mult, arg_name="lr_mult")]
   return base.finish(parts, "sgld", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,

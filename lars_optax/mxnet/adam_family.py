@@ -29,13 +29,13 @@ equivalent (MXNet places epsilon outside the bias correction, so
 Each optimizer takes MXNet's argument names and defaults and the MXNet
 optimizer-base arguments (``wd``, ``rescale_grad``, ``clip_gradient``, per-leaf
 ``lr_mult`` and ``wd_mult``, ``multi_precision``, ``begin_num_update``), as
-:func:`lars_optax.adam` does, and :func:`lars_optax.create` builds each by its
+:func:`lars_optax.mxnet.adam` does, and :func:`lars_optax.mxnet.create` builds each by its
 MXNet name:
 
 >>> import jax.numpy as jnp
 >>> import optax
 >>> import lars_optax
->>> tx = lars_optax.create("adamw", learning_rate=1e-3, wd=0.01)
+>>> tx = lars_optax.mxnet.create("adamw", learning_rate=1e-3, wd=0.01)
 >>> params = {"w": jnp.ones(3)}
 >>> state = tx.init(params)
 >>> updates, state = tx.update({"w": jnp.ones(3)}, state, params)
@@ -88,9 +88,9 @@ __all__ = [
 
 def scale_by_mxnet_adam(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-8,
-    *,
     initial_count: int = 0,
 ) -> GradientTransformation:
   r"""Adam's scaling with epsilon outside the bias correction (MXNet's rule).
@@ -204,6 +204,7 @@ class ScaleByBiasCorrectionState(NamedTuple):
 
 def scale_by_adam_moments(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-8,
 ) -> GradientTransformation:
@@ -216,7 +217,7 @@ def scale_by_adam_moments(
     \text{update} = \frac{m_t}{\sqrt{v_t} + \epsilon}
 
   Followed by :func:`scale_by_bias_correction` it is
-  :func:`lars_optax.scale_by_mxnet_adam`; :func:`adamw` puts the decoupled
+  :func:`lars_optax.mxnet.scale_by_mxnet_adam`; :func:`adamw` puts the decoupled
   weight decay between the two, as MXNet's ``adamw_update`` does. ``m`` and
   ``v`` keep the params' dtypes; the division is done in float32 or wider,
   and a zero denominator gives a zero update.
@@ -276,6 +277,7 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
 
 def scale_by_mxnet_adamax(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-8,
 ) -> GradientTransformation:
@@ -320,6 +322,7 @@ def scale_by_mxnet_adamax(
 
 def scale_by_mxnet_belief(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-6,
 ) -> GradientTransformation:
@@ -368,8 +371,8 @@ def _check_count(name: str, value: Any) -> None:
 
 def scale_by_bias_correction(
     b1: float = 0.9,
-    b2: float | None = 0.999,
     *,
+    b2: float | None = 0.999,
     initial_count: int = 0,
 ) -> GradientTransformation:
   r"""Multiplies the updates by Adam's bias correction, as MXNet applies it.
@@ -456,10 +459,10 @@ def _scalar_dtype(params: Any) -> Any:
 
 def scale_by_mxnet_nadam(
     b1: float = 0.9,
+    *,
     b2: float = 0.999,
     eps: float = 1e-8,
     schedule_decay: float = 0.004,
-    *,
     initial_count: int = 0,
 ) -> GradientTransformation:
   r"""Nadam's scaling as MXNet computes it, with the warming momentum schedule.
@@ -566,10 +569,10 @@ class ScaleByFTMLState(NamedTuple):
 
 def scale_by_ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
+    *,
     b1: float = 0.6,
     b2: float = 0.999,
     eps: float = 1e-8,
-    *,
     lr_mult: masks.LeafValues = None,
     initial_count: int = 0,
 ) -> GradientTransformation:
@@ -684,6 +687,7 @@ def _hyperparams(learning_rate, wd, rescale_grad):
 @v.mxnet_names
 def adam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-8,
@@ -691,7 +695,6 @@ def adam(
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
     lazy_update: bool = False,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -711,7 +714,7 @@ def adam(
   :math:`\sqrt{\hat v_t}` as in :func:`optax.adam`, and ``wd`` is coupled (L2,
   as in MXNet; not AdamW). With ``lazy_update=True`` only the rows (axis 0)
   with a non-zero gradient entry update :math:`w`, :math:`m` and :math:`v`
-  (:func:`lars_optax.lazy_update`); :math:`t` counts every step.
+  (:func:`lars_optax.sparse.lazy_update`); :math:`t` counts every step.
 
   The chain is ``scale(s), clip(c), add_decayed_weights_per_leaf(wd),
   scale_by_mxnet_adam(beta1, beta2, epsilon),
@@ -752,12 +755,12 @@ def adam(
   v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
-  lazy_update = base.check_flag("lazy_update", lazy_update)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  lazy_update = v.check_flag("lazy_update", lazy_update)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
                 why=v.COUNT_WHY)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adam(beta1, beta2, epsilon, initial_count=begin_num_update),
+  parts += [scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
@@ -769,6 +772,7 @@ def adam(
 @v.mxnet_names
 def adamw(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-6,
@@ -776,7 +780,6 @@ def adamw(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -837,15 +840,15 @@ def adamw(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_betas(beta1, beta2, epsilon)
-  correct_bias = base.check_flag("correct_bias", correct_bias)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  correct_bias = v.check_flag("correct_bias", correct_bias)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts.append(scale_by_adam_moments(beta1, beta2, epsilon))
+  parts.append(scale_by_adam_moments(beta1, b2=beta2, eps=epsilon))
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, wd_mult, arg_name="wd_mult"))
+    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
   if correct_bias:
-    parts.append(scale_by_bias_correction(beta1, beta2, initial_count=begin_num_update))
+    parts.append(scale_by_bias_correction(beta1, b2=beta2, initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamw", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -855,13 +858,13 @@ def adamw(
 @v.mxnet_names
 def adamax(
     learning_rate: optax.ScalarOrSchedule = 0.002,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-8,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -908,11 +911,11 @@ def adamax(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_betas(beta1, beta2, epsilon)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adamax(beta1, beta2, epsilon),
-            scale_by_bias_correction(beta1, None, initial_count=begin_num_update),
+  parts += [scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
+            scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamax", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -922,6 +925,7 @@ def adamax(
 @v.mxnet_names
 def nadam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-8,
@@ -929,7 +933,6 @@ def nadam(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -985,10 +988,10 @@ def nadam(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_betas(beta1, beta2, epsilon)
   v.check_scalar("schedule_decay", schedule_decay, low=0.0)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_nadam(beta1, beta2, epsilon, schedule_decay,
+  parts += [scale_by_mxnet_nadam(beta1, b2=beta2, eps=epsilon, schedule_decay=schedule_decay,
                                  initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "nadam", multi_precision=multi_precision,
@@ -999,6 +1002,7 @@ def nadam(
 @v.mxnet_names
 def adabelief(
     learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
     beta1: float = 0.9,
     beta2: float = 0.999,
     epsilon: float = 1e-6,
@@ -1006,7 +1010,6 @@ def adabelief(
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -1056,14 +1059,14 @@ def adabelief(
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_betas(beta1, beta2, epsilon)
-  correct_bias = base.check_flag("correct_bias", correct_bias)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  correct_bias = v.check_flag("correct_bias", correct_bias)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, None, wd, wd_mult)
   parts += base.preprocess(1.0, clip_gradient, 0.0, None)
-  parts.append(scale_by_mxnet_belief(beta1, beta2, epsilon))
+  parts.append(scale_by_mxnet_belief(beta1, b2=beta2, eps=epsilon))
   if correct_bias:
-    parts.append(scale_by_bias_correction(beta1, beta2, initial_count=begin_num_update))
+    parts.append(scale_by_bias_correction(beta1, b2=beta2, initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adabelief", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -1073,13 +1076,13 @@ def adabelief(
 @v.mxnet_names
 def ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
+    *,
     beta1: float = 0.6,
     beta2: float = 0.999,
     epsilon: float = 1e-8,
     wd: float = 0.0,
     rescale_grad: float = 1.0,
     clip_gradient: float | None = None,
-    *,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -1131,10 +1134,10 @@ def ftml(
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
   _check_ftml_learning_rate(learning_rate)
   _check_betas(beta1, beta2, epsilon)
-  multi_precision = base.check_flag("multi_precision", multi_precision)
+  multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts.append(scale_by_ftml(learning_rate, beta1, beta2, epsilon, lr_mult=lr_mult,
+  parts.append(scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon, lr_mult=lr_mult,
                              initial_count=begin_num_update))
   return base.finish(parts, "ftml", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],

@@ -9,11 +9,11 @@ called once per update, in order; these keep none. Each is a closed form of
 
 >>> import jax.numpy as jnp
 >>> import lars_optax
->>> sched = lars_optax.schedules.PolyScheduler(max_update=1000, base_lr=0.1, pwr=2,
+>>> sched = lars_optax.mxnet.lr_scheduler.PolyScheduler(max_update=1000, base_lr=0.1, pwr=2,
 ...                                            warmup_steps=100)
 >>> [round(float(sched(n)), 6) for n in (1, 50, 100, 550, 1000, 2000)]
 [0.001, 0.05, 0.1, 0.025, 0.0, 0.0]
->>> tx = lars_optax.create("lars", learning_rate=0.1, momentum=0.9, lr_scheduler=sched)
+>>> tx = lars_optax.mxnet.create("lars", learning_rate=0.1, momentum=0.9, lr_scheduler=sched)
 >>> tx = lars_optax.lars(learning_rate=sched.as_optax(), momentum=0.9)  # the same rates
 >>> float(sched.as_optax()(jnp.int32(99)))  # optax's count 99 is MXNet's update 100
 0.10000000149011612
@@ -441,5 +441,5 @@ def to_optax(scheduler: _Scheduler) -> Callable[[Any], jax.Array]:
   if not isinstance(scheduler, _Scheduler):
     raise TypeError(f"scheduler: expected one of this module's schedulers, got "
                     f"{type(scheduler).__name__} (wrap another MXNet-style callable with "
-                    "lars_optax.mxnet_schedule).")
+                    "lars_optax.mxnet.mxnet_schedule).")
   return scheduler.as_optax()

@@ -22,7 +22,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax import sparse as _sparse
+from lars_optax.sparse import _checks, _lazy_step, _rows
 
 __all__ = ["lazy_update", "present_rows"]
 
@@ -43,8 +43,8 @@ def present_rows(grad: jax.Array) -> jax.Array:
 def _check_rows(tree: Any, where: str, what: str = "parameter") -> None:
   # A row-sparse gradient is judged by its values (its other children, such as
   # the indices' digest, are not rows).
-  tree = jax.tree.map(lambda g: g.data if _sparse.is_row_sparse(g) else g, tree,
-                      is_leaf=_sparse.is_row_sparse)
+  tree = jax.tree.map(lambda g: g.data if _rows.is_row_sparse(g) else g, tree,
+                      is_leaf=_rows.is_row_sparse)
   for name, leaf in masks.named_leaves(tree):
     if np.ndim(leaf) == 0:
       raise ValueError(
@@ -99,8 +99,8 @@ def lazy_update(inner: GradientTransformation, *,
   state leaf and says how buffers are found.
 
   Example: MXNet's ``Adam(lazy_update=True)`` is
-  ``lazy_update(lars_optax.adam(...))``, and the wrapper works the same way
-  around :func:`lars_optax.sgd`, :func:`lars_optax.signum` or any optax
+  ``lazy_update(lars_optax.mxnet.adam(...))``, and the wrapper works the same way
+  around :func:`lars_optax.mxnet.sgd`, :func:`lars_optax.signum` or any optax
   transformation.
 
   Args:
@@ -134,8 +134,8 @@ def lazy_update(inner: GradientTransformation, *,
     return rows
 
   def update_fn(updates, state, params=None, **extra_args):
-    if any(_sparse.is_row_sparse(g)
-           for g in jax.tree.leaves(updates, is_leaf=_sparse.is_row_sparse)):
+    if any(_rows.is_row_sparse(g)
+           for g in jax.tree.leaves(updates, is_leaf=_rows.is_row_sparse)):
       return _sparse_update(updates, state, params, extra_args)
     params = v.align_params(updates, params)
     if params is not None:
@@ -150,7 +150,7 @@ def lazy_update(inner: GradientTransformation, *,
     shapes = [np.shape(g) for g in flat_g]
 
     def subtrees(node):
-      return _sparse._params_shaped_leaves(node, treedef, shapes)
+      return _lazy_step.params_shaped_leaves(node, treedef, shapes)
 
     def is_params_like(node):
       return subtrees(node) is not None
@@ -174,7 +174,7 @@ def lazy_update(inner: GradientTransformation, *,
     def dense_step(new, old, grad):
       return _keep_rows(new, old, rows_present([grad])[0])
 
-    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+    return _lazy_step.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
                                       dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
@@ -198,14 +198,14 @@ def on_row_sparse(inner: GradientTransformation, name: str, *,
   inner_tx = optax.with_extra_args_support(inner)
 
   def update_fn(updates, state, params=None, **extra_args):
-    flat, treedef = jax.tree.flatten(updates, is_leaf=_sparse.is_row_sparse)
-    if not any(_sparse.is_row_sparse(g) for g in flat):
+    flat, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
+    if not any(_rows.is_row_sparse(g) for g in flat):
       return inner_tx.update(updates, state, params, **extra_args)
     _check_rows(updates, name, "gradient")
     if check is not None:
-      check([n for n, g in zip(_sparse._leaf_names(treedef), flat)
-             if _sparse.is_row_sparse(g)], params)
-    return _sparse.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
+      check([n for n, g in zip(_checks.leaf_names_of(treedef), flat)
+             if _rows.is_row_sparse(g)], params)
+    return _lazy_step.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
                                       lambda new, old, grad: new, name)
 
   return GradientTransformationExtraArgs(inner_tx.init, update_fn)

@@ -1,0 +1,772 @@
+r"""Ports from other libraries: one constructor per peer, in the peer's own words.
+
+Each constructor takes the peer's own argument names and defaults, so a port
+is the peer's call with its prefix changed, and each is a short
+``optax.chain`` of the library's public links. Every one is checked against
+the peer's own code (``tests/reference/make_peers.py`` and
+``make_peers_tf.py`` ran the peers; docs/porting.md lists the measured error
+of each, with a constant rate and with a warm-up schedule):
+
+* :func:`timm_lars`, :func:`timm_lamb` -- timm's ``Lars`` and ``Lamb``
+  classes (one parameter group); :func:`timm_optimizer` --
+  ``create_optimizer_v2``, with timm's no-decay group, for ``"lars"``,
+  ``"larc"``, ``"nlars"``, ``"nlarc"``, ``"lamb"``, ``"lambc"``, ``"lambw"``,
+  ``"clamb"`` and ``"cadamw"``;
+* :func:`torch_sparse_adam` -- ``torch.optim.SparseAdam``;
+* :func:`keras_lamb` -- ``keras.optimizers.Lamb`` (Keras 3);
+* :func:`optax_lars`, :func:`optax_lamb` -- ``optax.lars`` and ``optax.lamb``
+  (the same numbers, with ``stacked``, ``axis_name``, ``lr_mult`` and the
+  ratio logging of :func:`lars_optax.trust_ratios`);
+* :func:`byol_lars` -- BYOL's ``lars``; :func:`simclr_lars` -- SimCLR's
+  ``LARSOptimizer``; :func:`albert_lamb` -- ALBERT's ``LAMBOptimizer``.
+
+Besides the peer's arguments each takes the library's shared keyword-only
+options (``lr_mult``, ``multi_precision``, ``axis_name``, ``stacked``; see
+docs/optimizers.md's common arguments).
+
+>>> import lars_optax
+>>> tx = lars_optax.porting.timm_optimizer("lars", lr=0.1, weight_decay=1e-4, momentum=0.9)
+>>> tx = lars_optax.porting.optax_lars(0.1, weight_decay=1e-4, momentum=0.9)
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _mxnet_base as base
+from lars_optax import _utils as utils
+from lars_optax import _validation as v
+from lars_optax import masks
+from lars_optax import stacked as stacked_mod
+from lars_optax.layerwise import (
+    scale_by_lamb_adam,
+    scale_by_lamb_trust_ratio,
+    scale_by_lars_trust_ratio,
+)
+from lars_optax.momentum import check_torch_momentum, dampened_trace, mxnet_momentum
+from lars_optax.mxnet.adam_family import adam as _mxnet_adam
+from lars_optax.sparse.optax_compat import clip_by_global_norm
+from lars_optax.transforms import (
+    add_decayed_weights_per_leaf,
+    add_decoupled_weight_decay,
+    scale_by_caution,
+)
+
+__all__ = [
+    "albert_lamb",
+    "byol_lars",
+    "keras_lamb",
+    "optax_lamb",
+    "optax_lars",
+    "simclr_lars",
+    "timm_lamb",
+    "timm_lars",
+    "timm_optimizer",
+    "torch_sparse_adam",
+]
+
+Shared = dict[str, Any]
+
+
+# --------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------
+
+
+def _shared(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
+            stacked: Any) -> Shared:
+  """The library's shared options, checked where they enter."""
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  stacked_mod.check_stacked(stacked)
+  return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
+          "multi_precision": v.check_flag("multi_precision", multi_precision)}
+
+
+def _lr_mult(opts: Shared) -> list:
+  return base.lr_mult_part(opts["lr_mult"], opts["stacked"])
+
+
+def _finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
+            learning_rate: Any = None, lr_mult: bool = True) -> GradientTransformationExtraArgs:
+  """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
+  around; warn for stacks."""
+  tx = base.finish([*parts, *(_lr_mult(opts) if lr_mult else [])], name,
+                   multi_precision=opts["multi_precision"],
+                   names=[(arg, mask, None) for arg, mask in exempt],
+                   leaf_values=[("lr_mult", opts["lr_mult"])],
+                   hyperparams=base.hyperparams(learning_rate=learning_rate))
+  return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
+
+
+def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared) -> list:
+  """``u + weight_decay * w``, none on the ``exempt`` leaves; nothing for 0."""
+  if utils.is_const(weight_decay, 0):
+    return []
+  rules = None if exempt is None else [(exempt, 0.0)]
+  return [add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name="exempt",
+                                       stacked=opts["stacked"])]
+
+
+def _torch_momentum(lr: Any, momentum: Any, dampening: Any,
+                    nesterov: bool) -> list[GradientTransformation]:
+  """PyTorch's SGD tail: a buffer of the steps (first step undamped), then the rate."""
+  if utils.is_const(momentum, 0):
+    trace: list[GradientTransformation] = []
+  elif utils.is_const(dampening, 0):
+    trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
+  else:
+    trace = [dampened_trace(momentum, dampening=dampening, nesterov=nesterov)]
+  return [*trace, base.learning_rate_part(lr)]
+
+
+def _optax_mask(mask: Any, arg_name: str) -> masks.MaskLike:
+  """An optax mask (True = apply) as the leaves to exempt (True = exempt)."""
+  if mask is None or mask is True:
+    return None
+  if mask is False:
+    return lambda params: jax.tree.map(lambda _: True, params)
+  if callable(mask):
+    return lambda params: jax.tree.map(lambda m: not bool(m), mask(params))
+  masks.check_mask_like(mask, arg_name)
+  return jax.tree.map(lambda m: not bool(m), mask)
+
+
+def _regexes(arg_name: str, patterns: Iterable[str] | None) -> masks.Mask | None:
+  """TF's exclude lists: leaves whose name any pattern is found in (``re.search``)."""
+  if not patterns:
+    return None
+  if isinstance(patterns, str):
+    raise TypeError(f"{arg_name}: expected a list of regular expressions, got the string "
+                    f"{patterns!r}; pass [{patterns!r}].")
+  patterns = list(patterns)
+  for p in patterns:
+    if not isinstance(p, str):
+      raise TypeError(f"{arg_name}: expected strings, got {p!r}.")
+    try:
+      re.compile(p)
+    except re.error as e:
+      raise ValueError(f"{arg_name}: not a valid regular expression: {p!r} ({e})") from e
+  return masks.by_regex("|".join(f"(?:{p})" for p in patterns)).optional()
+
+
+def _betas(arg_name: str, betas: Any) -> tuple[Any, Any]:
+  if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+    raise TypeError(f"{arg_name}: expected a pair (beta1, beta2), got {betas!r}.")
+  for i, b in enumerate(betas):
+    v.check_scalar(f"{arg_name}[{i}]", b, low=0.0, high=1.0, high_open=True)
+  return betas[0], betas[1]
+
+
+# --------------------------------------------------------------------------
+# timm
+# --------------------------------------------------------------------------
+
+
+def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_decay: Any,
+               nesterov: bool, trust_coeff: Any, eps: Any, trust_clip: bool,
+               always_adapt: bool, no_decay: masks.MaskLike, opts: Shared):
+  v.check_learning_rate("lr", lr)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("trust_coeff", trust_coeff, low=0.0)
+  v.check_scalar("eps", eps, low=0.0)
+  check_torch_momentum(momentum, dampening, nesterov)
+  trust_clip = v.check_flag("trust_clip", trust_clip)
+  always_adapt = v.check_flag("always_adapt", always_adapt)
+  decay_mult = None if no_decay is None else [(no_decay, 0.0)]
+  parts: list = []
+  if always_adapt or not utils.is_const(weight_decay, 0):
+    # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
+    decay = _decay(weight_decay, no_decay, opts)
+    parts.append(scale_by_lars_trust_ratio(
+        optax.chain(*decay) if decay else None, eta=trust_coeff,
+        ratio_weight_decay=weight_decay, epsilon=eps, skip=None if always_adapt else no_decay,
+        wd_mult=decay_mult, axis_name=opts["axis_name"], stacked=opts["stacked"],
+        larc_learning_rate=lr if trust_clip else None))
+  parts += _torch_momentum(lr, momentum, dampening, nesterov)
+  return _finish(parts, name, opts, exempt=[("no_decay", no_decay)], learning_rate=lr)
+
+
+def timm_lars(
+    lr: optax.ScalarOrSchedule = 1.0,
+    *,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    trust_coeff: float = 0.001,
+    eps: float = 1e-8,
+    trust_clip: bool = False,
+    always_adapt: bool = False,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""timm's ``Lars(params, lr, momentum, ...)``: one parameter group, timm's defaults.
+
+  Per leaf, when ``weight_decay != 0`` or ``always_adapt``:
+  :math:`\rho = \eta\|w\| / (\|g\| + \lambda\|w\| + \epsilon)` (1 when a norm is 0),
+  with LARC's clip :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)` under
+  ``trust_clip``; :math:`u = \rho(g + \lambda w)`. Then PyTorch's SGD:
+  :math:`b_t = \mu b_{t-1} + (1 - d) u` (the first step :math:`b_1 = u`),
+  :math:`w_t = w_{t-1} - \alpha_t b_t` (Nesterov: :math:`u + \mu b_t`). With
+  ``weight_decay == 0`` and no ``always_adapt`` there is no ratio at all:
+  ``timm_lars(lr=0.1, momentum=0.9)`` is plain SGD with momentum, as in timm.
+
+  The chain: :func:`~lars_optax.scale_by_lars_trust_ratio` (decay inside,
+  ``trust_clip=lr``), a momentum trace (:func:`~lars_optax.dampened_trace`
+  with dampening), :func:`optax.scale_by_learning_rate`.
+
+  Args:
+    lr: the learning rate, a scalar or an optax schedule.
+    momentum, dampening, weight_decay, nesterov, trust_coeff, eps, trust_clip,
+      always_adapt: timm's, with timm's defaults.
+    lr_mult, multi_precision, axis_name, stacked: the shared options.
+
+  References:
+    timm ``timm.optim.Lars``; You, Gitman and Ginsburg, `Large Batch Training
+    of Convolutional Networks <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  return _timm_lars("timm_lars", lr, momentum=momentum, dampening=dampening,
+                    weight_decay=weight_decay, nesterov=nesterov, trust_coeff=trust_coeff,
+                    eps=eps, trust_clip=trust_clip, always_adapt=always_adapt, no_decay=None,
+                    opts=_shared(lr_mult, multi_precision, axis_name, stacked))
+
+
+def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: Any,
+               weight_decay: Any, grad_averaging: bool, max_grad_norm: Any, trust_clip: bool,
+               always_adapt: bool, caution: bool, decoupled_decay: bool,
+               no_decay: masks.MaskLike, opts: Shared):
+  v.check_learning_rate("lr", lr)
+  b1, b2 = _betas("betas", betas)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  if max_grad_norm is not None:
+    v.check_scalar("max_grad_norm", max_grad_norm, low=0.0, low_open=True)
+  flags = {k: v.check_flag(k, x) for k, x in (
+      ("bias_correction", bias_correction), ("grad_averaging", grad_averaging),
+      ("trust_clip", trust_clip), ("always_adapt", always_adapt), ("caution", caution),
+      ("decoupled_decay", decoupled_decay))}
+  direction: GradientTransformation = scale_by_lamb_adam(
+      b1, b2=b2, eps=eps, bias_correction=flags["bias_correction"],
+      grad_averaging=flags["grad_averaging"])
+  if flags["caution"]:
+    direction = scale_by_caution(direction, stacked=opts["stacked"])
+  decays = not utils.is_const(weight_decay, 0)
+  step = [direction]
+  if not flags["decoupled_decay"]:
+    step += _decay(weight_decay, no_decay, opts)
+  if flags["always_adapt"] or decays:
+    step.append(scale_by_lamb_trust_ratio(
+        skip=None if flags["always_adapt"] else no_decay, axis_name=opts["axis_name"],
+        stacked=opts["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
+  step += [base.learning_rate_part(lr), *_lr_mult(opts)]
+  parts = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm)]
+  if decays and flags["decoupled_decay"]:
+    parts.append(add_decoupled_weight_decay(
+        optax.chain(*step), learning_rate=lr, weight_decay=weight_decay,
+        wd_mult=None if no_decay is None else [(no_decay, 0.0)], lr_mult=opts["lr_mult"],
+        stacked=opts["stacked"]))
+  else:
+    parts += step
+  return _finish(parts, name, opts, exempt=[("no_decay", no_decay)], learning_rate=lr,
+                 lr_mult=False)
+
+
+def timm_lamb(
+    lr: optax.ScalarOrSchedule = 1e-3,
+    *,
+    bias_correction: bool = True,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    weight_decay: float = 0.01,
+    grad_averaging: bool = True,
+    max_grad_norm: float | None = 1.0,
+    trust_clip: bool = False,
+    always_adapt: bool = False,
+    caution: bool = False,
+    decoupled_decay: bool = False,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""timm's ``Lamb(params, lr, ...)``: one parameter group, timm's defaults.
+
+  The global gradient norm is clipped to ``max_grad_norm`` first. Then Adam's
+  direction :math:`d = \hat m / (\sqrt{\hat v} + \epsilon)` (bias-corrected by
+  default; without ``grad_averaging`` the first moment adds the whole
+  gradient), masked by ``caution`` as in C-Optim; :math:`u = d + \lambda w`
+  (``decoupled_decay``: :math:`w \leftarrow (1 - \alpha_t\lambda) w` before
+  the step instead); when ``weight_decay != 0`` or ``always_adapt``,
+  :math:`u \leftarrow \rho u` with :math:`\rho = \|w\| / \|u\|` (1 when a norm
+  is 0; at most 1 under ``trust_clip``); :math:`w \leftarrow w - \alpha_t u`.
+
+  Args:
+    lr: the learning rate, a scalar or an optax schedule.
+    bias_correction, betas, eps, weight_decay, grad_averaging, max_grad_norm,
+      trust_clip, always_adapt, caution, decoupled_decay: timm's, with timm's
+      defaults (``max_grad_norm=None``: no global clip).
+    lr_mult, multi_precision, axis_name, stacked: the shared options.
+
+  References:
+    timm ``timm.optim.Lamb``; You et al., `Large Batch Optimization for Deep
+    Learning: Training BERT in 76 minutes <https://arxiv.org/abs/1904.00962>`_,
+    2019.
+  """
+  return _timm_lamb("timm_lamb", lr, bias_correction=bias_correction, betas=betas, eps=eps,
+                    weight_decay=weight_decay, grad_averaging=grad_averaging,
+                    max_grad_norm=max_grad_norm, trust_clip=trust_clip,
+                    always_adapt=always_adapt, caution=caution,
+                    decoupled_decay=decoupled_decay, no_decay=None,
+                    opts=_shared(lr_mult, multi_precision, axis_name, stacked))
+
+
+def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
+  """timm's no-decay group: ``ndim <= 1``, a leaf named ``bias``, or a listed name."""
+  if isinstance(no_weight_decay, str):
+    raise TypeError(f"no_weight_decay: expected a list of names, got the string "
+                    f"{no_weight_decay!r}; pass [{no_weight_decay!r}].")
+  listed = {str(n).replace(".", "/") for n in no_weight_decay}
+
+  def test(name: str, leaf: Any) -> bool:
+    return (np.ndim(leaf) <= 1 or name.rsplit("/", 1)[-1] == "bias"
+            or name in listed)
+
+  return masks.by_predicate(test, description="timm's no-decay group (ndim <= 1, *bias, "
+                                              "no_weight_decay)")
+
+
+_TIMM_LARS = {"lars": {}, "larc": {"trust_clip": True}, "nlars": {"nesterov": True},
+              "nlarc": {"nesterov": True, "trust_clip": True}}
+_TIMM_LAMB = {"lamb": {}, "lambc": {"trust_clip": True}, "lambw": {"decoupled_decay": True},
+              "clamb": {"caution": True}}
+_TIMM_NAMES = (*_TIMM_LARS, *_TIMM_LAMB, "cadamw")
+
+
+def timm_optimizer(
+    opt: str,
+    *,
+    lr: optax.ScalarOrSchedule | None = None,
+    weight_decay: float = 0.0,
+    momentum: float = 0.9,
+    filter_bias_and_bn: bool = True,
+    no_weight_decay: Iterable[str] = (),
+    **kwargs: Any,
+) -> GradientTransformationExtraArgs:
+  r"""timm's ``create_optimizer_v2(model, opt, lr, weight_decay, momentum, ...)``.
+
+  ``opt`` is one of ``"lars"``, ``"larc"``, ``"nlars"``, ``"nlarc"`` (timm's
+  ``Lars``, with ``trust_clip`` and ``nesterov`` as their names say),
+  ``"lamb"``, ``"lambc"``, ``"lambw"``, ``"clamb"`` (``Lamb`` with
+  ``trust_clip``, ``decoupled_decay``, ``caution``) and ``"cadamw"``
+  (``AdamW`` with ``caution``). As in timm, with ``weight_decay`` and
+  ``filter_bias_and_bn`` the leaves of ``ndim <= 1``, the leaves named
+  ``bias`` and those named in ``no_weight_decay`` (the names of the
+  model's ``no_weight_decay()``, as leaf names; ``.`` reads as ``/``) form a
+  group with ``weight_decay=0``, which under LARS and LAMB also gets no trust
+  ratio (unless ``always_adapt=True``). ``momentum`` goes to the LARS
+  optimizers only, as timm passes it; other keywords (``trust_coeff``,
+  ``eps``, ``betas``, ``max_grad_norm``, ...) go to the optimizer's class,
+  whose defaults apply otherwise (``lr=None`` too).
+
+  >>> import lars_optax
+  >>> tx = lars_optax.porting.timm_optimizer("lamb", lr=2e-3, weight_decay=0.01)
+
+  References:
+    timm ``timm.optim.create_optimizer_v2``, ``param_groups_weight_decay``.
+  """
+  if not isinstance(opt, str) or opt.lower() not in _TIMM_NAMES:
+    raise ValueError(f"opt: expected one of {', '.join(_TIMM_NAMES)}, got {opt!r}.")
+  opt = opt.lower()
+  filter_bias_and_bn = v.check_flag("filter_bias_and_bn", filter_bias_and_bn)
+  no_decay = (_timm_no_decay(no_weight_decay)
+              if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
+  shared = {k: kwargs.pop(k) for k in ("lr_mult", "multi_precision", "axis_name", "stacked")
+            if k in kwargs}
+  opts = _shared(shared.get("lr_mult"), shared.get("multi_precision", False),
+                 shared.get("axis_name"), shared.get("stacked", stacked_mod.FROM_METADATA))
+  if opt == "cadamw":
+    return _timm_cadamw(lr, weight_decay, no_decay, kwargs, opts)
+  family, make, defaults = ((_TIMM_LARS, _timm_lars, timm_lars) if opt in _TIMM_LARS
+                            else (_TIMM_LAMB, _timm_lamb, timm_lamb))
+  own = {k: p.default for k, p in _signature(defaults).items()
+         if k not in ("lr", "lr_mult", "multi_precision", "axis_name", "stacked")}
+  unknown = set(kwargs) - set(own)
+  if unknown:
+    raise TypeError(f"{sorted(unknown)[0]}: timm's {opt!r} optimizer takes no such "
+                    f"argument; it takes {', '.join(sorted(own))}.")
+  args = {**own, **kwargs, **family[opt], "weight_decay": weight_decay}
+  if family is _TIMM_LARS:
+    args["momentum"] = momentum
+  return make(f"timm_{opt}", _signature(defaults)["lr"].default if lr is None else lr,
+              no_decay=no_decay, opts=opts, **args)
+
+
+def _signature(fn: Callable[..., Any]) -> dict[str, Any]:
+  return dict(inspect.signature(fn).parameters)
+
+
+def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,
+                 opts: Shared) -> GradientTransformationExtraArgs:
+  """timm's ``AdamW(caution=True)``: optax's AdamW step with a cautious direction."""
+  betas = kwargs.pop("betas", (0.9, 0.999))
+  eps = kwargs.pop("eps", 1e-8)
+  if kwargs:
+    raise TypeError(f"{sorted(kwargs)[0]}: timm's 'cadamw' optimizer takes no such "
+                    "argument; it takes betas, eps.")
+  lr = 1e-3 if lr is None else lr
+  v.check_learning_rate("lr", lr)
+  b1, b2 = _betas("betas", betas)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  parts = [scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), stacked=opts["stacked"]),
+           *_decay(weight_decay, no_decay, opts), base.learning_rate_part(lr)]
+  return _finish(parts, "timm_cadamw", opts, exempt=[("no_decay", no_decay)],
+                 learning_rate=lr)
+
+
+# --------------------------------------------------------------------------
+# torch.optim, Keras
+# --------------------------------------------------------------------------
+
+
+def torch_sparse_adam(
+    lr: optax.ScalarOrSchedule = 1e-3,
+    *,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+) -> optax.GradientTransformation:
+  r"""``torch.optim.SparseAdam(params, lr, betas, eps)``: lazy Adam on row-sparse gradients.
+
+  Only the rows of a row-sparse gradient (:func:`lars_optax.sparse.value_and_grad`)
+  move, and only their moments decay; :math:`\epsilon` is added to
+  :math:`\sqrt{v_t}` before the bias correction, as in PyTorch. It is
+  :func:`lars_optax.mxnet.adam` with ``lazy_update=True`` (MXNet's rule is
+  PyTorch's); dense gradients update the rows whose gradient is not all zero.
+
+  References:
+    PyTorch ``torch.optim.SparseAdam``; Kingma and Ba, `Adam
+    <https://arxiv.org/abs/1412.6980>`_, 2015.
+  """
+  b1, b2 = _betas("betas", betas)
+  return _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True, lr_mult=lr_mult,
+                     multi_precision=multi_precision)
+
+
+def keras_lamb(
+    learning_rate: optax.ScalarOrSchedule = 0.001,
+    *,
+    beta_1: float = 0.9,
+    beta_2: float = 0.999,
+    epsilon: float = 1e-7,
+    weight_decay: float | None = None,
+    exclude_from_weight_decay: Iterable[str] | None = None,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""Keras 3's ``keras.optimizers.Lamb(learning_rate, beta_1, beta_2, epsilon, weight_decay)``.
+
+  Keras decays every variable before the step, :math:`w \leftarrow (1 -
+  \alpha_t\lambda) w`, outside the ratio; then the bias-corrected Adam
+  direction :math:`d` and :math:`w \leftarrow w - \alpha_t\rho d` with
+  :math:`\rho = \|w\| / \|d\|` (1 when a norm is 0), every variable adapted.
+  ``exclude_from_weight_decay`` takes the names of
+  ``optimizer.exclude_from_weight_decay(var_names=...)``: a leaf whose name
+  contains one of them is not decayed.
+
+  References:
+    Keras 3 ``keras.optimizers.Lamb``.
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  if weight_decay is not None:
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
+  exempt = None
+  if exclude_from_weight_decay:
+    if isinstance(exclude_from_weight_decay, str):
+      raise TypeError("exclude_from_weight_decay: expected a list of names, got the string "
+                      f"{exclude_from_weight_decay!r}.")
+    exempt = masks.by_substring(*exclude_from_weight_decay).optional()
+  step = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
+          scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
+          base.learning_rate_part(learning_rate), *_lr_mult(opts)]
+  if weight_decay is None or utils.is_const(weight_decay, 0):
+    parts = step
+  else:
+    parts = [add_decoupled_weight_decay(
+        optax.chain(*step), learning_rate=learning_rate, weight_decay=weight_decay,
+        wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=lr_mult, stacked=stacked)]
+  return _finish(parts, "keras_lamb", opts, learning_rate=learning_rate, lr_mult=False)
+
+
+# --------------------------------------------------------------------------
+# optax
+# --------------------------------------------------------------------------
+
+
+def optax_lars(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = True,
+    trust_coefficient: float = 0.001,
+    eps: float = 0.0,
+    trust_ratio_mask: Any = True,
+    momentum: float = 0.9,
+    nesterov: bool = False,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r""":func:`optax.lars`, with optax's arguments, defaults and masks (True = apply).
+
+  :math:`u = g + \lambda w` on ``weight_decay_mask``'s leaves;
+  :math:`u \leftarrow \rho u` with :math:`\rho = \eta\|w\| / (\|u\| + \epsilon)`
+  (1 when a norm is 0) on ``trust_ratio_mask``'s leaves; then the rate inside
+  the momentum buffer, :math:`m_t = \mu m_{t-1} - \alpha_t u`,
+  :math:`w_t = w_{t-1} + m_t` (Nesterov: :math:`\mu m_t - \alpha_t u`).
+  The same numbers as optax's chain, plus ``stacked``, ``axis_name``,
+  ``lr_mult`` and :func:`lars_optax.trust_ratios`.
+
+  References:
+    optax ``optax.lars``; You, Gitman and Ginsburg, `Large Batch Training of
+    Convolutional Networks <https://arxiv.org/abs/1708.03888>`_, 2017.
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  nesterov = v.check_flag("nesterov", nesterov)
+  no_decay = _optax_mask(weight_decay_mask, "weight_decay_mask")
+  no_ratio = _optax_mask(trust_ratio_mask, "trust_ratio_mask")
+  parts = [*_decay(weight_decay, no_decay, opts),
+           scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps, skip=no_ratio,
+                                     axis_name=axis_name, stacked=stacked),
+           mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
+  return _finish(parts, "optax_lars", opts, learning_rate=learning_rate)
+
+
+def optax_lamb(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+    eps_root: float = 0.0,
+    weight_decay: float = 0.0,
+    mask: Any = None,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r""":func:`optax.lamb`, with optax's arguments, defaults and mask (True = decay).
+
+  Adam's direction :math:`d = \hat m / (\sqrt{\hat v + \epsilon_{root}} + \epsilon)`,
+  :math:`u = d + \lambda w` on ``mask``'s leaves, :math:`u \leftarrow \rho u`
+  with :math:`\rho = \|w\| / \|u\|` (1 when a norm is 0) on every leaf,
+  :math:`w \leftarrow w - \alpha_t u`.
+
+  References:
+    optax ``optax.lamb``; You et al., `Large Batch Optimization for Deep
+    Learning: Training BERT in 76 minutes <https://arxiv.org/abs/1904.00962>`_,
+    2019.
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eps", eps, low=0.0)
+  v.check_scalar("eps_root", eps_root, low=0.0)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  parts = [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
+           *_decay(weight_decay, _optax_mask(mask, "mask"), opts),
+           scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
+           base.learning_rate_part(learning_rate)]
+  return _finish(parts, "optax_lamb", opts, learning_rate=learning_rate)
+
+
+# --------------------------------------------------------------------------
+# BYOL, SimCLR, ALBERT
+# --------------------------------------------------------------------------
+
+
+def _key(entry: Any) -> Any:
+  """A key path entry as dm-tree's paths give it: the dict key, attribute or index."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(entry, attr):
+      return getattr(entry, attr)
+  return entry
+
+
+def _byol_exempt(arg_name: str, filter_fn: Callable[..., Any] | None) -> masks.MaskLike:
+  """BYOL's filter (``fn(path, value)``, True = apply) as the leaves to exempt."""
+  if filter_fn is None:
+    return None
+  if not callable(filter_fn):
+    raise TypeError(f"{arg_name}: expected a function (path, value) -> bool, got "
+                    f"{filter_fn!r}.")
+
+  def exempt(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: not bool(filter_fn(tuple(_key(k) for k in path), x)),
+        params)
+
+  return exempt
+
+
+def byol_lars(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    weight_decay: float = 0.0,
+    momentum: float = 0.9,
+    eta: float = 1e-3,
+    weight_decay_filter: Callable[..., Any] | None = None,
+    lars_adaptation_filter: Callable[..., Any] | None = None,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""BYOL's ``lars(learning_rate, weight_decay, momentum, eta, *_filter)``.
+
+  :math:`u = g + \lambda w` where ``weight_decay_filter(path, w)`` is True;
+  :math:`u \leftarrow \rho u`, :math:`\rho = \eta\|w\| / \|u\|` (1 when a norm
+  is 0) where ``lars_adaptation_filter`` is True; :math:`b_t = \mu b_{t-1} + u`,
+  :math:`w_t = w_{t-1} - \alpha_t b_t`: the rate multiplies the buffer from
+  outside (BYOL's loop rebuilds the optimizer with each step's rate). A
+  filter takes BYOL's arguments, the leaf's path as a tuple of keys and its
+  value; None applies to every leaf, as BYOL's code does.
+
+  References:
+    Grill et al., `Bootstrap Your Own Latent
+    <https://arxiv.org/abs/2006.07733>`_, 2020 (``byol/utils/optimizers.py``).
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("eta", eta, low=0.0)
+  parts = [*_decay(weight_decay, _byol_exempt("weight_decay_filter", weight_decay_filter),
+                   opts),
+           scale_by_lars_trust_ratio(
+               eta=eta, epsilon=0.0, axis_name=axis_name, stacked=stacked,
+               skip=_byol_exempt("lars_adaptation_filter", lars_adaptation_filter)),
+           *_torch_momentum(learning_rate, momentum, 0.0, False)]
+  return _finish(parts, "byol_lars", opts, learning_rate=learning_rate)
+
+
+def simclr_lars(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    momentum: float = 0.9,
+    use_nesterov: bool = False,
+    weight_decay: float = 0.0,
+    exclude_from_weight_decay: Iterable[str] | None = None,
+    exclude_from_layer_adaptation: Iterable[str] | None = None,
+    classic_momentum: bool = True,
+    eeta: float = 0.001,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""SimCLR's ``LARSOptimizer(learning_rate, momentum, ...)``, its TF 2 code.
+
+  :math:`u = g + \lambda w` (but on the leaves whose name a regex of
+  ``exclude_from_weight_decay`` is found in, ``re.search``). With
+  ``classic_momentum`` (the default): :math:`\rho = \eta\|w\| / \|u\|` (1 when
+  a norm is 0; 1 on ``exclude_from_layer_adaptation``'s leaves, which default
+  to ``exclude_from_weight_decay``'s), :math:`m_t = \mu m_{t-1} -
+  \alpha_t\rho u`, :math:`w_t = w_{t-1} + m_t` (the rate inside the buffer).
+  Without: :math:`b_t = \mu b_{t-1} + u`, then the ratio of the buffer's step,
+  :math:`w_t = w_{t-1} - \alpha_t\rho_b b_t`. ``use_nesterov`` looks ahead in
+  either. The regexes are searched in the leaf names
+  (:func:`lars_optax.leaf_names`), not TF's variable names.
+
+  References:
+    Chen et al., `A Simple Framework for Contrastive Learning of Visual
+    Representations <https://arxiv.org/abs/2002.05709>`_, 2020
+    (``simclr/tf2/lars_optimizer.py``).
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_scalar("eeta", eeta, low=0.0)
+  use_nesterov = v.check_flag("use_nesterov", use_nesterov)
+  classic_momentum = v.check_flag("classic_momentum", classic_momentum)
+  no_decay = _regexes("exclude_from_weight_decay", exclude_from_weight_decay)
+  no_ratio = _regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
+  no_ratio = no_decay if no_ratio is None else no_ratio
+  ratio = scale_by_lars_trust_ratio(eta=eeta, epsilon=0.0, skip=no_ratio,
+                                    axis_name=axis_name, stacked=stacked)
+  if classic_momentum:
+    tail = [ratio, mxnet_momentum(learning_rate, momentum=momentum, nesterov=use_nesterov)]
+  else:
+    tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
+            ratio, base.learning_rate_part(learning_rate)]
+  return _finish([*_decay(weight_decay, no_decay, opts), *tail], "simclr_lars", opts,
+                 learning_rate=learning_rate)
+
+
+def albert_lamb(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    weight_decay_rate: float = 0.0,
+    beta_1: float = 0.9,
+    beta_2: float = 0.999,
+    epsilon: float = 1e-6,
+    exclude_from_weight_decay: Iterable[str] | None = None,
+    exclude_from_layer_adaptation: Iterable[str] | None = None,
+    lr_mult: masks.LeafValues = None,
+    multi_precision: bool = False,
+    axis_name: stacked_mod.AxisNameLike = None,
+    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+) -> GradientTransformationExtraArgs:
+  r"""ALBERT's ``LAMBOptimizer(learning_rate, weight_decay_rate, ...)``.
+
+  Adam's direction without bias correction, :math:`d = m_t / (\sqrt{v_t} +
+  \epsilon)`; :math:`u = d + \lambda w` (but on the leaves whose name a regex
+  of ``exclude_from_weight_decay`` is found in); :math:`\rho = \|w\| / \|u\|`
+  (1 when a norm is 0; 1 on ``exclude_from_layer_adaptation``'s leaves, which
+  default to ``exclude_from_weight_decay``'s); :math:`w \leftarrow w -
+  \alpha_t\rho u`.
+
+  References:
+    Lan et al., `ALBERT <https://arxiv.org/abs/1909.11942>`_, 2019
+    (``albert/lamb_optimizer.py``).
+  """
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  v.check_learning_rate("learning_rate", learning_rate)
+  v.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0)
+  v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
+  v.check_scalar("epsilon", epsilon, low=0.0)
+  no_decay = _regexes("exclude_from_weight_decay", exclude_from_weight_decay)
+  no_ratio = _regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
+  no_ratio = no_decay if no_ratio is None else no_ratio
+  parts = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
+           *_decay(weight_decay_rate, no_decay, opts),
+           scale_by_lamb_trust_ratio(skip=no_ratio, axis_name=axis_name, stacked=stacked),
+           base.learning_rate_part(learning_rate)]
+  return _finish(parts, "albert_lamb", opts, learning_rate=learning_rate)

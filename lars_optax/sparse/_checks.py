@@ -1,0 +1,177 @@
+"""Run-time checks of row-sparse leaves (indices in range, the leaf fits its param), with hints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.sparse import BCOO
+
+from lars_optax import masks
+from lars_optax.sparse import _rows
+
+# --------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------
+
+
+# What walks into a BCOO: the likely cause and the replacement, for the errors.
+BEFORE_HINT = (
+    "A generic transformation over the whole gradient tree (optax.clip_by_global_norm, "
+    "optax.clip, optax.scale, optax.MultiSteps, jax.tree.map) walks into a BCOO and "
+    "changes its row indices as if they were values: use "
+    "lars_optax.sparse.clip_by_global_norm, lars_optax.sparse.multi_steps and "
+    "lars_optax.sparse.tree_add (to sum gradient trees), or apply the transformation "
+    "to the dense leaves only (optax.masked).")
+AFTER_HINT = (
+    "A generic transformation after the lazy optimizer (optax.scale, "
+    "optax.scale_by_schedule, ...) or a jax.tree.map over the updates walks into a "
+    "BCOO and changes its row indices as if they were values: put row-wise "
+    "transformations inside the lazy wrapper, e.g. "
+    "lars_optax.sparse.lazy_update(optax.chain(lars_optax.mxnet.adam(lr), optax.scale(0.5))), or "
+    "fold a constant factor into the learning rate.")
+ADDED_HINT = (
+    "jax.tree.map(jnp.add, g1, g2) (and any tree.map over gradient trees, e.g. "
+    "optax.tree.add or a hand-written accumulation) walks into a BCOO and adds the two "
+    "gradients' row indices, so the values would land on other rows: sum gradient trees "
+    "with lars_optax.sparse.tree_add(g1, g2), and accumulate micro-batches with "
+    "lars_optax.sparse.multi_steps(tx, k).")
+
+
+def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> Any:
+  """Raises ``ValueError(report(*operands))`` when ``bad`` is true, also under ``jit``.
+
+  Concrete ``bad`` (outside ``jit``): raises now and returns ``0``. Traced:
+  returns a zero int32 scalar from a ``lax.cond`` on ``bad`` whose true
+  branch calls a host callback (:func:`jax.pure_callback`) that raises. The
+  caller adds the zero to an index it uses, so the check cannot be pruned.
+  A pure callback (unlike :func:`jax.debug.callback`) adds no side effect to
+  the compiled step, which keeps JAX's fast dispatch path: the check costs
+  the reduction that makes ``bad`` and one branch per step, and the operands
+  go to the host only when ``bad`` holds. The error reaches the caller as a
+  ``JaxRuntimeError`` ending with the message, when the step's results are
+  read.
+  """
+  if not isinstance(bad, jax.core.Tracer):
+    if bool(bad):
+      raise ValueError(report(*[np.asarray(x) for x in operands]))
+    return 0
+
+  def fail(bad, *ops):
+    if np.any(bad):  # (under vmap both branches may run: look at the flag)
+      raise ValueError(report(*[np.asarray(x) for x in ops]))
+    return np.zeros((), np.int32)
+
+  zero = jax.ShapeDtypeStruct((), jnp.int32)
+  return jax.lax.cond(
+      bad, lambda ops: jax.pure_callback(fail, zero, bad, *ops, vmap_method="sequential"),
+      lambda ops: jnp.zeros((), jnp.int32), operands)
+
+
+def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
+                  hint: str = BEFORE_HINT) -> Any:
+  """The row indices are integers, unchanged since made, and in ``[0, num_rows]``.
+
+  ``num_rows`` itself marks padding. The digest of a :class:`RowSparseUpdate`
+  and the range are checked together, at run time under ``jit``
+  (:func:`raise_at_run_time`, whose zero the caller adds to the indices it
+  uses).
+  """
+  if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
+    raise TypeError(
+        f"{where}: {what} is a row-sparse BCOO with indices of dtype "
+        f"{grad.indices.dtype}; row indices must be integers. {hint}")
+  idx = grad.indices.reshape(-1)
+  if not idx.size:
+    return 0
+  out = (idx < 0) | (idx > num_rows)
+  bad = jnp.any(out)
+  fingerprint = getattr(grad, "fingerprint", None)
+  if fingerprint is not None and hasattr(fingerprint, "dtype"):
+    if fingerprint.dtype != jnp.uint32 or np.shape(fingerprint) != ():
+      raise TypeError(
+          f"{where}: {what} is a row-sparse BCOO whose index digest is a "
+          f"{fingerprint.dtype}{list(np.shape(fingerprint))} array, not a uint32 "
+          f"scalar: a transformation walked into it. {hint}")
+    changed = _rows.fingerprint(idx) != fingerprint
+    bad = bad | changed
+  else:
+    changed = jnp.zeros((), bool)
+
+  def report(idx, changed):
+    if changed:
+      return (f"{where}: {what}: the row indices of this row-sparse BCOO were changed "
+              f"after it was made. {ADDED_HINT if hint is BEFORE_HINT else hint}")
+    wrong = idx[(idx < 0) | (idx > num_rows)]
+    return (f"{where}: {what} has row indices out of range [0, {num_rows}) (and not the "
+            f"padding index {num_rows}): {wrong[:5].tolist()}. Ids past the table, or "
+            f"indices changed by a transformation that walked into the BCOO: {hint}")
+
+  return raise_at_run_time(bad, report, idx, changed)
+
+
+def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> Any:
+  """The layout, index dtype, shape and index range (and digest) of one leaf.
+
+  Returns the zero of :func:`check_indices`, to add to the indices used.
+  """
+  shape = tuple(np.shape(param))
+  if isinstance(param, BCOO):
+    raise TypeError(
+        f"{where}: parameter {name!r} is a BCOO; parameters must be dense arrays (were "
+        "the gradients passed as params?).")
+  if grad.n_batch != 0 or grad.n_sparse != 1:
+    raise ValueError(
+        f"{where}: gradient {name!r} is a BCOO with n_batch={grad.n_batch}, "
+        f"n_sparse={grad.n_sparse}; a row-sparse gradient has n_batch=0 and "
+        "n_sparse=1 (indices of shape (K, 1), values of shape (K, *row_shape)). "
+        "Build it with BCOO((values, rows[:, None]), shape=param.shape) or "
+        "lars_optax.sparse.row_sparse(values, rows=rows, num_rows=num_rows).")
+  if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
+    raise TypeError(
+        f"{where}: gradient {name!r} has indices of dtype {grad.indices.dtype}; "
+        f"row indices must be integers. {BEFORE_HINT}")
+  if tuple(grad.shape) != shape:
+    raise ValueError(
+        f"{where}: gradient {name!r} has shape {tuple(grad.shape)} but the "
+        f"parameter has shape {shape}.")
+  if not jnp.issubdtype(grad.data.dtype, jnp.floating):
+    raise TypeError(
+        f"{where}: gradient {name!r} has values of dtype {grad.data.dtype}; only "
+        "real floating point values are supported.")
+  return check_indices(f"gradient {name!r}", grad, shape[0], where)
+
+
+def reject_row_sparse(tree: Any, params: Any, where: str) -> None:
+  """For optimizers that cannot take row-sparse gradients: a clear error."""
+  flat, treedef = jax.tree.flatten(tree, is_leaf=_rows.is_row_sparse)
+  if not any(_rows.is_row_sparse(g) for g in flat):
+    return
+  names = leaf_names_of(treedef)
+  flat_p = params_up_to(treedef, params)
+  for name, g, p in zip(names, flat, flat_p):
+    if _rows.is_row_sparse(g):
+      if p is not None:
+        check_row_sparse(name, g, p, where)
+      raise ValueError(
+          f"{where}: gradient {name!r} is row-sparse (a BCOO), which this optimizer "
+          "cannot take: only row-wise lazy updates can (lars_optax.mxnet.adam(..., "
+          "lazy_update=True), lars_optax.mxnet.sgd(..., lazy_update=True), adagrad, "
+          "groupadagrad, ftrl, lars_optax.sparse.lazy_update(tx)). Otherwise pass the dense "
+          "gradient (grad.todense()).")
+
+
+def leaf_names_of(treedef: Any) -> list[str]:
+  return [n for n, _ in masks.named_leaves(jax.tree.unflatten(treedef, [0] * treedef.num_leaves))]
+
+
+def params_up_to(treedef: Any, params: Any) -> list[Any]:
+  if params is None:
+    return [None] * treedef.num_leaves
+  try:
+    return treedef.flatten_up_to(params)
+  except (ValueError, TypeError):
+    return [None] * treedef.num_leaves

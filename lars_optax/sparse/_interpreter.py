@@ -1,0 +1,207 @@
+"""The jaxpr interpreter behind :func:`lars_optax.sparse.value_and_grad`.
+
+It evaluates the loss's jaxpr equation by equation and rewrites each lookup of a
+sparse leaf. It leans on JAX internals (``get_bind_params``, ``eqn.ctx``, gather
+dimension numbers, ``jax.extend.core``), and is the one module a JAX upgrade is
+likely to break."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as _jcore
+
+from lars_optax import _utils as utils
+from lars_optax.sparse import _checks, _rowwise_jaxpr
+
+# --------------------------------------------------------------------------
+# Row-sparse gradients from unchanged models
+# --------------------------------------------------------------------------
+
+
+class Table:
+  """A sparse leaf inside the interpreted loss: only row lookups may read it.
+
+  ``dtype``: the dtype a cast (``convert_element_type``, as Flax's
+  ``Embed(dtype=...)`` casts the whole table) gave it; the lookup reads the
+  rows and casts them instead. ``value`` may be the table after ``pvary``
+  (inside ``shard_map``), a change of type only.
+  """
+
+  def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None):
+    self.index, self.value, self.name = index, value, name
+    self.dtype = value.dtype if dtype is None else jnp.dtype(dtype)
+
+
+def _bind(eqn: Any, invals: list) -> Any:
+  """``eqn``'s primitive applied to ``invals`` (as ``jax.core.eval_jaxpr`` does)."""
+  bind_params = eqn.primitive.get_bind_params(eqn.params)
+  subfuns: Sequence[Any] = ()
+  if isinstance(bind_params, tuple):  # (older JAX: (subfuns, params))
+    subfuns, bind_params = bind_params
+  with eqn.ctx.manager:
+    return eqn.primitive.bind(*subfuns, *invals, **bind_params)
+
+
+def _row_component(dnums: Any, slice_sizes: Sequence[int], shape: tuple) -> int | None:
+  """Where a gather's index vectors hold the row, if the gather reads whole rows.
+
+  A row lookup slices one row (``slice_sizes[0] == 1``) and every other
+  dimension whole, so the only start index that matters is the row's.
+  """
+  if tuple(getattr(dnums, "operand_batching_dims", ())) or 0 not in dnums.start_index_map:
+    return None
+  if tuple(slice_sizes) != (1, *shape[1:]):
+    return None
+  return tuple(dnums.start_index_map).index(0)
+
+
+def _dynamic_slice_as_gather(ndim: int) -> Any:
+  """The dimension numbers of ``dynamic_slice`` (all start indices in one vector)."""
+  return jax.lax.GatherDimensionNumbers(
+      offset_dims=tuple(range(ndim)), collapsed_slice_dims=(), start_index_map=tuple(range(ndim)))
+
+
+def _out_vma(eqn: Any) -> frozenset:
+  """The mesh axes along which an equation's (first) result varies, from the jaxpr."""
+  return utils.varying(eqn.outvars[0].aval)
+
+
+def gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """Every device's ``x`` along ``axes``, concatenated on axis 0, invariant over ``axes``.
+
+  Each device writes its block into its slot of a zero buffer and a ``psum``
+  adds them (an all-gather whose result the type system knows to be equal
+  on every device, as the gradient of a replicated table is).
+  """
+  n = jax.lax.psum(1, axes)
+  buf = jnp.zeros((n, *x.shape), x.dtype).at[jax.lax.axis_index(axes)].set(x)
+  return jax.lax.psum(buf, axes).reshape(n * x.shape[0], *x.shape[1:])
+
+
+class _Lookup(NamedTuple):
+  leaf: int  # which sparse leaf
+  rows: jax.Array  # the lookup's distinct rows, padded with num_rows
+  vma: frozenset  # the mesh axes the looked-up rows vary along (inside shard_map)
+
+
+def _too_many_rows(name: str, max_rows: int) -> Callable[..., str]:
+  def report(rows, valid):
+    distinct = int(np.unique(rows[valid]).size)
+    return (f"max_rows: a lookup of {name!r} reads {distinct} distinct rows, more than "
+            f"max_rows={max_rows}; raise max_rows, or leave it out (the default, the "
+            "number of ids of each lookup, always suffices).")
+  return report
+
+
+class Interpreter:
+  """Evaluates a jaxpr where sparse leaves are read only through row lookups.
+
+  Each lookup ``table[ids]`` becomes ``stop_gradient(table)[ids] +
+  delta[slot(ids)]`` where ``delta`` is a zero array with one row per
+  distinct id (``max_rows``, or the number of ids of the lookup): the value
+  is unchanged and the gradient with respect to ``delta`` is the gradient of
+  the looked-up rows, O(ids) to compute.
+  """
+
+  def __init__(self, max_rows: int | None, deltas: list | None):
+    self.max_rows, self.deltas = max_rows, deltas
+    self.lookups: list[_Lookup] = []
+
+  def lookup(self, table: Table, out: jax.Array, indices: jax.Array, dnums: Any,
+             slice_sizes: Sequence[int], row: int, clip: bool, vma: frozenset) -> jax.Array:
+    """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
+    n = table.value.shape[0]
+    rows = indices[..., row]
+    if clip:
+      rows, valid = jnp.clip(rows, 0, n - 1), jnp.ones(rows.shape, bool)
+    else:
+      valid = (rows >= 0) & (rows < n)
+    rows = jnp.where(valid, rows, n)
+    # Without a bound, one row per id: never too few.
+    size = self.max_rows or max(1, min(int(rows.size), n))
+    uniq = jnp.unique(rows.reshape(-1), size=size, fill_value=n)
+    slot = jnp.clip(jnp.searchsorted(uniq, rows), 0, size - 1)
+    found = valid & (uniq[slot] == rows)
+    if self.max_rows is not None:
+      ok = _checks.raise_at_run_time(jnp.any(valid & ~found), _too_many_rows(table.name, size),
+                             rows, valid)
+      uniq = uniq + jnp.asarray(ok, uniq.dtype)
+    k = len(self.lookups)
+    self.lookups.append(_Lookup(table.index, uniq, vma))
+    shape = (size, *table.value.shape[1:])
+    delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
+    # The same gather on delta, with the row replaced by its slot (out of range,
+    # so 0, where the id was not found) and the other (whole) dimensions at 0.
+    new_idx = jnp.zeros_like(indices).at[..., row].set(
+        jnp.where(found, slot, size).astype(indices.dtype))
+    extra = jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
+                           mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
+    return out + extra.astype(out.dtype)
+
+  def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+    env: dict[Any, Any] = {}
+
+    def read(v):
+      return v.val if isinstance(v, _jcore.Literal) else env[v]
+
+    for var, val in zip(jaxpr.constvars, consts):
+      env[var] = val
+    for var, val in zip(jaxpr.invars, args):
+      env[var] = val
+    for eqn in jaxpr.eqns:
+      invals = [read(v) for v in eqn.invars]
+      tables = [x for x in invals if isinstance(x, Table)]
+      ans = self.sparse_eqn(eqn, invals, tables[0]) if tables else _bind(eqn, invals)
+      if eqn.primitive.multiple_results:
+        for var, val in zip(eqn.outvars, ans):
+          env[var] = val
+      else:
+        env[eqn.outvars[0]] = ans
+    return [read(v) for v in jaxpr.outvars]
+
+  def sparse_eqn(self, eqn: Any, invals: list, table: Table) -> Any:
+    name = eqn.primitive.name
+    others_dense = all(not isinstance(x, Table) for x in invals[1:])
+    shape = table.value.shape
+    if name == "gather" and invals[0] is table and others_dense:
+      dnums, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+      row = _row_component(dnums, sizes, shape)
+      if row is not None:
+        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]]).astype(table.dtype)
+        clip = "CLIP" in str(eqn.params.get("mode"))
+        return self.lookup(table, out, invals[1], dnums, sizes, row, clip, _out_vma(eqn))
+    if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
+        eqn.params["slice_sizes"]) == (1, *shape[1:]):
+      # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
+      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]]).astype(table.dtype)
+      starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
+      return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
+                         eqn.params["slice_sizes"], 0, True, _out_vma(eqn))
+    if name in ("convert_element_type", "copy", "copy_p") and invals[0] is table:
+      # A cast followed by a lookup is a lookup followed by a cast.
+      new_dtype = eqn.params.get("new_dtype")
+      if new_dtype is None or jnp.issubdtype(new_dtype, jnp.floating):
+        return Table(table.index, table.value, table.name, new_dtype or table.dtype)
+    if name == "pvary":
+      # shard_map (check_vma=True) marks a replicated table as varying before
+      # it meets per-device ids: a change of type, applied to the table itself.
+      outs = _bind(eqn, [x.value if isinstance(x, Table) else x for x in invals])
+      outs = list(outs) if eqn.primitive.multiple_results else [outs]
+      outs = [Table(x.index, o, x.name, x.dtype) if isinstance(x, Table) else o
+              for x, o in zip(invals, outs)]
+      return outs if eqn.primitive.multiple_results else outs[0]
+    subs = _rowwise_jaxpr.sub_jaxprs(eqn.params)
+    if len(subs) == 1 and len(subs[0].invars) == len(invals) and name not in (
+        "cond", "scan", "while"):
+      sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+      outs = self.run(subs[0], getattr(sub, "consts", ()), invals)
+      return outs if eqn.primitive.multiple_results else outs[0]
+    raise ValueError(
+        f"sparse: the leaf {table.name!r} is used by '{name}', not only by row "
+        "lookups (table[ids], jnp.take(table, ids, axis=0)), so its gradient is "
+        "not row-sparse. Leave this leaf out of `sparse`.")

@@ -1,0 +1,423 @@
+"""The porting constructors: each peer's rule in its own words.
+
+``tests/test_reference_peers.py`` checks every row of docs/porting.md against
+the peer's own numbers; here are the rules' properties, the peers' defaults,
+the argument checks and what users pass (numpy, JAX and bfloat16 scalars,
+bfloat16 params, optax's mask forms).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lars_optax
+from lars_optax import masks
+
+P = lars_optax.porting
+
+
+def _run(tx, steps=4, dtype=jnp.float32):
+  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]], dtype), "b": jnp.array([0.1, -0.2], dtype)}
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for k in range(steps):
+    g = {"w": jnp.array([[0.3, -0.1], [0.0, 0.4]], dtype) * (k + 1),
+         "b": jnp.array([0.5, -0.5], dtype)}
+    updates, state = step(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params, state
+
+
+def _random_run(tx, steps=5):
+  key = jax.random.key(0)
+  params = {"dense": {"kernel": jax.random.normal(key, (4, 3)), "bias": jnp.full((3,), 0.2)},
+            "norm": {"scale": jnp.ones((3,))}}
+  state = tx.init(params)
+  for i in range(steps):
+    g = jax.tree.map(lambda p, i=i: jax.random.normal(jax.random.fold_in(key, i + 1), p.shape),
+                     params)
+    updates, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+# --------------------------------------------------------------------------
+# timm
+# --------------------------------------------------------------------------
+
+
+def test_timm_lars_without_weight_decay_is_plain_sgd_as_in_timm():
+  # timm adapts only a group whose weight_decay is not 0 (or with always_adapt).
+  sched = optax.linear_schedule(0.01, 0.1, 3)
+  ours, _ = _run(P.timm_lars(sched, momentum=0.9))
+  ref, _ = _run(optax.sgd(sched, momentum=0.9))
+  chex.assert_trees_all_close(ours, ref, rtol=1e-6)
+  adapted, _ = _run(P.timm_lars(sched, momentum=0.9, always_adapt=True))
+  assert float(jnp.max(jnp.abs(adapted["w"] - ref["w"]))) > 1e-3
+
+
+def test_timm_lars_rate_after_the_buffer_only_matters_when_the_rate_changes():
+  kw = {"momentum": 0.9, "weight_decay": 1e-3, "trust_coeff": 0.1}
+  mxnet_kw = {"momentum": 0.9, "wd": 1e-3, "eta": 0.1, "skip": None}
+  timm, _ = _run(P.timm_lars(0.5, **kw))
+  mxnet, _ = _run(lars_optax.lars(0.5, **mxnet_kw))
+  chex.assert_trees_all_close(timm, mxnet, rtol=1e-5)
+  sched = optax.linear_schedule(0.05, 0.5, 3)
+  timm, _ = _run(P.timm_lars(sched, **kw))
+  mxnet, _ = _run(lars_optax.lars(sched, **mxnet_kw))
+  assert float(jnp.max(jnp.abs(timm["w"] - mxnet["w"]))) > 1e-3
+
+
+def test_timm_trust_clip_bounds_the_ratio_by_the_rate_and_survives_a_zero_rate():
+  sched = optax.linear_schedule(0.0, 0.5, 2)  # 0 at the first step: rho / 0 -> clipped to 1
+  tx = P.timm_lars(sched, momentum=0.9, weight_decay=1e-3, trust_coeff=10.0, trust_clip=True)
+  params, state = _run(tx, steps=1)
+  assert all(float(r) == 1.0 for r in lars_optax.trust_ratios(state, params).values())
+  params, state = _run(tx, steps=3)
+  chex.assert_tree_all_finite(params)
+  assert bool(jnp.all(lars_optax.trust_ratios(state) <= 1.0))
+
+
+def test_timm_lamb_trust_clip_bounds_every_ratio_by_one():
+  params = {"w": jnp.full((2, 2), 10.0), "b": jnp.array([0.1, -0.2])}  # ||w|| = 20 > ||adam||
+  grads = jax.tree.map(jnp.ones_like, params)
+  for clip, check in ((False, lambda r: r.max() > 1.0), (True, lambda r: r.max() == 1.0)):
+    tx = P.timm_lamb(0.1, trust_clip=clip, max_grad_norm=None)
+    _, state = tx.update(grads, tx.init(params), params)
+    assert check(np.asarray(lars_optax.trust_ratios(state))), clip
+
+
+def test_timm_lambw_with_a_zero_gradient_only_decays():
+  """With g = 0 the Adam step is 0, so the whole update is -lr * wd * lr_mult * w."""
+  params = {"w": jnp.array([[1.0, -2.0]]), "b": jnp.array([3.0])}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = P.timm_optimizer("lambw", lr=0.1, weight_decay=0.5, lr_mult={"w": 2.0})
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  # "b" is 1-d: timm's no-decay group.
+  chex.assert_trees_all_close(updates, {"w": -0.1 * 0.5 * 2.0 * params["w"], "b": jnp.zeros(1)})
+
+
+def test_timm_optimizer_no_decay_group_takes_the_models_no_weight_decay_names():
+  params = {"pos_embed": jnp.ones((3, 4)), "head": {"kernel": jnp.ones((4, 2))}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = P.timm_optimizer("lambw", lr=0.1, weight_decay=0.5, no_weight_decay=["pos_embed"])
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  chex.assert_trees_all_close(updates["pos_embed"], jnp.zeros((3, 4)))
+  chex.assert_trees_all_close(updates["head"]["kernel"], -0.05 * params["head"]["kernel"])
+  tx = P.timm_optimizer("lambw", lr=0.1, weight_decay=0.5, filter_bias_and_bn=False)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  chex.assert_trees_all_close(updates["pos_embed"], -0.05 * params["pos_embed"])
+
+
+def test_timm_optimizer_passes_the_class_arguments_and_its_defaults():
+  a, _ = _run(P.timm_optimizer("lars", lr=0.5, weight_decay=1e-3, trust_coeff=0.1,
+                               eps=1e-6, filter_bias_and_bn=False))
+  b, _ = _run(P.timm_lars(0.5, momentum=0.9, weight_decay=1e-3, trust_coeff=0.1, eps=1e-6))
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+  a, _ = _run(P.timm_optimizer("lamb", weight_decay=0.01, filter_bias_and_bn=False))
+  b, _ = _run(P.timm_lamb())  # lr=None: the class's 1e-3
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: P.timm_optimizer("adamw"), ValueError, "^opt: expected one of lars, larc"),
+    (lambda: P.timm_optimizer("lars", trust_coef=0.1), TypeError,
+     "^trust_coef: timm's 'lars' optimizer takes no such argument; it takes"),
+    (lambda: P.timm_optimizer("cadamw", momentum_dtype=1), TypeError, "^momentum_dtype"),
+    (lambda: P.timm_optimizer("lamb", weight_decay=0.1, no_weight_decay="pos_embed"),
+     TypeError, "^no_weight_decay: expected a list"),
+    (lambda: P.timm_lars(0.1, nesterov=True), ValueError, "^nesterov: Nesterov momentum needs"),
+    (lambda: P.timm_lars(0.1, momentum=0.9, dampening=1.5), ValueError, "^dampening"),
+    (lambda: P.timm_lars(-0.1), ValueError, "^lr"),
+    (lambda: P.timm_lars(0.1, trust_coeff=-1.0), ValueError, "^trust_coeff"),
+    (lambda: P.timm_lars(0.1, trust_clip=1), TypeError, "^trust_clip: expected a bool"),
+    (lambda: P.timm_lamb(betas=(0.9,)), TypeError, "^betas: expected a pair"),
+    (lambda: P.timm_lamb(betas=(0.9, 1.5)), ValueError, r"^betas\[1\]"),
+    (lambda: P.timm_lamb(max_grad_norm=0.0), ValueError, "^max_grad_norm"),
+    (lambda: P.timm_lamb(caution="yes"), TypeError, "^caution: expected a bool"),
+    (lambda: P.keras_lamb(beta_1=1.0), ValueError, "^beta_1"),
+    (lambda: P.keras_lamb(exclude_from_weight_decay="bias"), TypeError,
+     "^exclude_from_weight_decay"),
+    (lambda: P.optax_lars(0.1, trust_coefficient=-1.0), ValueError, "^trust_coefficient"),
+    (lambda: P.optax_lamb(0.1, eps_root=-1.0), ValueError, "^eps_root"),
+    (lambda: P.byol_lars(0.1, weight_decay_filter=3), TypeError, "^weight_decay_filter"),
+    (lambda: P.simclr_lars(0.1, exclude_from_weight_decay="bias"), TypeError,
+     "^exclude_from_weight_decay: expected a list"),
+    (lambda: P.simclr_lars(0.1, exclude_from_weight_decay=["(bias"]), ValueError,
+     "^exclude_from_weight_decay: not a valid regular expression"),
+    (lambda: P.albert_lamb(0.1, weight_decay_rate=-1.0), ValueError, "^weight_decay_rate"),
+    (lambda: P.torch_sparse_adam(betas=(1.0, 0.9)), ValueError, r"^betas\[0\]"),
+])
+def test_bad_arguments_are_named_at_construction(call, error, match):
+  with pytest.raises(error, match=match):
+    call()
+
+
+@pytest.mark.parametrize("scalar", [float, np.float32, jnp.float32, jnp.bfloat16],
+                         ids=["python", "numpy", "jax", "bfloat16"])
+@pytest.mark.parametrize("make", [
+    lambda s: P.timm_lars(s(0.25), momentum=s(0.75), dampening=s(0.5), trust_coeff=s(0.125),
+                          weight_decay=s(0.0625), trust_clip=True),
+    lambda s: P.timm_lamb(s(0.125), weight_decay=s(0.0625), betas=(s(0.75), s(0.875)),
+                          decoupled_decay=True, caution=True, trust_clip=True,
+                          grad_averaging=False),
+    lambda s: P.optax_lamb(s(0.125), weight_decay=s(0.0625), eps_root=s(2.0**-20)),
+    lambda s: P.optax_lars(s(0.25), weight_decay=s(0.0625), momentum=s(0.75), nesterov=True),
+], ids=["timm_lars", "timm_lamb", "optax_lamb", "optax_lars"])
+def test_scalars_of_any_kind_give_the_same_step(make, scalar):
+  ours, _ = _run(make(scalar))
+  ref, _ = _run(make(float))
+  chex.assert_trees_all_close(ours, ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tx", [
+    P.timm_lars(np.float32(0.1), momentum=np.float32(0.9), dampening=0.1, weight_decay=1e-3),
+    P.timm_optimizer("nlarc", lr=0.1, weight_decay=1e-3),
+    P.timm_lamb(np.float32(0.01), decoupled_decay=True, caution=True),
+    P.keras_lamb(0.01, weight_decay=0.01),
+    P.optax_lars(0.1, weight_decay=1e-3),
+], ids=["timm_lars_dampened", "timm_nlarc", "timm_lamb_decoupled_cautious", "keras_lamb",
+        "optax_lars"])
+def test_bfloat16_params_keep_their_dtype_and_state(tx):
+  params = {"w": jnp.ones((2, 3), jnp.bfloat16)}
+  state = tx.init(params)
+  updates, new_state = jax.jit(tx.update)(params, state, params)
+  assert updates["w"].dtype == jnp.bfloat16
+  chex.assert_trees_all_equal_dtypes(new_state, state)
+
+
+# --------------------------------------------------------------------------
+# optax: the same numbers as optax's own chains, optax's mask forms
+# --------------------------------------------------------------------------
+
+
+def _keep(params):
+  return jax.tree.map(lambda x: x.ndim > 1, params)
+
+
+@pytest.mark.parametrize("mask", ["callable", "pytree", "true"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_optax_lars_equals_optax_lars_with_each_mask_form(mask, nesterov):
+  sched = optax.warmup_cosine_decay_schedule(0.01, 0.5, 2, 5, 0.05)
+  params = _random_run(optax.identity(), steps=0)
+  form = {"callable": _keep, "pytree": _keep(params), "true": True}[mask]
+  kw = {"weight_decay": 1e-3, "weight_decay_mask": form, "trust_coefficient": 0.01,
+        "trust_ratio_mask": form, "momentum": 0.9, "nesterov": nesterov}
+  chex.assert_trees_all_close(_random_run(P.optax_lars(sched, **kw)),
+                              _random_run(optax.lars(sched, **kw)), rtol=2e-6, atol=1e-7)
+
+
+def test_optax_lamb_equals_optax_lamb():
+  sched = optax.linear_schedule(0.01, 0.1, 3)
+  kw = {"weight_decay": 0.01, "mask": _keep, "eps_root": 1e-3, "b1": 0.8}
+  chex.assert_trees_all_close(_random_run(P.optax_lamb(sched, **kw)),
+                              _random_run(optax.lamb(sched, **kw)), rtol=2e-6, atol=1e-7)
+
+
+def test_optax_lars_logs_ratios_and_takes_stacked_and_lr_mult():
+  tx = P.optax_lars(0.1, weight_decay=1e-3, lr_mult={"w": 0.5}, stacked=None)
+  params, state = _run(tx, steps=2)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert set(ratios) == {"w", "b"} and all(float(r) > 0 for r in ratios.values())
+
+
+# --------------------------------------------------------------------------
+# Keras, BYOL, SimCLR, ALBERT
+# --------------------------------------------------------------------------
+
+
+def test_keras_exclude_from_weight_decay_takes_name_parts():
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = P.keras_lamb(0.1, weight_decay=0.5, exclude_from_weight_decay=["bias"])
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  chex.assert_trees_all_close(updates, {"dense": {"kernel": -0.05 * jnp.ones((2, 2)),
+                                                  "bias": jnp.zeros(2)}})
+
+
+def test_byol_filter_gets_byols_path_tuple():
+  seen = []
+
+  def keep_kernels(path, value):
+    seen.append(path)
+    return path[-1] != "bias"
+
+  tx = P.byol_lars(0.1, weight_decay=0.5, weight_decay_filter=keep_kernels)
+  params = {"mlp/~/linear_0": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
+  tx.init(params)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  assert ("mlp/~/linear_0", "kernel") in seen
+  assert float(jnp.abs(updates["mlp/~/linear_0"]["bias"]).max()) == 0.0
+  assert float(jnp.abs(updates["mlp/~/linear_0"]["kernel"]).max()) > 0.0
+
+
+def test_simclr_layer_adaptation_defaults_to_the_weight_decay_exclusions():
+  params = {"dense": {"kernel": jnp.ones((2, 2))}, "batch_norm": {"scale": jnp.ones(2)}}
+  grads = jax.tree.map(lambda p: 0.1 * jnp.ones_like(p), params)
+  tx = P.simclr_lars(0.1, weight_decay=1e-3, exclude_from_weight_decay=["batch_norm"])
+  _, state = tx.update(grads, tx.init(params), params)
+  ratios = lars_optax.trust_ratios(state, params)
+  assert float(ratios["batch_norm/scale"]) == 1.0
+  assert float(ratios["dense/kernel"]) != 1.0
+
+
+def test_simclr_popular_momentum_takes_the_ratio_of_the_buffer():
+  # Without weight decay and with one step, the buffer is the gradient: the same ratio.
+  classic = P.simclr_lars(0.1, classic_momentum=True)
+  popular = P.simclr_lars(0.1, classic_momentum=False)
+  a, _ = _run(classic, steps=1)
+  b, _ = _run(popular, steps=1)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+  a, _ = _run(classic, steps=3)
+  b, _ = _run(popular, steps=3)
+  assert float(jnp.max(jnp.abs(a["w"] - b["w"]))) > 1e-4
+
+
+def test_albert_lamb_has_no_bias_correction():
+  ours, _ = _run(P.albert_lamb(0.01))
+  mxnet, _ = _run(lars_optax.lamb(0.01, bias_correction=False))
+  chex.assert_trees_all_close(ours, mxnet, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# The BYOL / SimCLR / optax LARS recipe of docs/optimizers.md
+# --------------------------------------------------------------------------
+
+
+def _ndim_filter(path, value):
+  """A BYOL-style filter: True (apply) for the leaves of more than one dimension."""
+  return np.ndim(value) > 1
+
+
+def _byol_lars(learning_rate, weight_decay=1e-2, eta=0.01, momentum=0.9):
+  return P.byol_lars(learning_rate, weight_decay=weight_decay, momentum=momentum, eta=eta,
+                     weight_decay_filter=_ndim_filter, lars_adaptation_filter=_ndim_filter)
+
+
+def _byol_problem():
+  rng = np.random.default_rng(7)
+  params = {"conv": {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=4)},
+            "BatchNorm_0": {"scale": 1.0 + 0.1 * rng.normal(size=4)},
+            "head": rng.normal(size=(4, 2))}
+  grads = [jax.tree.map(lambda x: rng.normal(size=np.shape(x)), params) for _ in range(5)]
+  return params, grads
+
+
+def _byol_numpy(params, grads, lr, weight_decay=1e-2, eta=0.01, momentum=0.9):
+  """BYOL's LARS in float64 NumPy: u = g + wd*w, rho = eta*|w|/|u|, m = mu*m + rho*u, w -= lr*m."""
+  w = {k: np.asarray(v, np.float64) for k, v in masks.named_leaves(params)}
+  m = {k: np.zeros_like(v) for k, v in w.items()}
+  for t, g_tree in enumerate(grads):
+    g = dict(masks.named_leaves(g_tree))
+    for k in w:
+      adapted = w[k].ndim > 1
+      u = g[k] + (weight_decay * w[k] if adapted else 0.0)
+      wn, un = np.linalg.norm(w[k]), np.linalg.norm(u)
+      rho = eta * wn / un if (adapted and wn > 0 and un > 0) else 1.0
+      m[k] = momentum * m[k] + rho * u
+      w[k] = w[k] - lr(t) * m[k]
+  return w
+
+
+def test_byol_lars_recipe_equals_a_float64_numpy_rule():
+  params64, grads64 = _byol_problem()
+  schedule = optax.exponential_decay(0.5, transition_steps=1, decay_rate=0.8)
+  tx = _byol_lars(schedule)
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  state = tx.init(params)
+  step = jax.jit(tx.update)
+  for g in grads64:
+    updates, state = step(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state,
+                          params)
+    params = optax.apply_updates(params, updates)
+  expected = _byol_numpy(params64, grads64, lambda t: float(schedule(t)))
+  for name, value in masks.named_leaves(params):
+    np.testing.assert_allclose(value, expected[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+def test_byol_lars_recipe_equals_optax_lars_with_a_constant_learning_rate():
+  """optax.lars puts the learning rate before the momentum: equal for a constant rate."""
+  params64, grads64 = _byol_problem()
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params)
+  ours = _byol_lars(0.3)
+  ref = optax.lars(0.3, weight_decay=1e-2, weight_decay_mask=keep, trust_coefficient=0.01,
+                   trust_ratio_mask=keep, momentum=0.9)
+  p_ours, p_ref = params, params
+  s_ours, s_ref = ours.init(params), ref.init(params)
+  for g64 in grads64:
+    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g64)
+    u, s_ours = ours.update(g, s_ours, p_ours)
+    p_ours = optax.apply_updates(p_ours, u)
+    u, s_ref = ref.update(g, s_ref, p_ref)
+    p_ref = optax.apply_updates(p_ref, u)
+  chex.assert_trees_all_close(p_ours, p_ref, rtol=1e-5, atol=1e-6)
+
+
+def _docs_recipe():
+  """The BYOL/SimCLR recipe block of docs/optimizers.md, run: its namespace."""
+  page = (pathlib.Path(__file__).parent.parent / "docs" / "optimizers.md").read_text()
+  section = page.split("### Recipe: BYOL-, SimCLR- and optax-style LARS")[1]
+  code = section.split("```python\n")[1].split("```")[0]
+  namespace: dict = {}
+  exec(code, namespace)
+  return namespace
+
+
+def _run32(tx, params64, grads64, steps):
+  params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params64)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for t in range(steps):
+    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), grads64[t % len(grads64)])
+    updates, state = update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+def test_docs_byol_recipe_is_byols_rule_with_its_warmup_schedule():
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  grads64 = grads64 * 3  # 15 steps: through the warm-up and into the decay
+  ours = _run32(ns["byol_lars"], params64, grads64, len(grads64))
+  expected = _byol_numpy(params64, grads64, lambda t: float(ns["schedule"](t)),
+                         weight_decay=1.5e-6, eta=0.001)
+  for name, value in masks.named_leaves(ours):
+    np.testing.assert_allclose(value, expected[name], rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["simclr_lars", "optax_lars"])
+def test_docs_simclr_and_optax_recipes_are_optax_lars_with_its_warmup_schedule(name):
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  grads64 = grads64 * 3
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
+  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
+                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
+  chex.assert_trees_all_close(_run32(ns[name], params64, grads64, len(grads64)),
+                              _run32(ref, params64, grads64, len(grads64)), rtol=1e-6, atol=1e-7)
+
+
+def test_byols_rate_after_the_buffer_is_far_from_optax_lars_with_a_schedule():
+  """Where the rate meets the buffer shows once it changes: BYOL's against optax's."""
+  ns = _docs_recipe()
+  params64, grads64 = _byol_problem()
+  keep = jax.tree.map(lambda x: np.ndim(x) > 1, params64)
+  ref = optax.lars(ns["schedule"], weight_decay=1e-6, weight_decay_mask=keep,
+                   trust_coefficient=0.001, trust_ratio_mask=keep, momentum=0.9)
+  a = _run32(ns["byol_lars"], params64, grads64 * 3, 15)
+  b = _run32(ref, params64, grads64 * 3, 15)
+  p0 = jax.tree.map(np.asarray, params64)
+  moved = max(float(np.max(np.abs(np.asarray(x) - y))) for x, y in
+              zip(jax.tree.leaves(b), jax.tree.leaves(p0)))
+  gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
+            zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  assert gap > 0.1 * moved
