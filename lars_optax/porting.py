@@ -225,11 +225,11 @@ def timm_lars(
   ``trust_clip=lr``), a momentum trace (:func:`~lars_optax.dampened_trace`
   with dampening), :func:`optax.scale_by_learning_rate`.
 
-  Args:
-    lr: the learning rate, a scalar or an optax schedule.
-    momentum, dampening, weight_decay, nesterov, trust_coeff, eps, trust_clip,
-      always_adapt: timm's, with timm's defaults.
-    lr_mult, multi_precision, axis_name, stacked: the shared options.
+  ``lr`` is a scalar or an optax schedule. ``momentum``, ``dampening``,
+  ``weight_decay``, ``nesterov``, ``trust_coeff``, ``eps``, ``trust_clip`` and
+  ``always_adapt`` are timm's, with timm's defaults; ``lr_mult``,
+  ``multi_precision``, ``axis_name`` and ``stacked`` are the shared options
+  ("Common arguments" in docs/optimizers.md).
 
   References:
     timm ``timm.optim.Lars``; You, Gitman and Ginsburg, `Large Batch Training
@@ -310,12 +310,12 @@ def timm_lamb(
   :math:`u \leftarrow \rho u` with :math:`\rho = \|w\| / \|u\|` (1 when a norm
   is 0; at most 1 under ``trust_clip``); :math:`w \leftarrow w - \alpha_t u`.
 
-  Args:
-    lr: the learning rate, a scalar or an optax schedule.
-    bias_correction, betas, eps, weight_decay, grad_averaging, max_grad_norm,
-      trust_clip, always_adapt, caution, decoupled_decay: timm's, with timm's
-      defaults (``max_grad_norm=None``: no global clip).
-    lr_mult, multi_precision, axis_name, stacked: the shared options.
+  ``lr`` is a scalar or an optax schedule. ``bias_correction``, ``betas``,
+  ``eps``, ``weight_decay``, ``grad_averaging``, ``max_grad_norm`` (None: no
+  global clip), ``trust_clip``, ``always_adapt``, ``caution`` and
+  ``decoupled_decay`` are timm's, with timm's defaults; ``lr_mult``,
+  ``multi_precision``, ``axis_name`` and ``stacked`` are the shared options
+  ("Common arguments" in docs/optimizers.md).
 
   References:
     timm ``timm.optim.Lamb``; You et al., `Large Batch Optimization for Deep

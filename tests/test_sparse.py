@@ -1154,3 +1154,21 @@ def test_sparse_value_and_grad_with_float_ids_fails_as_jax_indexing_does():
   params = {"table": jnp.ones((10, 3))}
   with pytest.raises(TypeError, match="Indexer must have integer"):
     lars_optax.sparse.value_and_grad(loss, sparse="table")(params, jnp.array([1.0, 2.0]))
+
+
+def test_the_lazy_step_traces_its_inner_update_once():
+  """The row-wise check's jaxpr is the step itself: the inner update is traced once."""
+  calls = []
+  inner = optax.adam(0.1)
+
+  def update(updates, state, params=None):
+    calls.append(1)
+    return inner.update(updates, state, params)
+
+  tx = lars_optax.sparse.lazy_update(optax.GradientTransformation(inner.init, update))
+  params = {"emb": jnp.ones((10, 2))}
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 2)), rows=jnp.array([1, 4]),
+                                               num_rows=10)}
+  state = tx.init(params)
+  jax.jit(tx.update).lower(grads, state, params)
+  assert len(calls) == 1

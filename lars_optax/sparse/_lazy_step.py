@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.extend import core as _jcore
 from jax.experimental.sparse import BCOO
 
 from lars_optax import _row_wise
@@ -220,7 +221,6 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
             for b, r in zip(bufs, rows)]
 
   state_in = _buffers(state, treedef, full_shapes, gather_bufs)
-  g_tree, p_tree = jax.tree.unflatten(treedef, g_in), jax.tree.unflatten(treedef, p_in)
 
   # The inner transformation must be row-wise on the sparse leaves.
   tags = [frozenset([n]) if s else frozenset() for n, s in zip(names, sparse)]
@@ -238,8 +238,9 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                            jax.tree.unflatten(tdef_s, s_leaves),
                            jax.tree.unflatten(treedef, p_leaves), **extra_args)
 
+  # Traced once: the jaxpr is checked, then evaluated as the step itself.
   try:
-    closed = jax.make_jaxpr(traced)(g_in, leaves_s, p_in)
+    closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(g_in, leaves_s, p_in)
   except (TypeError, ValueError) as e:
     _raise_ungathered(e, where, names, sparse, full_shapes, state, leaves_s)
     raise
@@ -247,7 +248,8 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                          leaves_s)
   _rowwise_jaxpr.check_rowwise(closed, [*tags, *taint_s, *tags], where)
 
-  new_updates, new_state = inner_tx.update(g_tree, state_in, p_tree, **extra_args)
+  out_flat = _jcore.jaxpr_as_fun(closed)(*jax.tree.leaves((g_in, leaves_s, p_in)))
+  new_updates, new_state = jax.tree.unflatten(jax.tree.structure(out_shapes), out_flat)
   flat_u = treedef.flatten_up_to(new_updates)
 
   def scatter_bufs(new_bufs, old_bufs):
