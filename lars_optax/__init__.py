@@ -23,24 +23,15 @@ Each origin has its namespace:
 """
 
 from lars_optax import masks, mxnet, porting, sparse, stacked, svrg
-from lars_optax.layerwise import (
+from lars_optax.lamb import lamb, scale_by_lamb_adam
+from lars_optax.lans import (
     NormalizePerLeafState,
-    ScaleByLambTrustRatioState,
     ScaleByLansState,
-    ScaleByLarsTrustRatioState,
-    TrustClipState,
-    lamb,
     lans,
-    lars,
-    lars_trust_ratio,
     normalize_per_leaf,
-    scale_by_lamb_adam,
-    scale_by_lamb_trust_ratio,
     scale_by_lans,
-    scale_by_lars_trust_ratio,
-    tf_lars,
-    trust_ratios,
 )
+from lars_optax.lars import lars, tf_lars
 from lars_optax.masks import (
     Mask,
     by_leaf_name,
@@ -71,6 +62,15 @@ from lars_optax.transforms import (
     check_inputs,
     scale_by_caution,
     scale_per_leaf,
+)
+from lars_optax.trust_ratio import (
+    ScaleByLambTrustRatioState,
+    ScaleByLarsTrustRatioState,
+    TrustClipState,
+    lars_trust_ratio,
+    scale_by_lamb_trust_ratio,
+    scale_by_lars_trust_ratio,
+    trust_ratios,
 )
 
 __version__ = "0.1.0"

@@ -46,11 +46,7 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax import stacked as stacked_mod
-from lars_optax.layerwise import (
-    scale_by_lamb_adam,
-    scale_by_lamb_trust_ratio,
-    scale_by_lars_trust_ratio,
-)
+from lars_optax.lamb import scale_by_lamb_adam
 from lars_optax.momentum import check_torch_momentum, dampened_trace, mxnet_momentum
 from lars_optax.mxnet.adam_family import adam as _mxnet_adam
 from lars_optax.sparse.optax_compat import clip_by_global_norm
@@ -59,6 +55,7 @@ from lars_optax.transforms import (
     add_decoupled_weight_decay,
     scale_by_caution,
 )
+from lars_optax.trust_ratio import scale_by_lamb_trust_ratio, scale_by_lars_trust_ratio
 
 __all__ = [
     "albert_lamb",

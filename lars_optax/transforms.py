@@ -16,7 +16,7 @@ links that optax lacks and that optimizers of several families use:
 * :func:`check_inputs` -- the first link of every optimizer.
 
 Each family's own transformations live beside its optimizers:
-:mod:`lars_optax.layerwise` (LARS, LAMB and LANS trust ratios, per-leaf
+:mod:`lars_optax.trust_ratio` (LARS, LAMB and LANS trust ratios, per-leaf
 normalisation), :mod:`lars_optax.mxnet.sgd_family` (:func:`~lars_optax.mxnet_momentum`,
 SGD momentum with the learning rate inside the accumulator),
 :mod:`lars_optax.mxnet.adam_family` (:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and

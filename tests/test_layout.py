@@ -124,7 +124,7 @@ def test_deferred_imports_are_in_the_graph():
 def test_the_graph_sees_every_module():
   graph = import_graph()
   assert {"lars_optax", "lars_optax.sparse", "lars_optax.sparse._interpreter",
-          "lars_optax.mxnet", "lars_optax.mxnet.registry", "lars_optax.layerwise",
+          "lars_optax.mxnet", "lars_optax.mxnet.registry", "lars_optax.trust_ratio",
           "lars_optax._row_wise"} <= set(graph)
   assert "lars_optax.sparse._rows" in graph["lars_optax.precision"]
   assert "lars_optax.transforms" in graph["lars_optax._mxnet_base"]
@@ -199,9 +199,11 @@ def test_row_wise_rejects_a_name_that_is_not_a_field():
 # --------------------------------------------------------------------------
 
 HOMES = {
-    "lars_optax.layerwise": ["lars", "tf_lars", "lamb", "lans", "scale_by_lars_trust_ratio",
-                             "lars_trust_ratio", "trust_ratios", "scale_by_lamb_trust_ratio",
-                             "scale_by_lans", "scale_by_lamb_adam", "normalize_per_leaf"],
+    "lars_optax.lars": ["lars", "tf_lars"],
+    "lars_optax.lamb": ["lamb", "scale_by_lamb_adam"],
+    "lars_optax.lans": ["lans", "scale_by_lans", "normalize_per_leaf", "ScaleByLansState"],
+    "lars_optax.trust_ratio": ["scale_by_lars_trust_ratio", "lars_trust_ratio", "trust_ratios",
+                               "scale_by_lamb_trust_ratio", "ScaleByLarsTrustRatioState"],
     "lars_optax.sign": ["signum", "signsgd"],
     "lars_optax.momentum": ["mxnet_momentum", "MXNetMomentumState", "dampened_trace",
                             "DampenedTraceState"],

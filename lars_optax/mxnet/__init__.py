@@ -18,7 +18,9 @@ same objects as :func:`lars_optax.lars` and the others at the top level.
 >>> tx = lars_optax.mxnet.adam(1e-3, wd=1e-4)  # the same optimizer
 """
 
-from lars_optax.layerwise import lamb, lans, lars
+from lars_optax.lamb import lamb
+from lars_optax.lans import lans
+from lars_optax.lars import lars
 from lars_optax.mxnet import lr_scheduler
 from lars_optax.mxnet.adagrad_family import (
     FtrlProximalState,

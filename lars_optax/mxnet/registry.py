@@ -27,8 +27,12 @@ import optax
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import layerwise, precision, sign
+from lars_optax import precision
+from lars_optax.lamb import lamb
+from lars_optax.lans import lans
+from lars_optax.lars import lars
 from lars_optax.mxnet import adagrad_family, adam_family, sgd_family
+from lars_optax.sign import signsgd, signum
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]
 
@@ -498,9 +502,9 @@ def _default(factory: Factory, arg: str) -> Any:
   return _UNSET if p is None or p.default is p.empty else p.default
 
 
-register("lars", factory=layerwise.lars)
-register("signum", factory=sign.signum)
-register("signsgd", factory=sign.signsgd)
+register("lars", factory=lars)
+register("signum", factory=signum)
+register("signsgd", factory=signsgd)
 register("adam", factory=adam_family.adam)
 register("sgd", factory=sgd_family.sgd)
 register("nag", factory=sgd_family.nag)
@@ -511,8 +515,8 @@ register("groupadagrad", factory=adagrad_family.groupadagrad)
 register("rmsprop", factory=adagrad_family.rmsprop)
 register("adadelta", factory=adagrad_family.adadelta)
 register("ftrl", factory=adagrad_family.ftrl)
-register("lamb", factory=layerwise.lamb)
-register("lans", factory=layerwise.lans)
+register("lamb", factory=lamb)
+register("lans", factory=lans)
 register("adamw", factory=adam_family.adamw)
 register("adamax", factory=adam_family.adamax)
 register("nadam", factory=adam_family.nadam)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.extend import core as _jcore
 from jax.experimental.sparse import BCOO
+from jax.extend import core as _jcore
 
 from lars_optax import _row_wise
 from lars_optax.sparse import _checks, _rows, _rowwise_jaxpr, _types
