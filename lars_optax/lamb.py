@@ -208,21 +208,16 @@ def lamb(
       bool pytree, or a bool pytree.
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
-    wd_skip: leaves that get no weight decay (in the update and in the ratio):
-      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
-      See "Common arguments" in docs/optimizers.md.
+    wd_skip: leaves that get no weight decay (True = exempt); see "Common
+      arguments" in docs/optimizers.md.
     multi_precision: float32 master weights and state for float16/bfloat16
       (the ratio's :math:`\|w\|` is the master's, as in MXNet). Without it,
       ``init`` warns (:class:`lars_optax.LowPrecisionWarning`) for float16
       params: :math:`v_t` underflows in float16 (MXNet keeps float32 moments).
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     An :class:`optax.GradientTransformation`.

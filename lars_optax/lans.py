@@ -51,14 +51,10 @@ def normalize_per_leaf(
   in front (``rescale_grad``) cancels out.
 
   Args:
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     A :class:`optax.GradientTransformation`; its state is
@@ -167,14 +163,10 @@ def scale_by_lans(
     lower_bound: :math:`l` >= 0, or None.
     upper_bound: :math:`h` > 0, or None.
     skip: leaves whose two ratios are 1 (see :func:`scale_by_lamb_trust_ratio`).
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     A :class:`optax.GradientTransformation` with a :class:`ScaleByLansState`;
@@ -332,20 +324,15 @@ def lans(
     skip: leaves whose ratios are 1 (default None: none).
     lr_mult: per-leaf learning-rate multipliers by leaf name.
     wd_mult: per-leaf multipliers of ``wd``.
-    wd_skip: leaves that get no weight decay (in the update and in the ratio):
-      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
-      See "Common arguments" in docs/optimizers.md.
+    wd_skip: leaves that get no weight decay (True = exempt); see "Common
+      arguments" in docs/optimizers.md.
     multi_precision: float32 master weights and state for float16/bfloat16.
       Without it, ``init`` warns (:class:`lars_optax.LowPrecisionWarning`)
       for float16 params: :math:`v_t` underflows in float16.
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     An :class:`optax.GradientTransformation`.

@@ -108,21 +108,16 @@ def lars(
     lr_mult: per-leaf learning-rate multipliers, by leaf name (a dict, or
       ``(mask, value)`` rules; :data:`lars_optax.masks.LeafValues`).
     wd_mult: per-leaf multipliers of ``wd``, in the update and in the ratio.
-    wd_skip: leaves that get no weight decay (in the update and in the ratio):
-      anything ``skip`` takes; default None (every leaf decays, as in MXNet).
-      See "Common arguments" in docs/optimizers.md.
+    wd_skip: leaves that get no weight decay (True = exempt); see "Common
+      arguments" in docs/optimizers.md.
     multi_precision: keep float32 master weights and state for float16 and
       bfloat16 params (:func:`lars_optax.multi_precision`). The ratio's
       :math:`\|w\|` is then taken from the master (MXNet takes it from the
       float16 weight; the two differ by float16 rounding).
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -219,14 +214,10 @@ def tf_lars(
       bool pytree. ``skip_list=[...]`` is ``skip=by_substring(...)``; give one
       of the two, not both (a ValueError; combine masks with ``|`` instead).
       Default: no leaf skipped, as in TF.
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.

@@ -103,12 +103,13 @@ def _finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str,
   return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
 
 
-def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared) -> list:
-  """``u + weight_decay * w``, none on the ``exempt`` leaves; nothing for 0."""
+def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:
+  """``u + weight_decay * w``, none on the ``exempt`` leaves (the peer's argument
+  ``arg_name``, named in errors); nothing for 0."""
   if utils.is_const(weight_decay, 0):
     return []
   rules = None if exempt is None else [(exempt, 0.0)]
-  return [add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name="exempt",
+  return [add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name=arg_name,
                                        stacked=opts["stacked"])]
 
 
@@ -181,14 +182,14 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
   parts: list = []
   if always_adapt or not utils.is_const(weight_decay, 0):
     # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
-    decay = _decay(weight_decay, no_decay, opts)
+    decay = _decay(weight_decay, no_decay, opts, "no_weight_decay")
     parts.append(scale_by_lars_trust_ratio(
         optax.chain(*decay) if decay else None, eta=trust_coeff,
         ratio_weight_decay=weight_decay, epsilon=eps, skip=None if always_adapt else no_decay,
         wd_mult=decay_mult, axis_name=opts["axis_name"], stacked=opts["stacked"],
         larc_learning_rate=lr if trust_clip else None))
   parts += _torch_momentum(lr, momentum, dampening, nesterov)
-  return _finish(parts, name, opts, exempt=[("no_decay", no_decay)], learning_rate=lr)
+  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], learning_rate=lr)
 
 
 def timm_lars(
@@ -260,7 +261,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
   decays = not utils.is_const(weight_decay, 0)
   step = [direction]
   if not flags["decoupled_decay"]:
-    step += _decay(weight_decay, no_decay, opts)
+    step += _decay(weight_decay, no_decay, opts, "no_weight_decay")
   if flags["always_adapt"] or decays:
     step.append(scale_by_lamb_trust_ratio(
         skip=None if flags["always_adapt"] else no_decay, axis_name=opts["axis_name"],
@@ -274,7 +275,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
         stacked=opts["stacked"]))
   else:
     parts += step
-  return _finish(parts, name, opts, exempt=[("no_decay", no_decay)], learning_rate=lr,
+  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], learning_rate=lr,
                  lr_mult=False)
 
 
@@ -426,8 +427,8 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   parts = [scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), stacked=opts["stacked"]),
-           *_decay(weight_decay, no_decay, opts), base.learning_rate_part(lr)]
-  return _finish(parts, "timm_cadamw", opts, exempt=[("no_decay", no_decay)],
+           *_decay(weight_decay, no_decay, opts, "no_weight_decay"), base.learning_rate_part(lr)]
+  return _finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)],
                  learning_rate=lr)
 
 
@@ -555,7 +556,7 @@ def optax_lars(
   nesterov = v.check_flag("nesterov", nesterov)
   no_decay = _optax_mask(weight_decay_mask, "weight_decay_mask")
   no_ratio = _optax_mask(trust_ratio_mask, "trust_ratio_mask")
-  parts = [*_decay(weight_decay, no_decay, opts),
+  parts = [*_decay(weight_decay, no_decay, opts, "weight_decay_mask"),
            scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps, skip=no_ratio,
                                      axis_name=axis_name, stacked=stacked),
            mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
@@ -596,7 +597,7 @@ def optax_lamb(
   v.check_scalar("eps_root", eps_root, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   parts = [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
-           *_decay(weight_decay, _optax_mask(mask, "mask"), opts),
+           *_decay(weight_decay, _optax_mask(mask, "mask"), opts, "mask"),
            scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate)]
   return _finish(parts, "optax_lamb", opts, learning_rate=learning_rate)
@@ -664,7 +665,7 @@ def byol_lars(
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
   parts = [*_decay(weight_decay, _byol_exempt("weight_decay_filter", weight_decay_filter),
-                   opts),
+                   opts, "weight_decay_filter"),
            scale_by_lars_trust_ratio(
                eta=eta, epsilon=0.0, axis_name=axis_name, stacked=stacked,
                skip=_byol_exempt("lars_adaptation_filter", lars_adaptation_filter)),
@@ -722,7 +723,8 @@ def simclr_lars(
   else:
     tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
             ratio, base.learning_rate_part(learning_rate)]
-  return _finish([*_decay(weight_decay, no_decay, opts), *tail], "simclr_lars", opts,
+  decay = _decay(weight_decay, no_decay, opts, "exclude_from_weight_decay")
+  return _finish([*decay, *tail], "simclr_lars", opts,
                  learning_rate=learning_rate)
 
 
@@ -763,7 +765,7 @@ def albert_lamb(
   no_ratio = _regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
   no_ratio = no_decay if no_ratio is None else no_ratio
   parts = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
-           *_decay(weight_decay_rate, no_decay, opts),
+           *_decay(weight_decay_rate, no_decay, opts, "exclude_from_weight_decay"),
            scale_by_lamb_trust_ratio(skip=no_ratio, axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate)]
   return _finish(parts, "albert_lamb", opts, learning_rate=learning_rate)

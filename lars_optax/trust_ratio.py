@@ -221,14 +221,10 @@ def scale_by_lars_trust_ratio(
     wd_mult: per-leaf multipliers of ``ratio_weight_decay`` (MXNet's ``wd_mult``): a
       dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
       :data:`lars_optax.masks.LeafValues`.
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
     larc_learning_rate: None (no clip), or the learning rate :math:`\alpha_t`
       (a scalar or an optax schedule, called with the number of updates done
       so far) of LARC's clip: :math:`\rho \leftarrow \min(\rho/\alpha_t, 1)`.
@@ -367,14 +363,10 @@ def scale_by_lamb_trust_ratio(
       :class:`~lars_optax.masks.Mask`, a callable returning a bool pytree, or
       a bool pytree); see :func:`scale_by_lars_trust_ratio`. Skipped leaves
       cost no norm computation.
-    axis_name: for params split over this mesh axis under ``shard_map``/``pmap``:
-      the squared norms are summed over it, so each block gets its whole
-      layer's ratio; per leaf, ``{leaf name: axis}`` or ``[(mask, axis)]``
-      rules. See "Common arguments" in docs/optimizers.md.
-    stacked: the leaves that hold a stack of layers (scanned models), each layer
-      then getting its own norms and ratio, as in the unrolled model; by
-      default read from Flax partition metadata (``"layers"``). See
-      "Common arguments" in docs/optimizers.md and :mod:`lars_optax.stacked`.
+    axis_name: the mesh axis the params are split over (``shard_map``/``pmap``), or
+      per-leaf rules; see "Common arguments" in docs/optimizers.md.
+    stacked: the leaves that hold a stack of layers, one ratio per layer; see
+      "Common arguments" in docs/optimizers.md.
     max_trust_ratio: :math:`\rho_{max}` > 0 bounding the ratio, or None
       (timm's LAMBC: 1).
 

@@ -234,3 +234,26 @@ def test_each_rule_lives_in_its_familys_module(module, name):
 def test_the_mxnet_namespace_shares_the_library_own_optimizers():
   for name in ("lars", "lamb", "lans", "signum", "signsgd"):
     assert getattr(lars_optax.mxnet, name) is getattr(lars_optax, name)
+
+
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, source: list[str]) -> int:
+  """The lines of code of a function's body: no docstring, blank or comment-only lines."""
+  body = node.body
+  if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)):
+    body = body[1:]
+  lines = {n for stmt in body for n in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+           if source[n - 1].strip() and not source[n - 1].strip().startswith("#")}
+  return len(lines)
+
+
+def test_no_function_body_is_over_100_lines_of_code():
+  long = []
+  for name, path in MODULES.items():
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = _code_lines(node, source.splitlines())
+        if n > 100:
+          long.append(f"{name}.{node.name}: {n}")
+  assert not long, long
