@@ -421,3 +421,16 @@ def test_byols_rate_after_the_buffer_is_far_from_optax_lars_with_a_schedule():
   gap = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in
             zip(jax.tree.leaves(a), jax.tree.leaves(b)))
   assert gap > 0.1 * moved
+
+
+@pytest.mark.parametrize("make, kwargs", [
+    (P.optax_lars, {"learning_rate": 0.1, "weight_decay": 1e-3, "nesterov": True}),
+    (P.timm_lars, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-3,
+                   "trust_clip": True}),
+    (P.timm_lamb, {"lr": 0.01, "caution": True, "decoupled_decay": True}),
+    (P.keras_lamb, {"learning_rate": 0.01, "weight_decay": 0.01}),
+], ids=["optax_lars", "timm_lars", "timm_lamb", "keras_lamb"])
+def test_inject_hyperparams_gives_the_same_steps(make, kwargs):
+  injected, _ = _run(optax.inject_hyperparams(make)(**kwargs))
+  plain, _ = _run(make(**kwargs))
+  chex.assert_trees_all_close(injected, plain, rtol=1e-6)
