@@ -434,3 +434,17 @@ def test_inject_hyperparams_gives_the_same_steps(make, kwargs):
   injected, _ = _run(optax.inject_hyperparams(make)(**kwargs))
   plain, _ = _run(make(**kwargs))
   chex.assert_trees_all_close(injected, plain, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: P.timm_optimizer("nlarc", lr=0.1, weight_decay=1e-3, **kw),
+    lambda **kw: P.timm_lamb(0.01, decoupled_decay=True, **kw),
+    lambda **kw: P.optax_lamb(0.01, weight_decay=1e-3, **kw),
+    lambda **kw: P.simclr_lars(0.1, weight_decay=1e-3, classic_momentum=False, **kw),
+], ids=["timm_nlarc", "timm_lambw", "optax_lamb", "simclr_popular"])
+def test_float16_params_with_float32_masters_follow_the_float32_run(make):
+  masters, _ = _run(make(multi_precision=True), dtype=jnp.float16)
+  assert masters["w"].dtype == jnp.float16
+  ref, _ = _run(make(), dtype=jnp.float32)
+  chex.assert_trees_all_close(jax.tree.map(lambda x: x.astype(jnp.float32), masters), ref,
+                              rtol=2e-3, atol=2e-3)
