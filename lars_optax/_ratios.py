@@ -114,9 +114,20 @@ def layer_axes(state_layers: Sequence[Any], params: Any) -> list[int]:
 def clip_ratios(ratios: Sequence[Any], bound: Any) -> list[Any]:
   """LARC's clip: each ratio becomes min(ratio / bound, 1) (None stays None).
 
-  A bound of 0 (a warm-up from 0) gives 1, as in timm: rho / 0 is infinite."""
-  return [None if r is None else jnp.minimum(r / utils.cast(bound, r.dtype), 1).astype(r.dtype)
-          for r in ratios]
+  A bound of 0 (a warm-up from 0) gives 1, as in timm where rho / 0 is
+  infinite, also for a ratio of 0 (``eta=0``), where 0 / 0 would be NaN; the
+  step is then 0 either way (the rate is 0). 1 is divided there, not 0, so that
+  ``jax_debug_nans`` stays quiet."""
+  out: list[Any] = []
+  for r in ratios:
+    if r is None:
+      out.append(None)
+      continue
+    b = utils.cast(bound, r.dtype)
+    positive = b > 0
+    clipped = jnp.minimum(r / jnp.where(positive, b, 1), 1)
+    out.append(jnp.where(positive, clipped, 1).astype(r.dtype))
+  return out
 
 
 def apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax.Array]:

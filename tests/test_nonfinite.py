@@ -347,3 +347,20 @@ def test_skip_nonfinite_ignores_a_nan_in_a_row_sparse_padding_slot():
                                       num_rows=4)  # the NaN is on row 2: skipped
   _, state = tx.update({"emb": used}, state, params)
   assert int(state.total_notfinite) == 1 and not bool(state.last_finite)
+
+
+@pytest.mark.parametrize("where", ["dense_leaf", "row_sparse_leaf"])
+def test_skip_nonfinite_casts_beside_a_row_sparse_leaf(where):
+  """A float32 gradient of 1e5 is inf for a float16 weight, also when a row-sparse
+  leaf is in the tree (the cast used to give up on the whole tree)."""
+  tx = lars_optax.skip_nonfinite(lars_optax.mxnet.sgd(0.1, lazy_update=True))
+  params = {"emb": jnp.ones((4, 2), jnp.float16), "w": jnp.ones(3, jnp.float16)}
+  state = tx.init(params)
+  big = 1e5 if where == "row_sparse_leaf" else 1.0
+  grads = {"emb": lars_optax.sparse.row_sparse(jnp.array([[1.0, big]], jnp.float32),
+                                               rows=jnp.array([1]), num_rows=4),
+           "w": jnp.array([1.0, 1e5 if where == "dense_leaf" else 1.0, 1.0], jnp.float32)}
+  for step in (tx.update, jax.jit(tx.update)):
+    updates, new_state = step(grads, state, params)
+    assert int(new_state.total_notfinite) == 1
+    chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)

@@ -448,3 +448,17 @@ def test_float16_params_with_float32_masters_follow_the_float32_run(make):
   ref, _ = _run(make(), dtype=jnp.float32)
   chex.assert_trees_all_close(jax.tree.map(lambda x: x.astype(jnp.float32), masters), ref,
                               rtol=2e-3, atol=2e-3)
+
+
+def test_larc_clip_with_a_zero_coefficient_and_a_rate_of_zero_stays_finite():
+  """ρ = 0 and a rate of 0 (a warm-up from 0) would be 0/0 in the clip: it is 1, and the
+  step is 0 either way."""
+  sched = optax.linear_schedule(0.0, 0.5, 3)
+  tx = P.timm_lars(sched, momentum=0.9, weight_decay=1e-3, trust_coeff=0.0, trust_clip=True)
+  params, state = _run(tx, steps=4)
+  chex.assert_tree_all_finite(params)
+  chex.assert_tree_all_finite(lars_optax.trust_ratios(state))
+  tx = lars_optax.scale_by_lars_trust_ratio(eta=0.0, larc_learning_rate=0.0)
+  p = {"w": jnp.ones(3)}
+  _, state = tx.update(p, tx.init(p), p)
+  assert float(lars_optax.trust_ratios(state)[0]) == 1.0
