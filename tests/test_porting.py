@@ -451,7 +451,7 @@ def test_float16_params_with_float32_masters_follow_the_float32_run(make):
 
 
 def test_larc_clip_with_a_zero_coefficient_and_a_rate_of_zero_stays_finite():
-  """ρ = 0 and a rate of 0 (a warm-up from 0) would be 0/0 in the clip: it is 1, and the
+  """A ratio of 0 and a rate of 0 (a warm-up from 0) would be 0/0 in the clip: it is 1, and the
   step is 0 either way."""
   sched = optax.linear_schedule(0.0, 0.5, 3)
   tx = P.timm_lars(sched, momentum=0.9, weight_decay=1e-3, trust_coeff=0.0, trust_clip=True)
