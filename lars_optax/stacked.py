@@ -275,6 +275,26 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
 _SCANNED_NAME = re.compile(r"(?:^|/)(Scan[A-Z]\w*_\d+|__layer_stack\w*)(?:/|$)")
 
 
+def _looks_stacked(module: str, named: Sequence[tuple[str, Any]]) -> bool:
+  """Do the leaves under ``module`` look like a stack of layers?
+
+  Haiku's unnamed ``hk.layer_stack`` says so by its name. A Flax module named
+  ``Scan<Name>_<n>`` may be ``nn.scan``'s or a user's own class (``ScanNet``): a
+  scanned stack gives every leaf, biases and norm scales too, the same leading
+  layer axis, so all its leaves are at least 2-d with one leading size, and a
+  lone leaf (a Dense without bias) is at least 3-d.
+  """
+  if module.startswith("__layer_stack"):
+    return True
+  leaves = [leaf for n, leaf in named
+            if (m := _SCANNED_NAME.search(n)) is not None and m.group(1) == module]
+  if any(np.ndim(leaf) < 2 for leaf in leaves):
+    return False
+  if len({np.shape(leaf)[0] for leaf in leaves}) != 1:
+    return False
+  return len(leaves) >= 2 or np.ndim(leaves[0]) >= 3
+
+
 def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
   """``tx`` whose ``init`` warns when ``stacked`` is the default and leaves look scanned.
 
@@ -291,7 +311,8 @@ def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
     named = masks.named_leaves(params)
     ks = resolve(stacked, params)
     hits = [n for (n, leaf), k in zip(named, ks)
-            if not k and np.ndim(leaf) >= 2 and _SCANNED_NAME.search(n)]
+            if not k and np.ndim(leaf) >= 2 and _SCANNED_NAME.search(n)
+            and _looks_stacked(_SCANNED_NAME.search(n).group(1), named)]  # type: ignore[union-attr]
     if hits:
       prefix = hits[0][:_SCANNED_NAME.search(hits[0]).end(1)]  # type: ignore[union-attr]
       more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""

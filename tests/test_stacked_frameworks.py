@@ -478,3 +478,35 @@ def test_the_warning_names_a_stacked_rule_that_silences_it(params):
     lars_optax.lamb(1e-3, stacked=rule).init(p)
   assert lars_optax.stacked.layer_axes(p, rule)  # the stack's leaves, one layer axis each
 
+
+
+def _own_scan_named_models():
+  """User classes whose names start with Scan, with nothing scanned (#37 item 5)."""
+  nn = pytest.importorskip("flax.linen")
+
+  class ScanNet(nn.Module):  # Dense with a bias: the bias is 1-d
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D)(x)
+
+  class ScanEncoder(nn.Module):  # Dense without a bias: one 2-d kernel
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D, use_bias=False)(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return ScanEncoder()(ScanNet()(x))
+
+  return Model().init(jax.random.key(0), jnp.ones((2, D)))["params"]
+
+
+@pytest.mark.parametrize("name", sorted(WARNS))
+def test_a_module_named_scan_that_scans_nothing_does_not_warn(name):
+  p = _own_scan_named_models()
+  assert {"ScanNet_0/Dense_0/kernel", "ScanEncoder_0/Dense_0/kernel"} <= {
+      n for n, _ in lars_optax.named_leaves(p)}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    WARNS[name]().init(p)
