@@ -257,7 +257,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
       b1, b2=b2, eps=eps, bias_correction=flags["bias_correction"],
       grad_averaging=flags["grad_averaging"])
   if flags["caution"]:
-    direction = scale_by_caution(direction, stacked=opts["stacked"])
+    direction = scale_by_caution(direction, stacked=opts["stacked"], axis_name=opts["axis_name"])
   decays = not utils.is_const(weight_decay, 0)
   step = [direction]
   if not flags["decoupled_decay"]:
@@ -426,7 +426,8 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
   b1, b2 = _betas("betas", betas)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
-  parts = [scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), stacked=opts["stacked"]),
+  parts = [scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), stacked=opts["stacked"],
+                            axis_name=opts["axis_name"]),
            *_decay(weight_decay, no_decay, opts, "no_weight_decay"), base.learning_rate_part(lr)]
   return _finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)],
                  learning_rate=lr)

@@ -216,6 +216,7 @@ def scale_by_caution(
     inner: GradientTransformation,
     *,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    axis_name: stacked_mod.AxisNameLike = None,
 ) -> GradientTransformationExtraArgs:
   r"""Masks the output of ``inner`` where it disagrees in sign with its input.
 
@@ -247,6 +248,10 @@ def scale_by_caution(
     stacked: the leaves that hold a stack of layers (see
       :mod:`lars_optax.stacked`): each layer gets its own mean, as in the
       unrolled model.
+    axis_name: inside ``shard_map``/``pmap`` with params split over this mesh
+      axis, the kept share is counted over the whole leaf (summed over the
+      axis), as the unsplit leaf counts it; per leaf, ``{leaf name: axis}`` or
+      ``[(mask, axis)]`` rules, as the trust ratios take it.
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` with
@@ -261,10 +266,12 @@ def scale_by_caution(
     raise TypeError(f"inner: expected an optax.GradientTransformation, got "
                     f"{type(inner).__name__}.")
   stacked_mod.check_stacked(stacked)
+  stacked_mod.check_axis_names(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):
     ks = stacked_mod.resolve(stacked, params)
+    stacked_mod.resolve_axis_names(axis_name, params, ks)  # a bad name fails here already
     return ScaleByCautionState(inner_tx.init(params), stacked_mod.layer_markers(params, ks))
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -272,20 +279,29 @@ def scale_by_caution(
     flat_g, treedef = jax.tree.flatten(updates)
     flat_u = treedef.flatten_up_to(new)
     ks = stacked_mod.axes_from_markers(state.layers, len(flat_g))
+    axes = stacked_mod.resolve_axis_names(axis_name, params, ks)
+    axes = [axes] * len(flat_g) if axes is None or isinstance(axes, str) else axes
 
-    def mask(u, g, k):
+    def mask(u, g, k, axis):
       g = g.astype(u.dtype)
       agree = (jnp.real(u * jnp.conj(g)) if jnp.iscomplexobj(u) else u * g) > 0
       dt = utils.norm_dtype(utils.real_dtype(u.dtype))
-      # The share of entries kept, counted in float32 (a float16 count saturates).
-      kept = jnp.mean(agree, axis=tuple(range(k, u.ndim)), dtype=dt)
+      # The share of entries kept, counted in float32 (a float16 count saturates),
+      # over the whole leaf when its blocks are split over a mesh axis.
+      reduced = tuple(range(k, u.ndim))
+      if axis is None:
+        kept = jnp.mean(agree, axis=reduced, dtype=dt)
+      else:
+        count = jnp.asarray(np.prod([u.shape[i] for i in reduced]), dt)
+        kept = (utils.collective(jax.lax.psum, jnp.sum(agree, axis=reduced, dtype=dt), axis)
+                / utils.collective(jax.lax.psum, count, axis))
       scale = (1 / jnp.maximum(kept, 1e-3)).astype(utils.real_dtype(u.dtype))
       # A product, not a select (as timm does it): a NaN or inf direction stays
       # visible in the update (NaN * 0 is NaN) instead of becoming a zero step.
       phi = agree.astype(scale.dtype) * stacked_mod.per_layer(scale, u)
       return (u * phi).astype(u.dtype)
 
-    out = [mask(u, g, k) for u, g, k in zip(flat_u, flat_g, ks)]
+    out = [mask(u, g, k, a) for u, g, k, a in zip(flat_u, flat_g, ks, axes)]
     return jax.tree.unflatten(treedef, out), ScaleByCautionState(inner_state, state.layers)
 
   return GradientTransformationExtraArgs(init_fn, update_fn)

@@ -395,3 +395,42 @@ def test_per_leaf_axis_name_rules_are_checked():
   tx = lars_optax.lars(0.1, axis_name=[(lars_optax.by_leaf_name("nope"), "x")])
   with pytest.raises(ValueError, match="axis_name"):
     tx.init({"w": jnp.ones((2, 2))})
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: lars_optax.porting.timm_lamb(0.01, weight_decay=1e-3, caution=True,
+                                              max_grad_norm=None, **kw),
+    lambda **kw: lars_optax.porting.timm_optimizer("cadamw", lr=0.01, weight_decay=1e-3,
+                                                   filter_bias_and_bn=False, **kw),
+    lambda **kw: lars_optax.scale_by_caution(optax.scale_by_adam(), **kw),
+], ids=["timm_clamb", "timm_cadamw", "scale_by_caution"])
+def test_shard_map_caution_counts_the_kept_share_over_the_whole_leaf(make):
+  """#37 item 1: a (4, 16) leaf split 8 ways by features, over several steps."""
+  rng = np.random.default_rng(5)
+  params = {"w": jnp.asarray(rng.normal(size=(4, 16)), jnp.float32)}
+  grads = [{"w": jnp.asarray(rng.normal(size=(4, 16)), jnp.float32)} for _ in range(3)]
+  mesh = Mesh(np.array(jax.devices()[:8]), ("model",))
+  spec = {"w": P(None, "model")}
+
+  def run(tx, step):
+    p, s = params, tx.init(params)
+    for g in grads:
+      u, s = step(tx, g, s, p)
+      p = optax.apply_updates(p, u)
+    return p
+
+  whole = run(make(), lambda tx, g, s, p: tx.update(g, s, p))
+  split = make(axis_name="model")
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  def sharded_run(p, g0):
+    del g0
+    s = split.init(p)
+    for g in grads:
+      g = {"w": jax.lax.dynamic_slice_in_dim(g["w"], jax.lax.axis_index("model") * 2, 2, 1)}
+      u, s = split.update(g, s, p)
+      p = optax.apply_updates(p, u)
+    return p
+
+  chex.assert_trees_all_close(sharded_run(params, params), whole, rtol=1e-5, atol=1e-6)
