@@ -113,6 +113,18 @@ def is_constant(value: Any) -> bool:
   return not (value is None or callable(value) or _is_traced(value))
 
 
+def known_value(value: Any) -> float | None:
+  """The value of a scalar hyperparameter known now: a Python or numpy number, or a
+  concrete JAX array (``optax.inject_hyperparams`` makes every numeric default one);
+  None for a schedule, a tracer or anything else."""
+  if not is_constant(value) or isinstance(value, (bool, np.bool_)):
+    return None
+  try:
+    return float(np.asarray(value)) if np.ndim(value) == 0 else None
+  except (TypeError, ValueError):
+    return None
+
+
 def check_representable(name: str, value: Any, params: Any, *, compute: bool = False,
                         nonzero: bool = False) -> None:
   """A constant hyperparameter must be finite in the dtype it is used in.

@@ -90,7 +90,7 @@ def mxnet_momentum(
   if not isinstance(nesterov, (bool, np.bool_)):
     raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
   v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-  if nesterov and v.is_constant(dampening) and not utils.is_const(dampening, 0):
+  if nesterov and v.known_value(dampening) not in (None, 0.0):
     raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
                      f"dampening={dampening!r}.")
   use_buffer = not utils.is_const(momentum, 0)
@@ -212,7 +212,8 @@ def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
   v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
   if not isinstance(nesterov, (bool, np.bool_)):
     raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-  if nesterov and (utils.is_const(momentum, 0)
-                   or (v.is_constant(dampening) and not utils.is_const(dampening, 0))):
+  # Concrete arrays (optax.inject_hyperparams' defaults) are judged by their value.
+  if nesterov and (v.known_value(momentum) == 0.0
+                   or v.known_value(dampening) not in (None, 0.0)):
     raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
                      f"(as in PyTorch), got momentum={momentum!r}, dampening={dampening!r}.")

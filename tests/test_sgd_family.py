@@ -497,3 +497,25 @@ def test_lars_under_inject_hyperparams_keeps_mxnets_momentum_state():
     u_i, s_i = jax.jit(injected.update)(g, s_i, params)
     u_p, s_p = plain.update(g, s_p, params)
     chex.assert_trees_all_close(u_i, u_p, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make, kwargs", [
+    (lars_optax.dampened_trace, {"momentum": 0.9, "nesterov": True}),
+    (lars_optax.mxnet_momentum, {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    (lars_optax.porting.timm_lars, {"lr": 0.1, "momentum": 0.9, "nesterov": True,
+                                    "weight_decay": 1e-3}),
+    (lars_optax.porting.optax_lars, {"learning_rate": 0.1, "nesterov": True}),
+], ids=["dampened_trace", "mxnet_momentum", "timm_lars", "optax_lars"])
+def test_nesterov_under_inject_hyperparams_judges_the_injected_zero_by_value(make, kwargs):
+  """#37 item 4: inject_hyperparams makes the default dampening Array(0.): still 0."""
+  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]])}
+  grads = {"w": jnp.array([[0.3, -0.1], [0.0, 0.4]])}
+  injected = optax.inject_hyperparams(make)(**kwargs)
+  plain = make(**kwargs)
+  a, _ = injected.update(grads, injected.init(params), params)
+  b, _ = plain.update(grads, plain.init(params), params)
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+  bad = optax.inject_hyperparams(lars_optax.dampened_trace)(momentum=0.9, dampening=0.5,
+                                                             nesterov=True)
+  with pytest.raises(ValueError, match="^nesterov"):  # a concrete non-zero still refuses
+    bad.init(params)
