@@ -517,5 +517,5 @@ def test_nesterov_under_inject_hyperparams_judges_the_injected_zero_by_value(mak
   chex.assert_trees_all_close(a, b, rtol=1e-6)
   bad = optax.inject_hyperparams(lars_optax.dampened_trace)(momentum=0.9, dampening=0.5,
                                                              nesterov=True)
-  with pytest.raises(ValueError, match="^nesterov"):  # a concrete non-zero still refuses
+  with pytest.raises(ValueError, match=r"^nesterov"):  # a concrete non-zero still refuses
     bad.init(params)
