@@ -16,14 +16,15 @@ links that optax lacks and that optimizers of several families use:
 * :func:`check_inputs` -- the first link of every optimizer.
 
 Each family's own transformations live beside its optimizers:
-:mod:`lars_optax.trust_ratio` (LARS, LAMB and LANS trust ratios, per-leaf
-normalisation), :mod:`lars_optax.mxnet.sgd_family` (:func:`~lars_optax.mxnet_momentum`,
-SGD momentum with the learning rate inside the accumulator),
-:mod:`lars_optax.mxnet.adam_family` (:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and
-Adam's relatives) and :mod:`lars_optax.mxnet.adagrad_family`. The names that used to
-live here are still importable from here. The sign of Signum/signSGD is
-optax's :func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema`
-(without debiasing)."""
+:mod:`lars_optax.trust_ratio` (the LARS and LAMB trust ratios),
+:mod:`lars_optax.lans` (LANS's ratios, per-leaf normalisation),
+:mod:`lars_optax.momentum` (:func:`~lars_optax.mxnet_momentum`, SGD momentum
+with the learning rate inside the accumulator, and PyTorch's
+:func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet.adam_family`
+(:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and Adam's relatives) and
+:mod:`lars_optax.mxnet.adagrad_family`. The sign of Signum/signSGD is optax's
+:func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema` (without
+debiasing)."""
 
 from __future__ import annotations
 
