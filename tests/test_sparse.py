@@ -1118,10 +1118,33 @@ def test_value_and_grad_inside_shard_map_with_check_vma_equals_the_dense_gradien
                               grads(jax.value_and_grad(loss)), rtol=1e-5, atol=1e-7)
 
 
+def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map():
+  """#37 item 7: each device holds 4 of the 16 rows; global ids past the block would be
+  clamped in the lookup and dropped in the gradient. A replicated table is exact."""
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()[:4]), ("model",))
+  params = {"table": jnp.arange(64.0).reshape(16, 4)}
+  ids = jnp.array([1, 6, 13])
+  grad_fn = lars_optax.sparse.value_and_grad(lambda p, i: jnp.sum(p["table"][i] ** 2),
+                                             sparse="table")
+
+  def step(spec):
+    return jax.jit(jax.shard_map(lambda p, i: grad_fn(p, i)[1]["table"].data, mesh=mesh,
+                                 in_specs=({"table": spec}, P()), out_specs=P("model"),
+                                 check_vma=True))(params, ids)
+
+  with pytest.raises(Exception, match=r"sparse: leaf 'table' varies over the mesh axes "
+                                      r"\('model',\) inside shard_map .*past this block's 4 rows"):
+    jax.block_until_ready(step(P("model", None)))
+  rows = np.asarray(step(P()))[:3]  # the first device's rows
+  np.testing.assert_allclose(rows, 2 * np.asarray(params["table"])[[1, 6, 13]], rtol=1e-6)
+
+
 @pytest.mark.parametrize("optimizer", [
-    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True), lambda: lars_optax.mxnet.sgd(0.1,
-                                                                                       momentum=0.9,
-                                                                           lazy_update=True),
+    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
+    lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),
     lambda: lars_optax.mxnet.adagrad(0.1), lambda: lars_optax.mxnet.ftrl()],
     ids=["adam", "sgd", "adagrad", "ftrl"])
 def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer):

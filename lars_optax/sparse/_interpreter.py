@@ -29,12 +29,15 @@ class Table:
   ``dtype``: the dtype a cast (``convert_element_type``, as Flax's
   ``Embed(dtype=...)`` casts the whole table) gave it; the lookup reads the
   rows and casts them instead. ``value`` may be the table after ``pvary``
-  (inside ``shard_map``), a change of type only.
+  (inside ``shard_map``), a change of type only. ``split``: the mesh axes the
+  leaf itself varies over (a table split across devices), as it came in.
   """
 
-  def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None):
+  def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None,
+               split: frozenset | None = None):
     self.index, self.value, self.name = index, value, name
     self.dtype = value.dtype if dtype is None else jnp.dtype(dtype)
+    self.split = utils.vma(value) if split is None else split
 
 
 def _bind(eqn: Any, invals: list) -> Any:
@@ -98,6 +101,18 @@ def _too_many_rows(name: str, max_rows: int) -> Callable[..., str]:
   return report
 
 
+def _split_table(name: str, axes: tuple[str, ...], n: int) -> Callable[..., str]:
+  def report(rows):
+    bad = rows[(rows < 0) | (rows >= n)]
+    return (f"sparse: leaf {name!r} varies over the mesh axes {axes} inside shard_map (a "
+            f"table split across devices), and a lookup reads rows {sorted(set(bad.tolist()))[:5]} "
+            f"past this block's {n} rows: with a table split by rows, a global id reads a "
+            "clamped row and its gradient is dropped. Replicate the table over those axes "
+            "(in_specs P()), or run the step under jax.jit with the table's rows split by a "
+            "NamedSharding, where the lookups and the lazy step are exact.")
+  return report
+
+
 class Interpreter:
   """Evaluates a jaxpr where sparse leaves are read only through row lookups.
 
@@ -117,6 +132,11 @@ class Interpreter:
     """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
     n = table.value.shape[0]
     rows = indices[..., row]
+    split = tuple(sorted(table.split))
+    if split:  # a block of a table split over the mesh: ids must be the block's own
+      ok = _checks.raise_at_run_time(jnp.any((rows < 0) | (rows >= n)),
+                                     _split_table(table.name, split, n), rows)
+      rows = rows + jnp.asarray(ok, rows.dtype)
     if clip:
       rows, valid = jnp.clip(rows, 0, n - 1), jnp.ones(rows.shape, bool)
     else:
@@ -186,13 +206,14 @@ class Interpreter:
       # A cast followed by a lookup is a lookup followed by a cast.
       new_dtype = eqn.params.get("new_dtype")
       if new_dtype is None or jnp.issubdtype(new_dtype, jnp.floating):
-        return Table(table.index, table.value, table.name, new_dtype or table.dtype)
+        return Table(table.index, table.value, table.name, new_dtype or table.dtype,
+                     table.split)
     if name == "pvary":
       # shard_map (check_vma=True) marks a replicated table as varying before
       # it meets per-device ids: a change of type, applied to the table itself.
       outs = _bind(eqn, [x.value if isinstance(x, Table) else x for x in invals])
       outs = list(outs) if eqn.primitive.multiple_results else [outs]
-      outs = [Table(x.index, o, x.name, x.dtype) if isinstance(x, Table) else o
+      outs = [Table(x.index, o, x.name, x.dtype, x.split) if isinstance(x, Table) else o
               for x, o in zip(invals, outs)]
       return outs if eqn.primitive.multiple_results else outs[0]
     subs = _rowwise_jaxpr.sub_jaxprs(eqn.params)
