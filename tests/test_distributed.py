@@ -434,3 +434,42 @@ def test_shard_map_caution_counts_the_kept_share_over_the_whole_leaf(make):
     return p
 
   chex.assert_trees_all_close(sharded_run(params, params), whole, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# 4. A table split by rows under jit (docs/sparse.md)
+# --------------------------------------------------------------------------
+
+
+def test_row_split_table_under_jit_equals_one_device_without_gathering_it():
+  """#37 item 8: the lazy Adam step on a table (and its moments) split by rows over 8
+  devices equals the one-device step; the table stays split and is never all-gathered."""
+  mesh = Mesh(np.array(jax.devices()[:8]), ("rows",))
+  rng = np.random.default_rng(0)
+  params = {"table": jnp.asarray(rng.normal(size=(1024, 16)), jnp.float32), "w": jnp.ones(16)}
+  ids = jnp.asarray(rng.integers(0, 1024, (32, 4)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=32), jnp.float32)
+  grad_fn = lars_optax.sparse.value_and_grad(
+      lambda p, i, t: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - t) ** 2), sparse="table")
+  tx = lars_optax.mxnet.adam(0.01, lazy_update=True)
+
+  def step(p, s):
+    _, g = grad_fn(p, ids, y)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  def run(p):
+    s, f = tx.init(p), jax.jit(step)
+    for _ in range(3):
+      p, s = f(p, s)
+    return p, s, f.lower(p, s).compile().as_text()
+
+  one, _, _ = run(params)
+  rows = NamedSharding(mesh, P("rows", None))
+  split, state, hlo = run(jax.device_put(params, {"table": rows, "w": NamedSharding(mesh, P())}))
+  chex.assert_trees_all_close(split, one, rtol=1e-6, atol=1e-6)
+  assert split["table"].sharding.spec == rows.spec
+  assert state[1].mu["table"].sharding.spec == rows.spec  # the moments are split too
+  assert {s.data.shape for s in split["table"].addressable_shards} == {(128, 16)}
+  gathers = [line for line in hlo.splitlines() if "all-gather" in line and "1024,16" in line]
+  assert not gathers, gathers
