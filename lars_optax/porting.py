@@ -348,6 +348,7 @@ _TIMM_LARS = {"lars": {}, "larc": {"trust_clip": True}, "nlars": {"nesterov": Tr
 _TIMM_LAMB = {"lamb": {}, "lambc": {"trust_clip": True}, "lambw": {"decoupled_decay": True},
               "clamb": {"caution": True}}
 _TIMM_NAMES = (*_TIMM_LARS, *_TIMM_LAMB, "cadamw")
+_SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked")  # the library's options
 
 
 def timm_optimizer(
@@ -388,16 +389,15 @@ def timm_optimizer(
   filter_bias_and_bn = v.check_flag("filter_bias_and_bn", filter_bias_and_bn)
   no_decay = (_timm_no_decay(no_weight_decay)
               if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
-  shared = {k: kwargs.pop(k) for k in ("lr_mult", "multi_precision", "axis_name", "stacked")
-            if k in kwargs}
+  shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
   opts = _shared(shared.get("lr_mult"), shared.get("multi_precision", False),
                  shared.get("axis_name"), shared.get("stacked", stacked_mod.FROM_METADATA))
   if opt == "cadamw":
     return _timm_cadamw(lr, weight_decay, no_decay, kwargs, opts)
   family, make, defaults = ((_TIMM_LARS, _timm_lars, timm_lars) if opt in _TIMM_LARS
                             else (_TIMM_LAMB, _timm_lamb, timm_lamb))
-  own = {k: p.default for k, p in _signature(defaults).items()
-         if k not in ("lr", "lr_mult", "multi_precision", "axis_name", "stacked")}
+  signature = inspect.signature(defaults).parameters
+  own = {k: p.default for k, p in signature.items() if k != "lr" and k not in _SHARED}
   unknown = set(kwargs) - set(own)
   if unknown:
     raise TypeError(f"{sorted(unknown)[0]}: timm's {opt!r} optimizer takes no such "
@@ -405,12 +405,8 @@ def timm_optimizer(
   args = {**own, **kwargs, **family[opt], "weight_decay": weight_decay}
   if family is _TIMM_LARS:
     args["momentum"] = momentum
-  return make(f"timm_{opt}", _signature(defaults)["lr"].default if lr is None else lr,
+  return make(f"timm_{opt}", signature["lr"].default if lr is None else lr,
               no_decay=no_decay, opts=opts, **args)
-
-
-def _signature(fn: Callable[..., Any]) -> dict[str, Any]:
-  return dict(inspect.signature(fn).parameters)
 
 
 def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,

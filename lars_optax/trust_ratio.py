@@ -125,7 +125,7 @@ class ScaleByLarsTrustRatioState(NamedTuple):
       entry too, -1 (a ratio is never negative), so the vector still has
       one entry per leaf of the whole params tree. A stacked leaf's entry
       is the mean of its layers' ratios.
-    inner_state: the state of the inner transformation; with ``trust_clip``,
+    inner_state: the state of the inner transformation; with ``larc_learning_rate``,
       a :class:`TrustClipState` holding it and the step count.
     layer_trust_ratio: ``()`` when no leaf is stacked; else per leaf None
       (not stacked) or the ratios of its layers, an array of shape
