@@ -18,9 +18,11 @@ from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse
 from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
 
 
-def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult):
-  """The checks of MXNet's optimizer-base arguments."""
-  v.check_learning_rate("learning_rate", learning_rate)
+def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult, *,
+               positive_lr: bool = False):
+  """The checks of MXNet's optimizer-base arguments (``positive_lr``: a constant
+  rate must be > 0)."""
+  v.check_learning_rate("learning_rate", learning_rate, positive=positive_lr)
   v.check_scalar("wd", wd, low=0.0)
   v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
   if clip_gradient is not None:
@@ -77,9 +79,13 @@ def learning_rate_part(learning_rate) -> optax.GradientTransformation:
   return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
 
 
-def hyperparams(**values: Any) -> list[tuple[Any, ...]]:
-  """The scalars to check against the params' dtypes at ``init`` (see check_inputs)."""
-  return [(k, x) for k, x in values.items() if x is not None]
+def hyperparams(*, computed: Mapping[str, Any] | None = None,
+                **values: Any) -> list[tuple[Any, ...]]:
+  """The scalars to check against the params' dtypes at ``init`` (see check_inputs);
+  ``computed``: those used in the float32-or-wider dtype of the computation (an
+  epsilon under a square root or a norm)."""
+  return ([(k, x) for k, x in values.items() if x is not None]
+          + [(k, x, True) for k, x in (computed or {}).items() if x is not None])
 
 
 def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:

@@ -157,6 +157,13 @@ def check_bounds(lower_bound: Any, upper_bound: Any) -> None:
         f"and upper_bound={float(np.asarray(upper_bound)):g}.")
 
 
+def bound_hyperparams(lower_bound: Any, upper_bound: Any) -> list[tuple[str, Any, bool]]:
+  """The bounds as ``check_inputs`` hyperparameters (used in float32 or wider)."""
+  return [(arg, value, True) for arg, value in (("lower_bound", lower_bound),
+                                                ("upper_bound", upper_bound))
+          if value is not None]
+
+
 def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
                    upper_bound: Any, max_ratio: Any = None) -> jax.Array:
   """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
@@ -175,18 +182,19 @@ def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
   return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
-def check_ratio_params(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
-                        upper_bound: Any, stacked: stacked_mod.StackedLike,
-                        *,
-                        allow_complex: bool = False) -> list[int]:
-  """The ``init`` checks of LAMB's and LANS's ratios; returns the layer axes."""
-  v.check_float_params(params, name, allow_complex=allow_complex)
-  for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
-    if value is not None:
-      v.check_representable(arg, value, params, compute=True)
-  masks.check_unique_names(params)
+def ratio_axes(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
+               upper_bound: Any, stacked: stacked_mod.StackedLike,
+               *, checks: bool, allow_complex: bool = False) -> list[int]:
+  """The layer axes at ``init`` of LAMB's and LANS's ratios, after their checks
+  (with ``checks``: see :func:`lars_optax._validation.link_checks`)."""
+  if checks:
+    v.check_float_params(params, name, allow_complex=allow_complex)
+    for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
+      if value is not None:
+        v.check_representable(arg, value, params, compute=True)
+    masks.check_unique_names(params)
+    masks.check_matches(skip, params, "skip")
   ks = stacked_mod.resolve(stacked, params)
-  masks.check_matches(skip, params, "skip")
   masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
   return ks
 

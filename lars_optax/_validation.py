@@ -7,6 +7,7 @@ leaf) and says what is accepted.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -80,11 +81,12 @@ def check_scalar(
     raise ValueError(f"{name}: must be {rng}, got {v:g}{hint}.")
 
 
-def check_learning_rate(name: str, value: Any) -> None:
-  """A learning rate is a schedule (callable) or a finite scalar >= 0."""
+def check_learning_rate(name: str, value: Any, *, positive: bool = False) -> None:
+  """A learning rate is a schedule (callable) or a finite scalar >= 0 (``positive``:
+  > 0, for the rules that divide by it)."""
   if callable(value):
     return
-  check_scalar(name, value, low=0.0, alternative=" or an optax schedule")
+  check_scalar(name, value, low=0.0, low_open=positive, alternative=" or an optax schedule")
 
 
 def check_count(name: str, value: Any, minimum: int = 0, *, arrays: bool = True,
@@ -215,11 +217,16 @@ def check_complex_gradients(updates: Any, params: Any, where: str) -> None:
                       "loss with respect to real parameters.")
 
 
-def check_same_structure(updates: Any, params: Any, where: str) -> None:
-  """Raises a ValueError naming the leaves when two trees differ."""
+def require_params(params: Any, where: str) -> None:
+  """Raises a ValueError when a rule that reads the params is given none."""
   if params is None:
     raise ValueError(f"{where}: params are required; call "
                      "update(updates, state, params).")
+
+
+def check_same_structure(updates: Any, params: Any, where: str) -> None:
+  """Raises a ValueError naming the leaves when two trees differ (or params are missing)."""
+  require_params(params, where)
   # (Any: jax's type stubs do not describe PyTreeDef's comparison.)
   t_u: Any = jax.tree.structure(updates)
   t_p: Any = jax.tree.structure(params)
@@ -332,6 +339,43 @@ _NO_EQUIVALENT = {
 }
 
 
+# True while a public constructor builds its chain (see ``constructor``).
+_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("lars_optax_building",
+                                                                 default=False)
+
+
+def constructor(fn: _F) -> _F:
+  """A decorator for a public optimizer: the links it builds skip the checks it made.
+
+  An argument is checked once, where it enters. An optimizer checks the
+  arguments a user gives it, and its first link (:func:`check_inputs
+  <lars_optax.check_inputs>`) checks the params and gradient trees; the public
+  links it chains then skip their own checks of the same things (see
+  :func:`link_checks`). A link that a user calls directly checks everything.
+  """
+
+  @functools.wraps(fn)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    token = _BUILDING.set(True)
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _BUILDING.reset(token)
+
+  return cast(_F, wrapper)
+
+
+def link_checks() -> bool:
+  """Whether a link built now checks its arguments and trees itself.
+
+  False while a :func:`constructor` builds its chain: that optimizer has
+  checked the arguments it passes on, and its ``check_inputs`` link checks
+  the params and gradients. Read it when the link is built (not in
+  ``init``/``update``, which run later).
+  """
+  return not _BUILDING.get()
+
+
 def _optax_hint(keyword: str, taken: set[str]) -> str | None:
   """The advice for optax's ``keyword`` in a function taking ``taken``; None if taken."""
   if keyword in taken:
@@ -354,8 +398,9 @@ def _optax_hint(keyword: str, taken: set[str]) -> str | None:
 
 
 def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
-  """A decorator: a keyword of ``hints``, or one of optax's, that the function does
-  not take raises a TypeError that starts with the keyword and says which one to use.
+  """A decorator for a public optimizer: a :func:`constructor` where a keyword of
+  ``hints``, or one of optax's, that the function does not take raises a
+  TypeError that starts with the keyword and says which one to use.
 
   ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
   message; optax's keywords (those of ``optax.lars``, ``lamb``, ``adam``,
@@ -372,12 +417,14 @@ def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
              if (why := _optax_hint(k, taken)) is not None}
     wrong.update({k: why for k, why in hints.items() if k not in taken})
 
+    built = constructor(fn)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
       for k in kwargs:
         if k in wrong:
           raise TypeError(f"{k}: {fn.__name__}() has no argument {k!r}; {wrong[k]}")
-      return fn(*args, **kwargs)
+      return built(*args, **kwargs)
 
     return cast(_F, wrapper)
 

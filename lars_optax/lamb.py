@@ -76,18 +76,21 @@ def scale_by_lamb_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.LAMB``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("eps_root", eps_root, low=0.0)
-  bias_correction = v.check_flag("bias_correction", bias_correction)
-  grad_averaging = v.check_flag("grad_averaging", grad_averaging)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    v.check_scalar("eps_root", eps_root, low=0.0)
+    bias_correction = v.check_flag("bias_correction", bias_correction)
+    grad_averaging = v.check_flag("grad_averaging", grad_averaging)
   name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, name, allow_complex=True)
-    v.check_representable("eps", eps, params, compute=True)
-    v.check_representable("eps_root", eps_root, params, compute=True)
+    if checks:
+      v.check_float_params(params, name, allow_complex=True)
+      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps_root", eps_root, params, compute=True)
     utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
@@ -233,6 +236,9 @@ def lamb(
   v.check_scalar("epsilon", epsilon, low=0.0)
   bias_correction = v.check_flag("bias_correction", bias_correction)
   multi_precision = v.check_flag("multi_precision", multi_precision)
+  _ratios.check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   decay = ([] if utils.is_const(wd, 0) else
@@ -248,6 +254,7 @@ def lamb(
                    complex_params=clip_gradient is None,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                   hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                rescale_grad=rescale_grad, epsilon=epsilon))
+                   hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                  rescale_grad=rescale_grad, epsilon=epsilon),
+                                *_ratios.bound_hyperparams(lower_bound, upper_bound)])
   return stacked_mod.warn_unstacked(tx, stacked, "lamb")

@@ -66,11 +66,14 @@ def normalize_per_leaf(
     54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
     2.0 ``mxnet.optimizer.LANS``.
   """
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
+  checks = v.link_checks()
+  if checks:
+    stacked_mod.check_axis_names(axis_name)
+    stacked_mod.check_stacked(stacked)
 
   def init_fn(params):
-    v.check_float_params(params, "normalize_per_leaf")
+    if checks:
+      v.check_float_params(params, "normalize_per_leaf")
     ks = stacked_mod.resolve(stacked, params)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
     markers = stacked_mod.layer_markers(params, ks)
@@ -177,22 +180,26 @@ def scale_by_lans(
     Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  masks.check_leaf_values(wd_mult, "wd_mult")
-  _ratios.check_bounds(lower_bound, upper_bound)
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
+    masks.check_leaf_values(wd_mult, "wd_mult")
+    _ratios.check_bounds(lower_bound, upper_bound)
+    masks.check_mask_like(skip, "skip")
+    stacked_mod.check_axis_names(axis_name)
+    stacked_mod.check_stacked(stacked)
   name = "scale_by_lans"
 
   def init_fn(params: optax.Params) -> ScaleByLansState:
-    ks = _ratios.check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked)
-    v.check_representable("eps", eps, params, compute=True)
+    ks = _ratios.ratio_axes(params, name, skip, lower_bound, upper_bound, stacked,
+                            checks=checks)
+    if checks:
+      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("weight_decay", weight_decay, params, compute=True)
     utils.warn_float16(params, name, utils.DEGRADES)
-    v.check_representable("weight_decay", weight_decay, params, compute=True)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
     # (Separate buffers for the two ratios: a step that donates the state
@@ -204,7 +211,9 @@ def scale_by_lans(
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
@@ -347,6 +356,9 @@ def lans(
   v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
+  _ratios.check_bounds(lower_bound, upper_bound)
+  masks.check_mask_like(skip, "skip")
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   parts = [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
@@ -358,6 +370,8 @@ def lans(
   tx = base.finish(parts, "lans", multi_precision=multi_precision,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                   hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                rescale_grad=rescale_grad))
+                   hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                  rescale_grad=rescale_grad),
+                                ("epsilon", epsilon, True),
+                                *_ratios.bound_hyperparams(lower_bound, upper_bound)])
   return stacked_mod.warn_unstacked(tx, stacked, "lans")

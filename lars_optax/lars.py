@@ -135,6 +135,8 @@ def lars(
   v.check_scalar("eta", eta, low=0.0)
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
+  masks.check_mask_like(skip, "skip")
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
   # The ratio is taken from the rescaled gradient before clipping, so the

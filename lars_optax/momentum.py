@@ -85,20 +85,23 @@ def mxnet_momentum(
   Returns:
     A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
   """
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-  if nesterov and v.known_value(dampening) not in (None, 0.0):
-    raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
-                     f"dampening={dampening!r}.")
+  checks = v.link_checks()
+  if checks:
+    v.check_learning_rate("learning_rate", learning_rate)
+    v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
+    if not isinstance(nesterov, (bool, np.bool_)):
+      raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
+    v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
+    if nesterov and v.known_value(dampening) not in (None, 0.0):
+      raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
+                       f"dampening={dampening!r}.")
   use_buffer = not utils.is_const(momentum, 0)
   damped = use_buffer and not utils.is_const(dampening, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
-    v.check_float_params(params, "mxnet_momentum", allow_complex=True)
-    v.check_representable("learning_rate", learning_rate, params)
+    if checks:
+      v.check_float_params(params, "mxnet_momentum", allow_complex=True)
+      v.check_representable("learning_rate", learning_rate, params)
     buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
     return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
 
@@ -180,10 +183,13 @@ def dampened_trace(
     and momentum in deep learning <https://proceedings.mlr.press/v28/sutskever13.html>`_,
     ICML 2013; PyTorch ``torch.optim.SGD``.
   """
-  check_torch_momentum(momentum, dampening, nesterov)
+  checks = v.link_checks()
+  if checks:
+    check_torch_momentum(momentum, dampening, nesterov)
 
   def init_fn(params: optax.Params) -> DampenedTraceState:
-    v.check_float_params(params, "dampened_trace", allow_complex=True)
+    if checks:
+      v.check_float_params(params, "dampened_trace", allow_complex=True)
     return DampenedTraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):

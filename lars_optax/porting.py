@@ -82,6 +82,7 @@ def _shared(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
             stacked: Any) -> Shared:
   """The library's shared options, checked where they enter."""
   masks.check_leaf_values(lr_mult, "lr_mult")
+  stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
           "multi_precision": v.check_flag("multi_precision", multi_precision)}
@@ -92,14 +93,17 @@ def _lr_mult(opts: Shared) -> list:
 
 
 def _finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
-            learning_rate: Any = None, lr_mult: bool = True) -> GradientTransformationExtraArgs:
+            hyperparams: Sequence[tuple[Any, ...]], lr_mult: bool = True,
+            ) -> GradientTransformationExtraArgs:
   """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
-  around; warn for stacks."""
+  around; warn for stacks. ``hyperparams``: ``(peer's name, value[, compute])`` of the
+  constants to check against the params' dtypes at ``init`` (``compute``: used in
+  float32 or wider), as :func:`lars_optax.check_inputs` takes them."""
   tx = base.finish([*parts, *(_lr_mult(opts) if lr_mult else [])], name,
                    multi_precision=opts["multi_precision"],
                    names=[(arg, mask, None) for arg, mask in exempt],
                    leaf_values=[("lr_mult", opts["lr_mult"])],
-                   hyperparams=base.hyperparams(learning_rate=learning_rate))
+                   hyperparams=[h for h in hyperparams if h[1] is not None])
   return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
 
 
@@ -189,9 +193,12 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
         wd_mult=decay_mult, axis_name=opts["axis_name"], stacked=opts["stacked"],
         larc_learning_rate=lr if trust_clip else None))
   parts += _torch_momentum(lr, momentum, dampening, nesterov)
-  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], learning_rate=lr)
+  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)],
+                 hyperparams=[("lr", lr), ("weight_decay", weight_decay),
+                              ("trust_coeff", trust_coeff, True), ("eps", eps, True)])
 
 
+@v.constructor
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -275,10 +282,11 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
         stacked=opts["stacked"]))
   else:
     parts += step
-  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], learning_rate=lr,
-                 lr_mult=False)
+  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], lr_mult=False,
+                 hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("eps", eps, True)])
 
 
+@v.constructor
 def timm_lamb(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -351,6 +359,7 @@ _TIMM_NAMES = (*_TIMM_LARS, *_TIMM_LAMB, "cadamw")
 _SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked")  # the library's options
 
 
+@v.constructor
 def timm_optimizer(
     opt: str,
     *,
@@ -426,7 +435,7 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
                             axis_name=opts["axis_name"]),
            *_decay(weight_decay, no_decay, opts, "no_weight_decay"), base.learning_rate_part(lr)]
   return _finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)],
-                 learning_rate=lr)
+                 hyperparams=[("lr", lr), ("weight_decay", weight_decay)])
 
 
 # --------------------------------------------------------------------------
@@ -434,6 +443,7 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
 # --------------------------------------------------------------------------
 
 
+@v.constructor
 def torch_sparse_adam(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -459,6 +469,7 @@ def torch_sparse_adam(
                      multi_precision=multi_precision)
 
 
+@v.constructor
 def keras_lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -507,7 +518,9 @@ def keras_lamb(
     parts = [add_decoupled_weight_decay(
         optax.chain(*step), learning_rate=learning_rate, weight_decay=weight_decay,
         wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=lr_mult, stacked=stacked)]
-  return _finish(parts, "keras_lamb", opts, learning_rate=learning_rate, lr_mult=False)
+  return _finish(parts, "keras_lamb", opts, lr_mult=False,
+                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                              ("epsilon", epsilon, True)])
 
 
 # --------------------------------------------------------------------------
@@ -515,6 +528,7 @@ def keras_lamb(
 # --------------------------------------------------------------------------
 
 
+@v.constructor
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -557,9 +571,12 @@ def optax_lars(
            scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps, skip=no_ratio,
                                      axis_name=axis_name, stacked=stacked),
            mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
-  return _finish(parts, "optax_lars", opts, learning_rate=learning_rate)
+  return _finish(parts, "optax_lars", opts,
+                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                              ("trust_coefficient", trust_coefficient, True), ("eps", eps, True)])
 
 
+@v.constructor
 def optax_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -597,7 +614,9 @@ def optax_lamb(
            *_decay(weight_decay, _optax_mask(mask, "mask"), opts, "mask"),
            scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate)]
-  return _finish(parts, "optax_lamb", opts, learning_rate=learning_rate)
+  return _finish(parts, "optax_lamb", opts,
+                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                              ("eps", eps, True), ("eps_root", eps_root, True)])
 
 
 # --------------------------------------------------------------------------
@@ -629,6 +648,7 @@ def _byol_exempt(arg_name: str, filter_fn: Callable[..., Any] | None) -> masks.M
   return exempt
 
 
+@v.constructor
 def byol_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -667,9 +687,12 @@ def byol_lars(
                eta=eta, epsilon=0.0, axis_name=axis_name, stacked=stacked,
                skip=_byol_exempt("lars_adaptation_filter", lars_adaptation_filter)),
            *_torch_momentum(learning_rate, momentum, 0.0, False)]
-  return _finish(parts, "byol_lars", opts, learning_rate=learning_rate)
+  return _finish(parts, "byol_lars", opts,
+                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                              ("eta", eta, True)])
 
 
+@v.constructor
 def simclr_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -722,9 +745,11 @@ def simclr_lars(
             ratio, base.learning_rate_part(learning_rate)]
   decay = _decay(weight_decay, no_decay, opts, "exclude_from_weight_decay")
   return _finish([*decay, *tail], "simclr_lars", opts,
-                 learning_rate=learning_rate)
+                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                              ("eeta", eeta, True)])
 
 
+@v.constructor
 def albert_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -765,4 +790,6 @@ def albert_lamb(
            *_decay(weight_decay_rate, no_decay, opts, "exclude_from_weight_decay"),
            scale_by_lamb_trust_ratio(skip=no_ratio, axis_name=axis_name, stacked=stacked),
            base.learning_rate_part(learning_rate)]
-  return _finish(parts, "albert_lamb", opts, learning_rate=learning_rate)
+  return _finish(parts, "albert_lamb", opts,
+                 hyperparams=[("learning_rate", learning_rate),
+                              ("weight_decay_rate", weight_decay_rate), ("epsilon", epsilon, True)])

@@ -188,4 +188,5 @@ def signsgd(
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return base.finish(parts, "signsgd", multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh))
+                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
+                                              rescale_grad=rescale_grad))

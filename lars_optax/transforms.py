@@ -117,8 +117,9 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
     A :class:`optax.GradientTransformation`; its state is
     :class:`optax.EmptyState`, or :class:`PerLeafState` when a leaf is stacked.
   """
-  masks.check_leaf_values(multipliers, arg_name)
-  stacked_mod.check_stacked(stacked)
+  if v.link_checks():
+    masks.check_leaf_values(multipliers, arg_name)
+    stacked_mod.check_stacked(stacked)
 
   def init_fn(params):
     mults, state = _per_leaf_init(params, multipliers, arg_name, stacked)
@@ -171,19 +172,24 @@ def add_decayed_weights_per_leaf(
     A :class:`optax.GradientTransformation` (state as for
     :func:`scale_per_leaf`); ``update`` needs ``params``.
   """
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  masks.check_leaf_values(multipliers, arg_name)
-  stacked_mod.check_stacked(stacked)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
+    masks.check_leaf_values(multipliers, arg_name)
+    stacked_mod.check_stacked(stacked)
   name = "add_decayed_weights_per_leaf"
 
   def init_fn(params):
-    v.check_float_params(params, name, allow_complex=True)
-    v.check_representable("weight_decay", weight_decay, params)
+    if checks:
+      v.check_float_params(params, name, allow_complex=True)
+      v.check_representable("weight_decay", weight_decay, params)
     return _per_leaf_init(params, multipliers, arg_name, stacked)[1]
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(multipliers, params, arg_name,
@@ -263,11 +269,10 @@ def scale_by_caution(
     One Line of Code <https://arxiv.org/abs/2411.16085>`_, 2024; timm
     ``timm.optim``'s ``caution``.
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
-  stacked_mod.check_stacked(stacked)
-  stacked_mod.check_axis_names(axis_name)
+  if v.link_checks():
+    _check_inner(inner)
+    stacked_mod.check_stacked(stacked)
+    stacked_mod.check_axis_names(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -375,14 +380,14 @@ def add_decoupled_weight_decay(
     <https://arxiv.org/abs/1711.05101>`_, ICLR 2019; Keras 3
     ``keras.optimizers.Optimizer(weight_decay=...)``; timm ``Lamb``.
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  masks.check_leaf_values(wd_mult, "wd_mult")
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  stacked_mod.check_stacked(stacked)
+  checks = v.link_checks()
+  if checks:
+    _check_inner(inner)
+    v.check_learning_rate("learning_rate", learning_rate)
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
+    masks.check_leaf_values(wd_mult, "wd_mult")
+    masks.check_leaf_values(lr_mult, "lr_mult")
+    stacked_mod.check_stacked(stacked)
   inner_tx = optax.with_extra_args_support(inner)
   name = "add_decoupled_weight_decay"
 
@@ -392,8 +397,9 @@ def add_decoupled_weight_decay(
     return [utils.times(utils.times(weight_decay, a), b) for a, b in zip(wd, lr)]
 
   def init_fn(params):
-    v.check_float_params(params, name, allow_complex=True)
-    v.check_representable("weight_decay", weight_decay, params)
+    if checks:
+      v.check_float_params(params, name, allow_complex=True)
+      v.check_representable("weight_decay", weight_decay, params)
     if wd_mult is not None or lr_mult is not None:
       masks.check_unique_names(params)
     ks = stacked_mod.resolve(stacked, params)
@@ -406,7 +412,9 @@ def add_decoupled_weight_decay(
     if params is None:
       raise ValueError(f"params: {name} needs the params (update(grads, state, params)).")
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
     flat_p, treedef = jax.tree.flatten(params)
     ks = stacked_mod.axes_from_markers(state.layers, len(flat_p))
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
@@ -428,6 +436,12 @@ def add_decoupled_weight_decay(
                                          state.layers))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_inner(inner: Any) -> None:
+  if not isinstance(inner, GradientTransformation):
+    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
 
 
 def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
@@ -489,10 +503,11 @@ def check_inputs(
   names = _check_tuples("names", names, 3)
   leaf_values = _check_tuples("leaf_values", leaf_values, 2)
   hyperparams = _check_tuples("hyperparams", hyperparams, 2, 3)
-  for arg, mask, _ in names:
-    masks.check_mask_like(mask, arg)
-  for arg, spec in leaf_values:
-    masks.check_leaf_values(spec, arg)
+  if v.link_checks():  # inside an optimizer, it has checked them
+    for arg, mask, _ in names:
+      masks.check_mask_like(mask, arg)
+    for arg, spec in leaf_values:
+      masks.check_leaf_values(spec, arg)
 
   def init_fn(params):
     v.check_float_params(params, name, allow_complex=complex_params)

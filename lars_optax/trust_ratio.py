@@ -238,33 +238,36 @@ def scale_by_lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  v.check_scalar("eta", eta, low=0.0)
-  v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  v.check_scalar("rescale", rescale, low=0.0, low_open=True)
-  if inner is not None and not isinstance(inner, GradientTransformation):
-    raise TypeError("inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
-  masks.check_mask_like(skip, "skip")
-  masks.check_leaf_values(wd_mult, "wd_mult")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
-  if larc_learning_rate is not None:
-    v.check_learning_rate("larc_learning_rate", larc_learning_rate)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("eta", eta, low=0.0)
+    v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
+    v.check_scalar("epsilon", epsilon, low=0.0)
+    v.check_scalar("rescale", rescale, low=0.0, low_open=True)
+    if inner is not None and not isinstance(inner, GradientTransformation):
+      raise TypeError("inner: expected an optax.GradientTransformation, got "
+                      f"{type(inner).__name__}.")
+    masks.check_mask_like(skip, "skip")
+    masks.check_leaf_values(wd_mult, "wd_mult")
+    stacked_mod.check_axis_names(axis_name)
+    stacked_mod.check_stacked(stacked)
+    if larc_learning_rate is not None:
+      v.check_learning_rate("larc_learning_rate", larc_learning_rate)
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
-    v.check_float_params(params, name, allow_complex=True)
-    for arg, value in (("eta", eta), ("ratio_weight_decay", ratio_weight_decay),
-                       ("epsilon", epsilon)):
-      v.check_representable(arg, value, params, compute=True)
-    v.check_representable("rescale", rescale, params)
-    masks.check_unique_names(params)
+    if checks:
+      v.check_float_params(params, name, allow_complex=True)
+      for arg, value in (("eta", eta), ("ratio_weight_decay", ratio_weight_decay),
+                         ("epsilon", epsilon)):
+        v.check_representable(arg, value, params, compute=True)
+      v.check_representable("rescale", rescale, params)
+      masks.check_unique_names(params)
+      masks.check_matches(skip, params, "skip")
     if skip is masks.MXNET_DEFAULT:
       masks.warn_foreign_names(params)
     ks = stacked_mod.resolve(stacked, params)
-    masks.check_matches(skip, params, "skip")
     masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)  # a bad name fails here already
@@ -276,8 +279,10 @@ def scale_by_lars_trust_ratio(
 
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
-    v.check_float_params(params, name, allow_complex=True)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
+      v.check_float_params(params, name, allow_complex=True)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     flat_g, treedef = jax.tree.flatten(updates)
@@ -379,24 +384,28 @@ def scale_by_lamb_trust_ratio(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
     2.0 ``mxnet.optimizer.LAMB``.
   """
-  _ratios.check_bounds(lower_bound, upper_bound)
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
-  if max_trust_ratio is not None:
-    v.check_scalar("max_trust_ratio", max_trust_ratio, low=0.0, low_open=True)
+  checks = v.link_checks()
+  if checks:
+    _ratios.check_bounds(lower_bound, upper_bound)
+    masks.check_mask_like(skip, "skip")
+    stacked_mod.check_axis_names(axis_name)
+    stacked_mod.check_stacked(stacked)
+    if max_trust_ratio is not None:
+      v.check_scalar("max_trust_ratio", max_trust_ratio, low=0.0, low_open=True)
   name = "scale_by_lamb_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
-    ks = _ratios.check_ratio_params(params, name, skip, lower_bound, upper_bound, stacked,
-                             allow_complex=True)
+    ks = _ratios.ratio_axes(params, name, skip, lower_bound, upper_bound, stacked,
+                            checks=checks, allow_complex=True)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
     return ScaleByLambTrustRatioState(_ratios.ratio_vector(params),
                                       _ratios.layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     flat_u, treedef = jax.tree.flatten(updates)

@@ -14,6 +14,7 @@ Three tables, each run over every public optimizer (and over ``create``):
   gradients of another float dtype than their params.
 """
 
+import collections
 import inspect
 import math
 import re
@@ -58,11 +59,6 @@ BAD = {
              (True, TypeError, r"expected a real number in \[0, 1\)"),
              ("0.9", TypeError, r"expected a real number in \[0, 1\)")],
     # A learning rate that divides (FTML): > 0, or a schedule.
-    "lr_pos": [(0.0, ValueError, "must be > 0, got 0"),
-               (-0.1, ValueError, "must be >= 0, got -0.1"),
-               (NAN, ValueError, "must be finite and >= 0"),
-               ("0.1", TypeError, "expected a real number >= 0 or an optax schedule"),
-               (None, TypeError, "expected a real number >= 0")],
     "pos": [(0.0, ValueError, "must be > 0, got 0"),
             (-2.0, ValueError, "must be > 0, got -2"),
             (INF, ValueError, "must be finite and > 0"),
@@ -141,7 +137,7 @@ ARGS = {
               "schedule_decay": "nonneg", "begin_num_update": "step"},
     "adabelief": {**BASE, "beta1": "unit", "beta2": "unit", "epsilon": "nonneg",
                   "correct_bias": "flag", "begin_num_update": "step"},
-    "ftml": {**BASE, "learning_rate": "lr_pos", "beta1": "unit", "beta2": "unit",
+    "ftml": {**BASE, "learning_rate": "pos_lr", "beta1": "unit", "beta2": "unit",
              "epsilon": "nonneg", "begin_num_update": "step"},
 }
 
@@ -180,7 +176,7 @@ TRANSFORMS = {
                              {"b1": "unit", "b2": "unit", "eps": "nonneg",
                               "schedule_decay": "nonneg", "initial_count": "step"}),
     "scale_by_ftml": (lars_optax.mxnet.scale_by_ftml, {},
-                      {"learning_rate": "lr_pos", "b1": "unit", "b2": "unit",
+                      {"learning_rate": "pos_lr", "b1": "unit", "b2": "unit",
                        "eps": "nonneg", "initial_count": "step"}),
     "add_decayed_weights_per_leaf": (lars_optax.add_decayed_weights_per_leaf,
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
@@ -241,6 +237,89 @@ def test_bad_hyperparameters_are_named(name):
 def test_bad_hyperparameters_through_create_are_named(name):
   _check_all(lambda arg, value: lars_optax.mxnet.create(name, **{arg: value}), ARGS[name],
              keep=lambda arg, value: not (arg == "learning_rate" and value is None))
+
+
+# The argument kinds with no upper bound: 1e39 passes construction, and init
+# rejects it for float32 params (beyond float32 whichever dtype it is used in).
+UNBOUNDED = ("lr", "nonneg", "nonneg_or_none", "pos", "pos_or_none", "pos_lr")
+# Arguments a float32 1e39 does not break, with why: clip_gradient=1e39 clips nothing.
+BEYOND_FLOAT32_OK = {"clip_gradient", "clip_weights"}
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_every_unbounded_hyperparameter_is_checked_against_the_params_dtype_once(name):
+  """Each argument is checked where it enters: the optimizer's first link names it at
+  init (the links inside it no longer check it again)."""
+  missed = []
+  for arg, kind in ARGS[name].items():
+    if kind not in UNBOUNDED or arg in BEYOND_FLOAT32_OK:
+      continue
+    tx = FACTORIES[name](**{**REQUIRED.get(name, {}), arg: 1e39})
+    try:
+      tx.init({"w": jnp.ones(2, jnp.float32)})
+    except ValueError as e:
+      if not str(e).startswith(f"{arg}: 1e+39 is beyond the range of float32"):
+        missed.append(f"{arg}: {e}")
+    else:
+      missed.append(f"{arg}: no error")
+  assert not missed, "\n".join(missed)
+
+
+_SPIED = ("check_scalar", "check_learning_rate", "check_flag", "check_count",
+          "check_representable", "check_float_params", "check_same_structure")
+
+
+def _spy_on_checks(monkeypatch):
+  """Counts each check of lars_optax._validation by (check, argument or tree)."""
+  seen = collections.Counter()
+
+  def spy_on(fn):
+    orig = getattr(v, fn)
+
+    def spy(arg, *args, **kwargs):
+      what = args[1] if fn == "check_float_params" and len(args) > 1 else kwargs.get("what")
+      seen[(fn, arg if isinstance(arg, str) else (what or "parameter"))] += 1
+      return orig(arg, *args, **kwargs)
+
+    monkeypatch.setattr(v, fn, spy)
+
+  for fn in _SPIED:
+    spy_on(fn)
+  return seen
+
+
+P = lars_optax.porting
+PORTS = {  # every porting constructor, with the options that build all its links
+    "timm_lars": lambda: P.timm_lars(0.1, momentum=0.9, weight_decay=1e-4, trust_clip=True),
+    "timm_lamb": lambda: P.timm_lamb(caution=True),
+    "timm_lambw": lambda: P.timm_optimizer("lambw", weight_decay=0.01),
+    "timm_cadamw": lambda: P.timm_optimizer("cadamw", weight_decay=0.01),
+    "torch_sparse_adam": lambda: P.torch_sparse_adam(),
+    "keras_lamb": lambda: P.keras_lamb(weight_decay=0.01),
+    "optax_lars": lambda: P.optax_lars(0.1, weight_decay=1e-4),
+    "optax_lamb": lambda: P.optax_lamb(1e-3, weight_decay=0.01),
+    "byol_lars": lambda: P.byol_lars(0.1, weight_decay=1e-6),
+    "simclr_lars": lambda: P.simclr_lars(0.1, weight_decay=1e-6),
+    "albert_lamb": lambda: P.albert_lamb(1e-3, weight_decay_rate=0.01),
+}
+ONCE = {**{name: lambda name=name: FACTORIES[name](**REQUIRED.get(name, {})) for name in ARGS},
+        **PORTS}
+
+
+@pytest.mark.parametrize("name", sorted(ONCE))
+def test_each_argument_and_tree_is_checked_once(name, monkeypatch):
+  """Checked where it enters: the optimizer checks an argument, its first link the
+  params and gradients; the links it chains check none of them again."""
+  seen = _spy_on_checks(monkeypatch)
+  tx = ONCE[name]()
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  tx.update({"w": jnp.ones(2)}, state, params)
+  assert sum(n for (fn, _), n in seen.items() if fn == "check_learning_rate") == 1
+  assert seen[("check_float_params", "parameter")] == 2  # at init and at update
+  twice = {key: n for key, n in seen.items()
+           if n > (2 if key[0] in ("check_float_params", "check_same_structure") else 1)}
+  assert not twice, twice
 
 
 @pytest.mark.parametrize("make", [

@@ -101,11 +101,14 @@ def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
     and Stochastic Optimization <https://jmlr.org/papers/v12/duchi11a.html>`_,
     JMLR 2011; Apache MXNet 2.0 ``mxnet.optimizer.AdaGrad``.
   """
-  v.check_scalar("eps", eps, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> optax.ScaleByRssState:
-    v.check_float_params(params, "scale_by_mxnet_adagrad")
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, "scale_by_mxnet_adagrad")
+      v.check_representable("eps", eps, params, compute=True)
     return optax.ScaleByRssState(sum_of_squares=jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):
@@ -170,11 +173,14 @@ def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
     <https://jmlr.org/papers/v12/duchi11a.html>`_, JMLR 2011; Apache MXNet 2.0
     ``mxnet.optimizer.contrib.GroupAdaGrad``.
   """
-  v.check_scalar("eps", eps, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> ScaleByGroupAdagradState:
-    v.check_float_params(params, "scale_by_group_adagrad")
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, "scale_by_group_adagrad")
+      v.check_representable("eps", eps, params, compute=True)
     return ScaleByGroupAdagradState(jax.tree.map(
         lambda p: jnp.zeros(_row_shape(jnp.shape(p)), p.dtype), params))
 
@@ -206,15 +212,20 @@ def clip_params(max_abs: float) -> optax.GradientTransformation:
   References:
     Apache MXNet 2.0 ``mxnet.optimizer.RMSProp`` (``clip_weights``).
   """
-  v.check_scalar("max_abs", max_abs, low=0.0, low_open=True)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("max_abs", max_abs, low=0.0, low_open=True)
 
   def init_fn(params: optax.Params) -> optax.EmptyState:
-    v.check_representable("max_abs", max_abs, params)
+    if checks:
+      v.check_representable("max_abs", max_abs, params)
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, "clip_params")
+    v.require_params(params, "clip_params")
+    if checks:
+      v.check_same_structure(updates, params, "clip_params")
 
     def clip(u, w):
       c = utils.cast(max_abs, u.dtype)
@@ -292,19 +303,22 @@ def ftrl_proximal(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  _check_positive_learning_rate(learning_rate)
-  v.check_scalar("lamda1", lamda1, low=0.0)
-  v.check_scalar("beta", beta, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  masks.check_leaf_values(wd_mult, "wd_mult")
+  checks = v.link_checks()
+  if checks:
+    v.check_learning_rate("learning_rate", learning_rate, positive=True)
+    v.check_scalar("lamda1", lamda1, low=0.0)
+    v.check_scalar("beta", beta, low=0.0)
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
+    masks.check_leaf_values(lr_mult, "lr_mult")
+    masks.check_leaf_values(wd_mult, "wd_mult")
   name = "ftrl_proximal"
 
   def init_fn(params: optax.Params) -> FtrlProximalState:
-    v.check_float_params(params, name)
-    for arg, value in (("learning_rate", learning_rate), ("lamda1", lamda1), ("beta", beta),
-                       ("weight_decay", weight_decay)):
-      v.check_representable(arg, value, params)
+    if checks:
+      v.check_float_params(params, name)
+      for arg, value in (("learning_rate", learning_rate), ("lamda1", lamda1), ("beta", beta),
+                         ("weight_decay", weight_decay)):
+        v.check_representable(arg, value, params)
     if lr_mult is not None or wd_mult is not None:
       masks.check_unique_names(params)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
@@ -315,7 +329,9 @@ def ftrl_proximal(
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     flat_g, treedef = jax.tree.flatten(updates)
     flat_w = treedef.flatten_up_to(params)
@@ -345,13 +361,6 @@ def ftrl_proximal(
         jax.tree.unflatten(treedef, out_n))
 
   return optax.GradientTransformation(init_fn, update_fn)
-
-
-def _check_positive_learning_rate(learning_rate: Any) -> None:
-  """FTRL divides by the learning rate: a constant one must be > 0."""
-  if not callable(learning_rate):
-    v.check_scalar("learning_rate", learning_rate, low=0.0, low_open=True,
-                   alternative=" or an optax schedule")
 
 
 # --------------------------------------------------------------------------
@@ -442,10 +451,12 @@ def adagrad(
   return base.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad),
+                                                  rescale_grad=rescale_grad,
+                                                  computed={"epsilon": epsilon}),
                      row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
+@v.constructor
 def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -504,7 +515,8 @@ def groupadagrad(
   return base.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate,
-                                                  rescale_grad=rescale_grad),
+                                                  rescale_grad=rescale_grad,
+                                                  computed={"epsilon": epsilon}),
                      row_sparse=True)
 
 
@@ -730,8 +742,8 @@ def ftrl(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  _check_positive_learning_rate(learning_rate)
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                  positive_lr=True)
   v.check_scalar("lamda1", lamda1, low=0.0)
   v.check_scalar("beta", beta, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)

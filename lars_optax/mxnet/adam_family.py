@@ -140,15 +140,18 @@ def scale_by_mxnet_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.Adam``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  # (an integer array passes: inject_hyperparams)
-  v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    # (an integer array passes: inject_hyperparams)
+    v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
+      v.check_representable("eps", eps, params, compute=True)
     utils.warn_float16(params, "scale_by_mxnet_adam")
     return optax.ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
@@ -236,24 +239,28 @@ def scale_by_adam_moments(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.AdamW``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
 
   def second(n, u, m):
     del m
     return utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u)
 
-  return _ratio_of_moments(b1, eps, second, jnp.sqrt, "scale_by_adam_moments")
+  return _ratio_of_moments(b1, eps, second, jnp.sqrt, "scale_by_adam_moments",
+                           checks=checks)
 
 
 def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
-                      squares: bool = True) -> GradientTransformation:
+                      checks: bool, squares: bool = True) -> GradientTransformation:
   """``mu = b1 mu + (1 - b1) u``, ``nu = second(nu, u, mu)``, update ``mu / (root(nu) + eps)``."""
 
   def init_fn(params):
-    v.check_float_params(params, where)
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, where)
+      v.check_representable("eps", eps, params, compute=True)
     if squares:  # squared gradients underflow in float16
       utils.warn_float16(params, where)
     return ScaleByAdamMomentsState(mu=jax.tree.map(jnp.zeros_like, params),
@@ -308,16 +315,18 @@ def scale_by_mxnet_adamax(
     <https://arxiv.org/abs/1412.6980>`_, 2014 (section 7.1, AdaMax); Apache
     MXNet 2.0 ``mxnet.optimizer.Adamax``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
 
   def second(n, u, m):
     del m
     return jnp.maximum(utils.cast(b2, n.dtype) * n, jnp.abs(u))
 
   return _ratio_of_moments(b1, eps, second, lambda n: n, "scale_by_mxnet_adamax",
-                           squares=False)
+                           checks=checks, squares=False)
 
 
 def scale_by_mxnet_belief(
@@ -353,16 +362,19 @@ def scale_by_mxnet_belief(
     Observed Gradients <https://arxiv.org/abs/2010.07468>`_, NeurIPS 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.AdaBelief``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
 
   def second(n, u, m):
     dt = n.dtype
     return (utils.cast(b2, dt) * n + utils.cast(1 - b2, dt) * jnp.square(u - m)
             + utils.cast(eps, dt))
 
-  return _ratio_of_moments(b1, eps, second, jnp.sqrt, "scale_by_mxnet_belief")
+  return _ratio_of_moments(b1, eps, second, jnp.sqrt, "scale_by_mxnet_belief",
+                           checks=checks)
 
 
 def _check_count(name: str, value: Any) -> None:
@@ -404,10 +416,12 @@ def scale_by_bias_correction(
     <https://arxiv.org/abs/1412.6980>`_, 2014 (section 3); Apache MXNet 2.0
     ``mxnet.optimizer.AdamW`` and ``mxnet.optimizer.AdaBelief``.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  if b2 is not None:
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  _check_count("initial_count", initial_count)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    if b2 is not None:
+      v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    _check_count("initial_count", initial_count)
 
   def init_fn(params):
     del params
@@ -504,16 +518,19 @@ def scale_by_mxnet_nadam(
     <https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ>`_, ICLR 2016
     workshop.
   """
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("schedule_decay", schedule_decay, low=0.0)
-  _check_count("initial_count", initial_count)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    v.check_scalar("schedule_decay", schedule_decay, low=0.0)
+    _check_count("initial_count", initial_count)
   log_096 = math.log(0.96)
 
   def init_fn(params):
-    v.check_float_params(params, "scale_by_mxnet_nadam")
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, "scale_by_mxnet_nadam")
+      v.check_representable("eps", eps, params, compute=True)
     utils.warn_float16(params, "scale_by_mxnet_nadam")
     return ScaleByNadamState(count=jnp.zeros([], jnp.int32),
                              m_schedule=jnp.ones([], _scalar_dtype(params)),
@@ -612,16 +629,19 @@ def scale_by_ftml(
     Zheng and Kwok, `Follow the Moving Leader in Deep Learning
     <http://proceedings.mlr.press/v70/zheng17a.html>`_, ICML 2017.
   """
-  _check_ftml_learning_rate(learning_rate)
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  _check_count("initial_count", initial_count)
+  checks = v.link_checks()
+  if checks:
+    v.check_learning_rate("learning_rate", learning_rate, positive=True)
+    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    masks.check_leaf_values(lr_mult, "lr_mult")
+    _check_count("initial_count", initial_count)
 
   def init_fn(params):
-    v.check_float_params(params, "scale_by_ftml")
-    v.check_representable("eps", eps, params, compute=True)
+    if checks:
+      v.check_float_params(params, "scale_by_ftml")
+      v.check_representable("eps", eps, params, compute=True)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
     utils.warn_float16(params, "scale_by_ftml")
     zeros = functools.partial(jax.tree.map, jnp.zeros_like, params)
@@ -631,7 +651,9 @@ def scale_by_ftml(
     if params is None:
       raise ValueError("scale_by_ftml: update needs params (the rule sets w_t = -z_t / d_t).")
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, "scale_by_ftml")
+    v.require_params(params, "scale_by_ftml")
+    if checks:
+      v.check_same_structure(updates, params, "scale_by_ftml")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     count = optax.safe_int32_increment(state.count)
     flat_u, treedef = jax.tree.flatten(updates)
@@ -664,12 +686,6 @@ def scale_by_ftml(
   return GradientTransformation(init_fn, update_fn)
 
 
-def _check_ftml_learning_rate(learning_rate: Any) -> None:
-  v.check_learning_rate("learning_rate", learning_rate)
-  if not callable(learning_rate) and v.is_constant(learning_rate):
-    v.check_scalar("learning_rate", learning_rate, low=0.0, low_open=True)
-
-
 # --------------------------------------------------------------------------
 # Optimizers
 # --------------------------------------------------------------------------
@@ -680,8 +696,9 @@ def _check_betas(beta1: Any, beta2: Any, epsilon: Any) -> None:
   v.check_scalar("epsilon", epsilon, low=0.0)
 
 
-def _hyperparams(learning_rate, wd, rescale_grad):
-  return base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad)
+def _hyperparams(learning_rate, wd, rescale_grad, **computed):
+  return base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                          computed=computed)
 
 
 @v.mxnet_names
@@ -765,8 +782,7 @@ def adam(
   return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                          rescale_grad=rescale_grad))
+                 hyperparams=_hyperparams(learning_rate, wd, rescale_grad, epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -852,7 +868,8 @@ def adamw(
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamw", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
+                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                              epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -919,7 +936,8 @@ def adamax(
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamax", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
+                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                              epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -996,7 +1014,8 @@ def nadam(
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "nadam", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
+                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad, epsilon=epsilon,
+                                              schedule_decay=schedule_decay))
 
 
 @v.mxnet_names
@@ -1070,7 +1089,8 @@ def adabelief(
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adabelief", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
+                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                              epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -1131,8 +1151,8 @@ def ftml(
     <http://proceedings.mlr.press/v70/zheng17a.html>`_, ICML 2017; Apache
     MXNet 2.0 ``mxnet.optimizer.FTML``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  _check_ftml_learning_rate(learning_rate)
+  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                  positive_lr=True)
   _check_betas(beta1, beta2, epsilon)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
@@ -1141,4 +1161,5 @@ def ftml(
                              initial_count=begin_num_update))
   return base.finish(parts, "ftml", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad))
+                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                              epsilon=epsilon))

@@ -222,18 +222,23 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
     Gradient Descent with Delay Compensation
     <https://arxiv.org/abs/1609.08326>`_, ICML 2017.
   """
-  v.check_scalar("variance_control", variance_control, low=0.0)
+  checks = v.link_checks()
+  if checks:
+    v.check_scalar("variance_control", variance_control, low=0.0)
   name = "add_delay_compensation"
 
   def init_fn(params: optax.Params) -> DelayCompensationState:
-    v.check_float_params(params, name)
-    v.check_representable("variance_control", variance_control, params)
+    if checks:
+      v.check_float_params(params, name)
+      v.check_representable("variance_control", variance_control, params)
     # A copy, so that donating the params to a jitted step leaves the state intact.
     return DelayCompensationState(jax.tree.map(lambda p: jnp.array(p, copy=True), params))
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
-    v.check_same_structure(updates, params, name)
+    v.require_params(params, name)
+    if checks:
+      v.check_same_structure(updates, params, name)
 
     def compensate(u, w, prev):
       if utils.is_const(variance_control, 0):
@@ -419,14 +424,17 @@ def add_langevin_noise(
     Dynamics <https://www.stats.ox.ac.uk/~teh/research/compstats/WelTeh2011a.pdf>`_,
     ICML 2011.
   """
-  v.check_learning_rate("learning_rate", learning_rate)
-  _check_key("key", key)
-  masks.check_leaf_values(multipliers, arg_name)
+  checks = v.link_checks()
+  if checks:
+    v.check_learning_rate("learning_rate", learning_rate)
+    _check_key("key", key)
+    masks.check_leaf_values(multipliers, arg_name)
   name = "add_langevin_noise"
 
   def init_fn(params: optax.Params) -> AddLangevinNoiseState:
-    v.check_float_params(params, name)
-    v.check_representable("learning_rate", learning_rate, params, compute=True)
+    if checks:
+      v.check_float_params(params, name)
+      v.check_representable("learning_rate", learning_rate, params, compute=True)
     if multipliers is not None:
       masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)
