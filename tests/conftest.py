@@ -1,12 +1,35 @@
 """Shared test helpers, and 8 virtual CPU devices for the distributed tests."""
 
 import contextlib
+import os
+import shutil
+import tempfile
 
-import jax
+# The suite compiles a few thousand small XLA programs, many of them more than
+# once (the same optimizer on the same tree in several tests and both xdist
+# workers); on CPU compiling is most of its time. One persistent compilation
+# cache per run, in a fresh temporary directory that the workers (and the
+# notebooks' kernels and the demo's subprocess) share through these variables,
+# compiles each program once. It starts empty, so a run never depends on an
+# earlier one, and it is removed when the run ends. Set before JAX is imported.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="lars_optax_tests_xla_")
+  os.environ["LARS_OPTAX_TESTS_OWN_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import jax  # (after the cache's variables are set)
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.experimental.sparse import BCOO
+
+# (Again in this process, in case a plugin imported JAX before the variables were set.)
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
 
 # The distributed tests (pmap, sharded jit, shard_map) need several devices; on
 # CPU, JAX can split the host into virtual ones. This must run before the
@@ -77,3 +100,10 @@ def public(name):
     if name in namespace.__all__:
       return getattr(namespace, name)
   raise AttributeError(f"lars_optax has no public {name!r}")
+
+
+def pytest_unconfigure(config):
+  """Removes this run's compilation cache (in the process that made it)."""
+  own = os.environ.get("LARS_OPTAX_TESTS_OWN_CACHE")
+  if own and not hasattr(config, "workerinput"):
+    shutil.rmtree(own, ignore_errors=True)
