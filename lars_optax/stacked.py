@@ -295,14 +295,73 @@ def _looks_stacked(module: str, named: Sequence[tuple[str, Any]]) -> bool:
   return len(leaves) >= 2 or np.ndim(leaves[0]) >= 3
 
 
-def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
-  """``tx`` whose ``init`` warns when ``stacked`` is the default and leaves look scanned.
+# Leaf names that are 1-d in an ordinary layer: biases, norm scales and offsets
+# (Flax, nnx, Equinox: bias, scale; Haiku: b, offset).
+_ONE_D_NAME = re.compile(r"(?:^|/)(?:bias|scale|b|offset)$")
 
-  A Flax ``nn.scan`` model without partition metadata (``ScanBlock_0/...``) or
-  a Haiku ``hk.layer_stack`` (``__layer_stack_no_per_layer/...``) keeps each
-  stack as one leaf; with ``stacked`` left at its default, nothing marks it,
-  and a layer-wise rule takes one norm over the whole stack. The state and
-  the update are ``tx``'s own.
+
+def _shares_a_leading_size(leaves: Sequence[Any]) -> bool:
+  return (bool(leaves) and all(np.ndim(leaf) >= 2 for leaf in leaves)
+          and len({np.shape(leaf)[0] for leaf in leaves}) == 1)
+
+
+def _stacks_by_shape(named: Sequence[tuple[str, Any]], ks: Sequence[int]) -> list[str]:
+  """The prefixes of unmarked stacks that their shapes give away.
+
+  A layer built once per layer by ``nnx.vmap``, ``eqx.filter_vmap`` or ``nn.scan``
+  under any name has a bias or norm scale with 2 or more axes longer than 1, beside
+  a kernel of another shape, and every leaf of its module shares its leading size
+  (the layer count). From such a module the prefix
+  climbs while every leaf under it still does, so that it covers the whole stack.
+  """
+  def under(prefix: str) -> list[Any]:
+    return [leaf for n, leaf in named if n.startswith(prefix + "/")]
+
+  prefixes: list[str] = []
+  for (n, leaf), k in zip(named, ks):
+    # (Equinox's conv bias, (out, 1, 1), is one vector with singleton axes.)
+    if (k or sum(d > 1 for d in np.shape(leaf)) < 2 or "/" not in n
+        or not _ONE_D_NAME.search(n)):
+      continue
+    parts = n.split("/")[:-1]
+    module = under("/".join(parts))
+    # A layer's bias or scale beside a kernel of another shape (a norm over
+    # several axes has a scale and a bias of one shape, and no kernel).
+    if (not _shares_a_leading_size(module)
+        or len({np.shape(leaf) for leaf in module}) < 2):
+      continue
+    while len(parts) > 1 and _shares_a_leading_size(under("/".join(parts[:-1]))):
+      parts = parts[:-1]
+    prefix = "/".join(parts)
+    if prefix not in prefixes and not any(prefix.startswith(p + "/") for p in prefixes):
+      prefixes.append(prefix)
+  return prefixes
+
+
+def _stacks_by_name(named: Sequence[tuple[str, Any]], ks: Sequence[int]) -> list[str]:
+  """The prefixes of unmarked stacks that their module names give away (``Scan…_0``,
+  Haiku's ``__layer_stack…``)."""
+  prefixes: list[str] = []
+  for (n, leaf), k in zip(named, ks):
+    m = _SCANNED_NAME.search(n)
+    if not k and np.ndim(leaf) >= 2 and m and _looks_stacked(m.group(1), named):
+      prefix = n[:m.end(1)]
+      if prefix not in prefixes:
+        prefixes.append(prefix)
+  return prefixes
+
+
+def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
+  """``tx`` whose ``init`` warns when ``stacked`` is the default and leaves look stacked.
+
+  A stack without partition metadata keeps each stacked leaf as one leaf; with
+  ``stacked`` left at its default nothing marks it, and a layer-wise rule takes
+  one norm over the whole stack. Such stacks are told by their module names (a
+  Flax ``nn.scan`` module ``ScanBlock_0/...``, Haiku's ``hk.layer_stack``
+  ``__layer_stack_no_per_layer/...``) or by their shapes (an nnx ``nnx.vmap``
+  stack of layers built without ``nnx.with_partitioning``, an Equinox
+  ``filter_vmap`` stack: see :func:`_stacks_by_shape`). The state and the
+  update are ``tx``'s own.
   """
   if stacked is not FROM_METADATA:
     return tx
@@ -310,20 +369,26 @@ def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
   def init_fn(params: Any) -> Any:
     named = masks.named_leaves(params)
     ks = resolve(stacked, params)
-    hits = [n for (n, leaf), k in zip(named, ks)
-            if not k and np.ndim(leaf) >= 2 and _SCANNED_NAME.search(n)
-            and _looks_stacked(_SCANNED_NAME.search(n).group(1), named)]  # type: ignore[union-attr]
-    if hits:
-      prefix = hits[0][:_SCANNED_NAME.search(hits[0]).end(1)]  # type: ignore[union-attr]
+    prefixes = _stacks_by_name(named, ks)
+    prefixes += [p for p in _stacks_by_shape(named, ks)
+                 if not any(p == q or p.startswith(q + "/") or q.startswith(p + "/")
+                            for q in prefixes)]
+    if prefixes:
+      hits = [n for (n, leaf), k in zip(named, ks) if not k and np.ndim(leaf) >= 2
+              and any(n.startswith(p + "/") for p in prefixes)]
       more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
+      alternatives = "|".join(re.escape(p) for p in prefixes)
+      regex = "^" + (alternatives if len(prefixes) == 1 else f"(?:{alternatives})") + "/"
       warnings.warn(
-          f"stacked: {hits[:3]}{more} look like a scanned stack of layers (Flax nn.scan, "
-          f"Haiku hk.layer_stack), but stacked= was left at its default and they carry no "
-          f"'layers' partition metadata, so {name} takes one norm and one trust ratio "
-          f"over each whole stack instead of one per layer as the unrolled model would. "
-          f"Pass stacked=lars_optax.by_regex({'^' + re.escape(prefix) + '/'!r}) (one "
-          f"leading layer axis; see lars_optax.stacked), or stacked=None to keep one "
-          f"ratio per stack and silence this warning.", UserWarning, stacklevel=2)
+          f"stacked: {hits[:3]}{more} look like a stack of layers (nnx.vmap, Flax "
+          f"nn.scan, Haiku hk.layer_stack, eqx.filter_vmap: every leaf under "
+          f"{prefixes[0]!r} has the same leading size, biases and norm scales too), but "
+          f"stacked= was left at its default and they carry no 'layers' partition "
+          f"metadata, so {name} takes one norm and one trust ratio over each whole stack "
+          f"instead of one per layer as the unrolled model would. Pass "
+          f"stacked=lars_optax.by_regex({regex!r}) (one leading layer axis; see "
+          f"lars_optax.stacked), or stacked=None to keep one ratio per stack and silence "
+          f"this warning.", UserWarning, stacklevel=2)
     return tx.init(params)
 
   return tx._replace(init=init_fn)

@@ -233,7 +233,7 @@ def test_trust_ratios_under_jit_and_without_stacking_keep_their_form():
   _, state = train(tx, p0, loss_stacked, steps=1)
   got = jax.jit(lars_optax.trust_ratios)(state)
   assert got.shape == (2 * L + 2,)
-  _, state = train(lars_optax.lars(0.5), p0, loss_stacked, steps=1)
+  _, state = train(lars_optax.lars(0.5, stacked=None), p0, loss_stacked, steps=1)
   assert lars_optax.trust_ratios(state).shape == (4,)
   assert state[1].layer_trust_ratio == ()  # nothing stacked: the state is as before
 
@@ -382,10 +382,57 @@ def test_stacked_under_optax_masked_and_partition():
   assert vec.shape == (1 + L + 1 + 1,)  # bias, kernel layers, head bias, head kernel
 
 
-def test_no_warning_and_no_change_without_metadata():
+def test_no_change_without_metadata_and_a_warning_where_shapes_show_a_stack():
+  """Without metadata the default stacks nothing (the same numbers as stacked=None);
+  a tree whose biases share the kernels' leading size looks stacked, and init says so."""
   p0 = stacked_params()
+  with pytest.warns(UserWarning, match=r"^stacked: \['blocks/bias', 'blocks/kernel'\] look "
+                    r"like a stack of layers"):
+    a, _ = train(lars_optax.lamb(0.05), p0, loss_stacked, steps=2)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    a, _ = train(lars_optax.lamb(0.05), p0, loss_stacked, steps=2)
-  b, _ = train(lars_optax.lamb(0.05, stacked=None), p0, loss_stacked, steps=2)
+    b, _ = train(lars_optax.lamb(0.05, stacked=None), p0, loss_stacked, steps=2)
   chex.assert_trees_all_equal(a, b)
+
+
+def _ordinary_models():
+  """Models with no stack in them, whose shapes must not look stacked."""
+  import pathlib
+  import sys
+
+  import equinox as eqx
+  import flax.linen as nn
+
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+  from resnet50_tree import resnet50_params
+
+  class Conv(eqx.Module):  # Equinox's conv bias is (out, 1, 1)
+    conv: eqx.nn.Conv2d
+    norm: eqx.nn.LayerNorm
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+      k1, k2 = jax.random.split(key)
+      self.conv = eqx.nn.Conv2d(3, 8, 3, key=k1)
+      self.norm = eqx.nn.LayerNorm((8, 6, 6))
+      self.head = eqx.nn.Linear(8, 2, key=k2)
+
+  class Attention(nn.Module):  # per-head query/key/value biases are (heads, head_dim)
+    @nn.compact
+    def __call__(self, x):
+      return nn.LayerNorm()(nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=16)(x))
+
+  return {
+      "resnet50": resnet50_params(),
+      "equinox_conv": eqx.filter(Conv(jax.random.key(0)), eqx.is_array),
+      "linen_attention": Attention().init(jax.random.key(0), jnp.ones((2, 5, 16)))["params"],
+  }
+
+
+def test_ordinary_models_do_not_look_stacked():
+  """ResNet-50, an Equinox conv net and a linen attention block: no stack warning."""
+  for name, params in _ordinary_models().items():
+    with warnings.catch_warnings(record=True) as record:
+      warnings.simplefilter("always")
+      lars_optax.lamb(1e-3).init(params)
+    assert not [str(w.message) for w in record if "stacked" in str(w.message)], name

@@ -149,15 +149,20 @@ def test_flax_linen_layer_axis_not_leading_is_an_error():
 # --------------------------------------------------------------------------
 
 
-def _nnx_models():
+def _nnx_models(partitioned=True):
+  """The nnx stack and its unrolled twin; ``partitioned``: the layers carry partition
+  names (nnx.with_partitioning), so that nnx.vmap adds the 'layers' axis to them."""
   nnx = pytest.importorskip("flax.nnx")
+
+  def init(fn, names):
+    return nnx.with_partitioning(fn, names) if partitioned else fn
 
   class Block(nnx.Module):
     def __init__(self, rngs):
       self.linear = nnx.Linear(
           D, D, rngs=rngs,
-          kernel_init=nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "mlp")),
-          bias_init=nnx.with_partitioning(nnx.initializers.normal(0.1), ("mlp",)))
+          kernel_init=init(nnx.initializers.lecun_normal(), (None, "mlp")),
+          bias_init=init(nnx.initializers.normal(0.1), ("mlp",)))
 
     def __call__(self, x):
       return x + jnp.tanh(self.linear(x))
@@ -200,18 +205,21 @@ def test_flax_nnx_vmap_scan_through_nnx_optimizer_equals_unrolled(name):
     _nnx_train_and_compare(nnx, Scanned, Unrolled, name)
 
 
-def _nnx_train_and_compare(nnx, Scanned, Unrolled, name):
+def _nnx_train_and_compare(nnx, Scanned, Unrolled, name, stacked=None):
+  """Trains both; ``stacked``: passed to the optimizer (None: the default, metadata)."""
   scanned, unrolled = Scanned(nnx.Rngs(0)), Unrolled(nnx.Rngs(1))
+  kwargs = {} if stacked is None else {"stacked": stacked}
   # The same initial values in both.
   for i in range(L):
     for leaf in ("kernel", "bias"):
       getattr(unrolled.blocks[i].linear, leaf)[...] = getattr(scanned.blocks.linear, leaf)[i]
   unrolled.head.kernel[...], unrolled.head.bias[...] = scanned.head.kernel[...], \
       scanned.head.bias[...]
-  assert lars_optax.stacked.layer_axes(nnx.state(scanned, nnx.Param))["blocks/linear/kernel"] == 1
+  state = nnx.state(scanned, nnx.Param)
+  assert lars_optax.stacked.layer_axes(state, **kwargs)["blocks/linear/kernel"] == 1
 
-  def train(model):
-    optimizer = nnx.Optimizer(model, OPTIMIZERS[name](), wrt=nnx.Param)  # stacked from metadata
+  def train(model, **kwargs):
+    optimizer = nnx.Optimizer(model, OPTIMIZERS[name](**kwargs), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, optimizer, x, y):
@@ -222,7 +230,7 @@ def _nnx_train_and_compare(nnx, Scanned, Unrolled, name):
       step(model, optimizer, *batch(i))
     return optimizer
 
-  opt_s, opt_u = train(scanned), train(unrolled)
+  opt_s, opt_u = train(scanned, **kwargs), train(unrolled)
   for leaf in ("kernel", "bias"):
     got = getattr(scanned.blocks.linear, leaf)[...]
     want = jnp.stack([getattr(unrolled.blocks[i].linear, leaf)[...] for i in range(L)])
@@ -234,6 +242,25 @@ def _nnx_train_and_compare(nnx, Scanned, Unrolled, name):
   np.testing.assert_allclose(
       ratios["blocks/linear/kernel"],
       [float(u_ratios[f"blocks/{i}/linear/kernel"]) for i in range(L)], rtol=RTOL)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_an_nnx_stack_without_partition_names_warns_and_its_advice_equals_unrolled(name):
+  """nnx.vmap gives plain layers (no nnx.with_partitioning) no 'layers' metadata: the
+  default then takes one ratio per stack, and init says so (#37 item 3); the rule it
+  names trains the stack as the unrolled model."""
+  nnx, Scanned, Unrolled = _nnx_models(partitioned=False)
+  model = Scanned(nnx.Rngs(0))
+  assert not any(lars_optax.stacked.layer_axes(nnx.state(model, nnx.Param)).values())
+  with pytest.warns(UserWarning, match=r"^stacked: \['blocks/linear/bias', "
+                    r"'blocks/linear/kernel'\] look like a stack of layers .*"
+                    r"stacked=lars_optax.by_regex\('\^blocks/'\)") as record:
+    nnx.Optimizer(model, OPTIMIZERS[name](), wrt=nnx.Param)
+  rule = eval(str(record[0].message).split("stacked=")[2].split(" (one")[0],
+              {"lars_optax": lars_optax})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    _nnx_train_and_compare(nnx, Scanned, Unrolled, name, stacked=rule)
 
 
 # --------------------------------------------------------------------------
@@ -458,7 +485,7 @@ WARNS = {
                          ids=["flax_nn_scan", "haiku_layer_stack"])
 def test_a_scanned_model_without_stacked_warns_at_init(name, params):
   p = params()
-  with pytest.warns(UserWarning, match=r"^stacked: .* look like a scanned stack of layers"):
+  with pytest.warns(UserWarning, match=r"^stacked: .* look like a stack of layers"):
     WARNS[name]().init(p)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
