@@ -81,6 +81,14 @@ def check_scalar(
     raise ValueError(f"{name}: must be {rng}, got {v:g}{hint}.")
 
 
+def check_betas(b1: Any, b2: Any, eps: Any, *,
+                names: tuple[str, str, str] = ("b1", "b2", "eps")) -> None:
+  """Adam's decay rates in [0, 1) and its epsilon >= 0, under ``names``."""
+  check_scalar(names[0], b1, low=0.0, high=1.0, high_open=True)
+  check_scalar(names[1], b2, low=0.0, high=1.0, high_open=True)
+  check_scalar(names[2], eps, low=0.0)
+
+
 def check_learning_rate(name: str, value: Any, *, positive: bool = False) -> None:
   """A learning rate is a schedule (callable) or a finite scalar >= 0 (``positive``:
   > 0, for the rules that divide by it)."""

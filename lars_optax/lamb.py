@@ -78,9 +78,7 @@ def scale_by_lamb_adam(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
     v.check_scalar("eps_root", eps_root, low=0.0)
     bias_correction = v.check_flag("bias_correction", bias_correction)
     grad_averaging = v.check_flag("grad_averaging", grad_averaging)
@@ -231,9 +229,7 @@ def lamb(
     2.0 ``mxnet.optimizer.LAMB``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
   bias_correction = v.check_flag("bias_correction", bias_correction)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _ratios.check_bounds(lower_bound, upper_bound)

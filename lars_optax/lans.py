@@ -182,9 +182,7 @@ def scale_by_lans(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
     v.check_scalar("weight_decay", weight_decay, low=0.0)
     masks.check_leaf_values(wd_mult, "wd_mult")
     _ratios.check_bounds(lower_bound, upper_bound)
@@ -352,9 +350,7 @@ def lans(
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _ratios.check_bounds(lower_bound, upper_bound)
   masks.check_mask_like(skip, "skip")

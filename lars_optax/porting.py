@@ -605,9 +605,7 @@ def optax_lamb(
   """
   opts = _shared(lr_mult, multi_precision, axis_name, stacked)
   v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eps", eps, low=0.0)
+  v.check_betas(b1, b2, eps)
   v.check_scalar("eps_root", eps_root, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   parts = [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),

@@ -142,9 +142,7 @@ def scale_by_mxnet_adam(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
     # (an integer array passes: inject_hyperparams)
     v.check_count("initial_count", initial_count, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
@@ -241,9 +239,7 @@ def scale_by_adam_moments(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
 
   def second(n, u, m):
     del m
@@ -317,9 +313,7 @@ def scale_by_mxnet_adamax(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
 
   def second(n, u, m):
     del m
@@ -364,9 +358,7 @@ def scale_by_mxnet_belief(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
 
   def second(n, u, m):
     dt = n.dtype
@@ -520,9 +512,7 @@ def scale_by_mxnet_nadam(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
     v.check_scalar("schedule_decay", schedule_decay, low=0.0)
     _check_count("initial_count", initial_count)
   log_096 = math.log(0.96)
@@ -632,9 +622,7 @@ def scale_by_ftml(
   checks = v.link_checks()
   if checks:
     v.check_learning_rate("learning_rate", learning_rate, positive=True)
-    v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("b2", b2, low=0.0, high=1.0, high_open=True)
-    v.check_scalar("eps", eps, low=0.0)
+    v.check_betas(b1, b2, eps)
     masks.check_leaf_values(lr_mult, "lr_mult")
     _check_count("initial_count", initial_count)
 
@@ -691,9 +679,7 @@ def scale_by_ftml(
 # --------------------------------------------------------------------------
 
 def _check_betas(beta1: Any, beta2: Any, epsilon: Any) -> None:
-  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
 
 
 def _hyperparams(learning_rate, wd, rescale_grad, **computed):
@@ -769,9 +755,7 @@ def adam(
     ``mxnet.optimizer.Adam``.
   """
   base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("beta1", beta1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta2", beta2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
+  _check_betas(beta1, beta2, epsilon)
   lazy_update = v.check_flag("lazy_update", lazy_update)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
