@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from lars_optax import masks
 
@@ -288,6 +289,13 @@ def align_params(updates: Any, params: Any) -> Any:
                         is_leaf=lambda x: x is None)
   except (ValueError, TypeError):
     return params
+
+
+def check_transformation(inner: Any, name: str = "inner") -> None:
+  """``inner`` is an optax transformation (what a wrapper or an outer link takes)."""
+  if not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"{name}: expected an optax.GradientTransformation, got "
+                    f"{type(inner).__name__}.")
 
 
 def check_flag(name: str, value: object) -> bool:

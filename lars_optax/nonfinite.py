@@ -26,6 +26,7 @@ import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
+from lars_optax import _validation as v
 from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
 from lars_optax.sparse import _rows
 
@@ -134,9 +135,7 @@ def skip_nonfinite(
     step was applied as finite), ``total_notfinite`` (skipped steps in all)
     and ``inner_state``.
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError("inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
+  v.check_transformation(inner)
   if max_consecutive_errors is not None and (
       isinstance(max_consecutive_errors, (bool, np.bool_))
       or not isinstance(max_consecutive_errors, (int, np.integer))

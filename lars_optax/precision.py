@@ -86,9 +86,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
     A :class:`optax.GradientTransformationExtraArgs` with a
     :class:`MultiPrecisionState`.
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError("inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
+  v.check_transformation(inner)
   inner_tx = optax.with_extra_args_support(inner)
   name = "multi_precision"
 

@@ -126,9 +126,7 @@ def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
     An :class:`optax.GradientTransformationExtraArgs` with an
     :class:`SVRGState`.
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError("inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
+  v.check_transformation(inner)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):

@@ -270,7 +270,7 @@ def scale_by_caution(
     ``timm.optim``'s ``caution``.
   """
   if v.link_checks():
-    _check_inner(inner)
+    v.check_transformation(inner)
     stacked_mod.check_stacked(stacked)
     stacked_mod.check_axis_names(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
@@ -382,7 +382,7 @@ def add_decoupled_weight_decay(
   """
   checks = v.link_checks()
   if checks:
-    _check_inner(inner)
+    v.check_transformation(inner)
     v.check_learning_rate("learning_rate", learning_rate)
     v.check_scalar("weight_decay", weight_decay, low=0.0)
     masks.check_leaf_values(wd_mult, "wd_mult")
@@ -412,7 +412,6 @@ def add_decoupled_weight_decay(
     if params is None:
       raise ValueError(f"params: {name} needs the params (update(grads, state, params)).")
     params = v.align_params(updates, params)
-    v.require_params(params, name)
     if checks:
       v.check_same_structure(updates, params, name)
     flat_p, treedef = jax.tree.flatten(params)
@@ -436,12 +435,6 @@ def add_decoupled_weight_decay(
                                          state.layers))
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def _check_inner(inner: Any) -> None:
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError(f"inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
 
 
 def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:

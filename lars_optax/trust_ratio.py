@@ -244,9 +244,8 @@ def scale_by_lars_trust_ratio(
     v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
     v.check_scalar("epsilon", epsilon, low=0.0)
     v.check_scalar("rescale", rescale, low=0.0, low_open=True)
-    if inner is not None and not isinstance(inner, GradientTransformation):
-      raise TypeError("inner: expected an optax.GradientTransformation, got "
-                      f"{type(inner).__name__}.")
+    if inner is not None:
+      v.check_transformation(inner)
     masks.check_mask_like(skip, "skip")
     masks.check_leaf_values(wd_mult, "wd_mult")
     stacked_mod.check_axis_names(axis_name)

@@ -116,9 +116,7 @@ def lazy_update(inner: GradientTransformation, *,
     ``inner``'s state. Raises a ValueError naming the leaf when a parameter
     is 0-d (it has no rows).
   """
-  if not isinstance(inner, GradientTransformation):
-    raise TypeError("inner: expected an optax.GradientTransformation, got "
-                    f"{type(inner).__name__}.")
+  v.check_transformation(inner)
   v.check_axis_name(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
