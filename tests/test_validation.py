@@ -58,7 +58,6 @@ BAD = {
              (NAN, ValueError, r"must be finite and in \[0, 1\)"),
              (True, TypeError, r"expected a real number in \[0, 1\)"),
              ("0.9", TypeError, r"expected a real number in \[0, 1\)")],
-    # A learning rate that divides (FTML): > 0, or a schedule.
     "pos": [(0.0, ValueError, "must be > 0, got 0"),
             (-2.0, ValueError, "must be > 0, got -2"),
             (INF, ValueError, "must be finite and > 0"),
@@ -90,7 +89,7 @@ BAD = {
             (None, TypeError, "expected an int seed"),
             (np.zeros(3, np.uint32), TypeError,
              r"expected an int seed .*got an array of dtype uint32 and shape \(3,\)")],
-    # A learning rate that is divided by (FTRL): > 0, or a schedule.
+    # A learning rate that is divided by (FTRL, FTML): > 0, or a schedule.
     "pos_lr": [(0.0, ValueError, "must be > 0, got 0"),
                (-0.1, ValueError, "must be > 0, got -0.1"),
                (NAN, ValueError, "must be finite and > 0"),
