@@ -157,13 +157,6 @@ def check_bounds(lower_bound: Any, upper_bound: Any) -> None:
         f"and upper_bound={float(np.asarray(upper_bound)):g}.")
 
 
-def bound_hyperparams(lower_bound: Any, upper_bound: Any) -> list[tuple[str, Any, bool]]:
-  """The bounds as ``check_inputs`` hyperparameters (used in float32 or wider)."""
-  return [(arg, value, True) for arg, value in (("lower_bound", lower_bound),
-                                                ("upper_bound", upper_bound))
-          if value is not None]
-
-
 def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
                    upper_bound: Any, max_ratio: Any = None) -> jax.Array:
   """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""

@@ -250,7 +250,8 @@ def lamb(
                    complex_params=clip_gradient is None,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                   hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad, epsilon=epsilon),
-                                *_ratios.bound_hyperparams(lower_bound, upper_bound)])
+                   hyperparams=base.hyperparams(
+                       learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                       epsilon=epsilon,
+                       computed={"lower_bound": lower_bound, "upper_bound": upper_bound}))
   return stacked_mod.warn_unstacked(tx, stacked, "lamb")

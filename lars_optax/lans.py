@@ -366,8 +366,8 @@ def lans(
   tx = base.finish(parts, "lans", multi_precision=multi_precision,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                   hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad),
-                                ("epsilon", epsilon, True),
-                                *_ratios.bound_hyperparams(lower_bound, upper_bound)])
+                   hyperparams=base.hyperparams(
+                       learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
+                       computed={"epsilon": epsilon, "lower_bound": lower_bound,
+                                 "upper_bound": upper_bound}))
   return stacked_mod.warn_unstacked(tx, stacked, "lans")

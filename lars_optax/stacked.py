@@ -275,6 +275,12 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
 _SCANNED_NAME = re.compile(r"(?:^|/)(Scan[A-Z]\w*_\d+|__layer_stack\w*)(?:/|$)")
 
 
+def _shares_a_leading_size(leaves: Sequence[Any]) -> bool:
+  """All at least 2-d, with one leading size (the layer count of a stack)."""
+  return (bool(leaves) and all(np.ndim(leaf) >= 2 for leaf in leaves)
+          and len({np.shape(leaf)[0] for leaf in leaves}) == 1)
+
+
 def _looks_stacked(module: str, named: Sequence[tuple[str, Any]]) -> bool:
   """Do the leaves under ``module`` look like a stack of layers?
 
@@ -288,21 +294,12 @@ def _looks_stacked(module: str, named: Sequence[tuple[str, Any]]) -> bool:
     return True
   leaves = [leaf for n, leaf in named
             if (m := _SCANNED_NAME.search(n)) is not None and m.group(1) == module]
-  if any(np.ndim(leaf) < 2 for leaf in leaves):
-    return False
-  if len({np.shape(leaf)[0] for leaf in leaves}) != 1:
-    return False
-  return len(leaves) >= 2 or np.ndim(leaves[0]) >= 3
+  return _shares_a_leading_size(leaves) and (len(leaves) >= 2 or np.ndim(leaves[0]) >= 3)
 
 
 # Leaf names that are 1-d in an ordinary layer: biases, norm scales and offsets
 # (Flax, nnx, Equinox: bias, scale; Haiku: b, offset).
 _ONE_D_NAME = re.compile(r"(?:^|/)(?:bias|scale|b|offset)$")
-
-
-def _shares_a_leading_size(leaves: Sequence[Any]) -> bool:
-  return (bool(leaves) and all(np.ndim(leaf) >= 2 for leaf in leaves)
-          and len({np.shape(leaf)[0] for leaf in leaves}) == 1)
 
 
 def _stacks_by_shape(named: Sequence[tuple[str, Any]], ks: Sequence[int]) -> list[str]:
