@@ -462,3 +462,26 @@ def test_larc_clip_with_a_zero_coefficient_and_a_rate_of_zero_stays_finite():
   p = {"w": jnp.ones(3)}
   _, state = tx.update(p, tx.init(p), p)
   assert float(lars_optax.trust_ratios(state)[0]) == 1.0
+
+
+# (constructor, its other arguments, the argument set to 1e39)
+BEYOND_FLOAT32 = [
+    (P.timm_lars, {"lr": 0.1, "weight_decay": 1e-4}, "trust_coeff"),
+    (P.timm_lars, {"weight_decay": 1e-4}, "eps"),
+    (P.timm_lamb, {}, "eps"),
+    (P.optax_lars, {"learning_rate": 0.1}, "trust_coefficient"),
+    (P.optax_lamb, {"learning_rate": 0.1}, "eps_root"),
+    (P.keras_lamb, {}, "epsilon"),
+    (P.albert_lamb, {"learning_rate": 0.1}, "weight_decay_rate"),
+    (P.simclr_lars, {"learning_rate": 0.1}, "eeta"),
+    (P.byol_lars, {"learning_rate": 0.1}, "eta"),
+]
+
+
+@pytest.mark.parametrize("make, kwargs, arg", BEYOND_FLOAT32,
+                         ids=[f"{f.__name__}-{a}" for f, _, a in BEYOND_FLOAT32])
+def test_a_constant_beyond_the_params_dtype_is_named_in_the_peers_words(make, kwargs, arg):
+  """Checked once, by the constructor's first link, under the peer's name."""
+  tx = make(**kwargs, **{arg: 1e39})
+  with pytest.raises(ValueError, match=rf"^{arg}: 1e\+39 is beyond the range of float32"):
+    tx.init({"w": jnp.ones((2, 2))})
