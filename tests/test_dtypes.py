@@ -107,26 +107,59 @@ def _buffers(state, params):
           if is_buffer(n)]
 
 
+def _step(tx):
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), updates, state
+  return step
+
+
+def _avals(tree):
+  return jax.tree.map(lambda x: (x.shape, jnp.dtype(x.dtype), x.weak_type), tree)
+
+
+def _assert_traced_once(tx, params):
+  """A jitted step is traced again when its state comes back with other avals (shape,
+  dtype or weak type) than it went in with. ``jax.eval_shape`` traces the step as ``jit``
+  does, without compiling it: the state's and the params' avals must come back unchanged."""
+  state = tx.init(params)
+  p, updates, new_state = jax.eval_shape(_step(tx), params, state, _grads(params, 0))
+  assert _avals(new_state) == _avals(state), "a jitted step would be traced again"
+  assert _avals(p) == _avals(params)
+  assert _avals(updates) == jax.tree.map(lambda x: (x.shape, x.dtype, False), updates)
+
+
+def _eager_steps(tx, params, steps=3):
+  """(params, updates, state) after each of ``steps`` updates, op by op: the small programs
+  it compiles are shared by every test in the process (each jitted step is a new one)."""
+  with jax.disable_jit():
+    state, p, out = tx.init(params), params, []
+    for k in range(steps):
+      updates, state = tx.update(_grads(params, k), state, p)
+      p = optax.apply_updates(p, updates)
+      out.append((p, updates, state))
+  return out
+
+
 # No params-shaped buffer (without multi_precision); groupadagrad's are per row
 # (test_adagrad_family.py checks their dtypes).
 STATELESS = {"signsgd", "sgld", "groupadagrad"}
 
 
-def _check(name, mp, dtypes):
+def _check(name, mp, dtypes, *, jit):
   params = _params(dtypes)
   tx = _make(name, mp)
-  state = tx.init(params)
-  init_dtypes = jax.tree.map(lambda x: x.dtype, state)
-
-  @jax.jit
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), updates, state
-
-  p = params
-  for k in range(2):
-    p, updates, state = step(p, state, _grads(params, k))
-    assert jax.tree.map(lambda x: x.dtype, state) == init_dtypes, "state dtypes changed"
+  if jit:
+    state = tx.init(params)
+    init_dtypes = jax.tree.map(lambda x: x.dtype, state)
+    step = jax.jit(_step(tx))
+    p = params
+    for k in range(2):
+      p, updates, state = step(p, state, _grads(params, k))
+      assert jax.tree.map(lambda x: x.dtype, state) == init_dtypes, "state dtypes changed"
+  else:
+    _assert_traced_once(tx, params)
+    p, updates, state = _eager_steps(tx, params, steps=2)[-1]
 
   p_dtypes = [x.dtype for x in jax.tree.leaves(params)]
   low = [mp and dt in LOW_PRECISION for dt in p_dtypes]
@@ -158,8 +191,9 @@ def _check(name, mp, dtypes):
 @pytest.mark.parametrize("mp", [False, True], ids=["plain", "multi_precision"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_dtype_matrix(name, mp):
-  """float32, bfloat16 and float16 leaves in one tree."""
-  _check(name, mp, DTYPES)
+  """float32, bfloat16 and float16 leaves in one tree; jitted steps without master weights
+  (as most users run), op-by-op steps and a traced step's avals with them."""
+  _check(name, mp, DTYPES, jit=not mp)
 
 
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
@@ -168,7 +202,7 @@ def test_dtype_matrix(name, mp):
 def test_dtype_matrix_x64(name, mp):
   """float64 next to float32, bfloat16 and float16, with x64 enabled."""
   with x64():
-    _check(name, mp, DTYPES_X64)
+    _check(name, mp, DTYPES_X64, jit=False)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -270,17 +304,17 @@ def _typed(kwargs, to):
 def _traced_steps(tx, params, steps=3):
   """Jitted steps, counting traces; the updates and states after each."""
   traces = []
+  step = _step(tx)
 
   @jax.jit
-  def step(params, state, grads):
+  def counted(params, state, grads):
     traces.append(1)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), updates, state
+    return step(params, state, grads)
 
   state = tx.init(params)
   out, p = [], params
   for k in range(steps):
-    p, updates, state = step(p, state, _grads(params, k))
+    p, updates, state = counted(p, state, _grads(params, k))
     out.append((p, updates, state))
   return out, len(traces)
 
@@ -297,17 +331,10 @@ def _assert_dtypes_kept(params, out):
     assert [x.dtype for x in buf] == [x.dtype for x in jax.tree.leaves(params)]
 
 
-def _eager_steps(tx, params, steps=3):
-  """The params after each of ``steps`` updates, op by op (nothing to compile)."""
-  with jax.disable_jit():
-    state, p, out = tx.init(params), params, []
-    for k in range(steps):
-      updates, state = tx.update(_grads(params, k), state, p)
-      p = optax.apply_updates(p, updates)
-      out.append(p)
-  return out
-
-
+# The typed-hyperparameter tests trace each step as jit does (the avals must come back
+# unchanged: one trace) and run the steps op by op; test_dtype_matrix runs every optimizer
+# jitted on the same mixed tree, and test_inject_hyperparams_on_bfloat16_params counts the
+# traces of a jitted step whose hyperparameters are bfloat16 arrays.
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("name", sorted(HYPER))
 def test_typed_hyperparameters_keep_dtypes_and_trace_once(name):
@@ -317,16 +344,16 @@ def test_typed_hyperparameters_keep_dtypes_and_trace_once(name):
   params = _params(DTYPES)
   references: dict[tuple[float, ...], list] = {}  # by the values, as Python floats
   for kind, to in SCALAR_TYPES.items():
-    out, traces = _traced_steps(make(**_typed(kwargs, to)), params)
-    assert traces == 1, kind
+    tx = make(**_typed(kwargs, to))
+    _assert_traced_once(tx, params)
+    out = _eager_steps(tx, params)
     _assert_dtypes_kept(params, out)
-    # The same numbers as Python floats (to the dtype's rounding) give the same steps;
-    # each set of numbers is run once, without jit.
+    # The same numbers as Python floats (to the dtype's rounding) give the same steps.
     same = _typed(kwargs, lambda x, to=to: float(np.asarray(to(x), np.float64)))
     key = tuple(same.values())
     if key not in references:
-      references[key] = _eager_steps(make(**same), params)
-    for (p, _, _), q in zip(out, references[key]):
+      references[key] = out if kind == "python" else _eager_steps(make(**same), params)
+    for (p, _, _), (q, _, _) in zip(out, references[key]):
       for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
         tol = 1e-6 if a.dtype == jnp.float32 else 2e-2
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
@@ -340,9 +367,9 @@ def test_float64_hyperparameters_under_x64_keep_dtypes_and_trace_once(name):
   with x64():
     params = _params(DTYPES_X64)
     for to in (np.float64, jnp.float64):
-      out, traces = _traced_steps(make(**_typed(kwargs, to)), params)
-      assert traces == 1
-      _assert_dtypes_kept(params, out)
+      tx = make(**_typed(kwargs, to))
+      _assert_traced_once(tx, params)
+      _assert_dtypes_kept(params, _eager_steps(tx, params))
 
 
 @pytest.mark.parametrize("name", sorted(HYPER))
