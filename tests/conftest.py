@@ -22,6 +22,7 @@ import jax  # (after the cache's variables are set)
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.experimental.sparse import BCOO
 
 # (Again in this process, in case a plugin imported JAX before the variables were set.)
@@ -107,3 +108,23 @@ def pytest_unconfigure(config):
   own = os.environ.get("LARS_OPTAX_TESTS_OWN_CACHE")
   if own and not hasattr(config, "workerinput"):
     shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+  """Runs a test marked ``op_by_op`` under ``jax.disable_jit()``.
+
+  A jitted step is a new XLA program for every optimizer, tree and set of
+  hyperparameters, and compiling it is most of a small test's time on CPU. Op by
+  op, the programs are single primitives, shared by every test in the process.
+  The mark is for tests of trees, names, dtypes, masks and equalities between two
+  runs of the library. Tests of numbers against a reference (MXNet, TF, the peers),
+  of training loops, of documented code, and of what jit, pmap, shard_map, donation
+  or sharding do stay compiled; so does one jitted cell per optimizer in the dtype
+  matrix (tests/test_dtypes.py).
+  """
+  if item.get_closest_marker("op_by_op"):
+    with jax.disable_jit():
+      yield
+  else:
+    yield

@@ -184,6 +184,7 @@ def test_ftrl_zero_beta_and_zero_gradients_stay_finite():
   chex.assert_trees_all_equal(updates, {"w": -jnp.ones(3)})  # w_1 = 0: nothing seen yet
 
 
+@pytest.mark.op_by_op
 def test_ftrl_schedule_is_called_with_the_count():
   seen = []
 
@@ -212,6 +213,7 @@ NAMES = {"adagrad": lars_optax.mxnet.adagrad, "groupadagrad": lars_optax.mxnet.g
          "ftrl": lars_optax.mxnet.ftrl}
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_create_matches_the_function(name):
   kwargs = {"learning_rate": 0.05, "rescale_grad": 0.5, "clip_gradient": 1.0,
@@ -261,6 +263,7 @@ def _run_rows(tx, sparse):
   return params, state
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.mxnet.adagrad(0.1, clip_gradient=1.0, wd=0.01, wd_mult={"emb": 0.0}),
     lambda: lars_optax.mxnet.create("adagrad", learning_rate=0.1, epsilon=0.1),
@@ -278,6 +281,7 @@ def test_adagrad_bcoo_step_equals_the_dense_step(make):
                                 _table()["emb"][np.array([3, 6])])
 
 
+@pytest.mark.op_by_op
 def test_ftrl_bcoo_step_updates_only_the_rows_in_the_gradient():
   """MXNet's row-sparse FTRL: an absent row keeps its weight, z and n; a present
   row gets what the dense step on the same gradient gives it."""
@@ -336,6 +340,7 @@ def test_adagrad_bcoo_with_weight_decay_names_the_leaf(kwargs):
     tx.update(grads, tx.init(params), params)
 
 
+@pytest.mark.op_by_op
 def test_groupadagrad_row_mean_of_float16_squares_is_taken_in_float32():
   """A row of 100 entries of 100: each square (1e4) fits float16, their sum (1e6) does not."""
   params = {"w": jnp.zeros((2, 100), jnp.float16)}

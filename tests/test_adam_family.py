@@ -391,6 +391,7 @@ def test_scale_by_mxnet_adam_bad_input(kwargs, match):
     lars_optax.mxnet.scale_by_mxnet_adam(**kwargs)
 
 
+@pytest.mark.op_by_op
 def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
   from conftest import x64  # pylint: disable=g-import-not-at-top
   with x64():
@@ -409,6 +410,7 @@ def test_scale_by_mxnet_adam_float64_bias_correction_is_float64():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 def test_adam_lazy_update_on_a_dense_gradient_skips_all_zero_rows_unlike_mxnet():
   """MXNet is lazy only for row_sparse gradients: on a dense one, Adam(lazy_update=True)
   is its standard update (lazy_update=False here). Here a dense gradient's all-zero

@@ -209,6 +209,7 @@ CHECKPOINTERS = {
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("case_name", list(CASES))
 def test_state_is_arrays_in_plain_containers(case_name):
   case = CASES[case_name]

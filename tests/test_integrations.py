@@ -467,6 +467,7 @@ def test_linen_partitioned_boxes_are_named_by_the_box():
   assert names == sorted(n for n, _ in lars_optax.named_leaves(nn.meta.unbox(params)))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("opt_name", [*LARS_LIKE, "lars_flavours", "lamb_flavours"])
 def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
   """Boxed params as ``init`` returns them: norm scales and biases keep ratio 1."""
@@ -560,6 +561,7 @@ def _registry_tx(name):
                            **kwargs)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", REGISTRY_NAMES)
 def test_registry_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
   pytest.importorskip("flax")
@@ -588,6 +590,7 @@ def test_registry_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
   chex.assert_trees_all_close(nn.meta.unbox(boxed), plain, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", REGISTRY_NAMES)
 def test_registry_optimizer_takes_the_whole_equinox_model(name):
   pytest.importorskip("equinox")

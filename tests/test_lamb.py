@@ -97,6 +97,7 @@ def test_lamb_applies_the_ratio_to_every_leaf_by_default():
   assert all(abs(float(r) - 1.0) > 1e-3 for r in ratios.values())
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [lars_optax.lamb, lars_optax.lans], ids=["lamb", "lans"])
 def test_skipped_leaves_have_ratio_exactly_one(make):
   params = _params()
@@ -163,6 +164,7 @@ def test_lamb_zero_layer_takes_the_plain_step_or_the_lower_bound():
                              0.3 / (np.sqrt(6) / (1 + 2e-6)), rtol=2e-5)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [lars_optax.lamb, lars_optax.lans], ids=["lamb", "lans"])
 def test_all_zero_layer_and_gradient_stay_finite(make):
   """A zero-initialised layer with a zero gradient (MXNet's LANS gives NaN here)."""
@@ -210,6 +212,7 @@ def test_lans_matches_the_rule_in_numpy_through_a_zero_gradient_step():
     np.testing.assert_allclose(p["w"], w, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.op_by_op
 def test_lans_rescale_grad_cancels():
   params = _params()
   a, _, _ = _run(lars_optax.lans(0.01, rescale_grad=1.0), params)
@@ -255,6 +258,7 @@ def test_float16_without_master_weights_warns(name, bias_correction):
     public(name)(**kwargs).init({"w": jnp.ones(2, jnp.bfloat16)})
 
 
+@pytest.mark.op_by_op
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("make", [lars_optax.lamb, lars_optax.lans], ids=["lamb", "lans"])
@@ -265,6 +269,7 @@ def test_trust_ratios_are_float32_for_low_precision_params(make, dtype):
   assert lars_optax.trust_ratios(state).dtype == jnp.float32
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [lars_optax.lamb, lars_optax.lans], ids=["lamb", "lans"])
 def test_lr_mult_and_wd_mult_by_name(make):
   params = _params()
@@ -276,6 +281,7 @@ def test_lr_mult_and_wd_mult_by_name(make):
   np.testing.assert_allclose(out["bn_gamma"], base["bn_gamma"], rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", ["lamb", "lans"])
 def test_create_builds_them_with_mxnet_arguments(name):
   params = _params()
@@ -316,6 +322,7 @@ def test_shard_map_axis_name_equals_the_unsharded_step(make):
   np.testing.assert_allclose(ratios, lars_optax.trust_ratios(state), rtol=1e-5)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_epsilon_zero_on_zero_gradient_entries_is_a_zero_step(bias_correction):
   """MXNet's and optax's LAMB divide 0 by 0 there and put NaN into the weight."""

@@ -294,6 +294,7 @@ def test_tf_lars_schedule_and_one_step_by_hand(nesterov):
   chex.assert_trees_all_close(updates2, jax.tree.map(jnp.asarray, expected), rtol=1e-5)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("factory", [
     lambda lr: lars_optax.lars(lr, momentum=0.9),
     lambda lr: lars_optax.tf_lars(lr, momentum=0.9),
@@ -491,6 +492,7 @@ def _check_dtypes_after_two_jitted_steps(opt, dtype, ratio_dtype):
   assert bool(jnp.all(updates["w"] != 0)) and bool(jnp.all(jnp.isfinite(updates["w"])))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", list(DTYPE_OPTIMIZERS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_dtype_preserved(name, dtype):
@@ -561,6 +563,7 @@ def test_zero_size_leaf(name):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_extra_args(name):
   opt = OPTIMIZERS[name]()

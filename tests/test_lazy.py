@@ -112,6 +112,7 @@ def test_present_rows_zero_size():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(INNERS))
 def test_absent_rows_keep_state_present_rows_match_dense(name):
   params = _params()
@@ -465,6 +466,7 @@ def _table_and_bcoo(rows, width, seed=2):
   return params, grads
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("width", [1, 4])
 @pytest.mark.parametrize("name", ["groupadagrad", "adagrad", "ftrl"])
 def test_bcoo_step_gathers_state_leaves_with_other_trailing_axes(name, width):
@@ -526,6 +528,7 @@ class _ColumnsFirst:
     return optax.GradientTransformation(init, update)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("rows", [[0, 3], [2]], ids=["broadcast_error", "broadcasts_silently"])
 def test_bcoo_step_names_a_state_leaf_it_cannot_gather(rows):
   params, grads = _table_and_bcoo(rows, 3)

@@ -131,12 +131,14 @@ def _check_skipping(tx, name, bad):
   chex.assert_tree_all_finite(p2)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name, bad", [(name, NAN) for name in sorted(VARIANTS)]
                          + [("lars", INF), ("adam", -INF), ("sgd_mp", INF)])
 def test_skip_nonfinite_leaves_params_and_state_unchanged(name, bad):
   _check_skipping(lars_optax.skip_nonfinite(VARIANTS[name]()), name, bad)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(set(VARIANTS) - MP))
 def test_optax_apply_if_finite_composes_without_multi_precision(name):
   _check_skipping(optax.apply_if_finite(VARIANTS[name](), max_consecutive_errors=100),
@@ -160,6 +162,7 @@ def test_skip_nonfinite_max_consecutive_errors_gives_up_like_optax():
   assert int(s1.total_notfinite) == 2
 
 
+@pytest.mark.op_by_op
 def test_trust_ratios_and_masters_found_through_the_wrapper():
   tx = lars_optax.skip_nonfinite(lars_optax.lars(0.1, eta=0.01, multi_precision=True))
   params = _params(jnp.float16)
@@ -229,6 +232,7 @@ def test_training_loop_survives_injected_nan_batches(make, dtype):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
     lambda: lars_optax.signum(0.01),  # sign(inf) is finite: only the cast gradient shows it
@@ -283,6 +287,7 @@ ZERO_LAYER = {
 }
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("name", sorted(ZERO_LAYER))
 def test_zero_layer_with_zero_gradient_forms_no_nan(name, jit):
@@ -349,6 +354,7 @@ def test_skip_nonfinite_ignores_a_nan_in_a_row_sparse_padding_slot():
   assert int(state.total_notfinite) == 1 and not bool(state.last_finite)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("where", ["dense_leaf", "row_sparse_leaf"])
 def test_skip_nonfinite_casts_beside_a_row_sparse_leaf(where):
   """A float32 gradient of 1e5 is inf for a float16 weight, also when a row-sparse

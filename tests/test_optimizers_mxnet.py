@@ -113,6 +113,7 @@ def test_lr_mult_scales_one_step(name):
   np.testing.assert_allclose(u1["fc1_weight"], u0["fc1_weight"], rtol=0)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", list(MXNET))
 def test_wd_mult_zero_equals_no_weight_decay_for_that_leaf(name):
   a, _ = _run(MXNET[name](wd=0.05, wd_mult={"fc1_bias": 0.0}))
@@ -127,6 +128,7 @@ def test_wd_mult_zero_equals_no_weight_decay_for_that_leaf(name):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("name", list(MXNET))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
@@ -148,6 +150,7 @@ def test_jit_and_eager_agree(name):
   chex.assert_trees_all_close(a, b, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", ["adam", "signum", "sgd"])
 def test_schedule(name):
   sched = optax.exponential_decay(0.1, 1, 0.5)

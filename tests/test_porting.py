@@ -53,6 +53,7 @@ def _random_run(tx, steps=5):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 def test_timm_lars_without_weight_decay_is_plain_sgd_as_in_timm():
   # timm adapts only a group whose weight_decay is not 0 (or with always_adapt).
   sched = optax.linear_schedule(0.01, 0.1, 3)
@@ -63,6 +64,7 @@ def test_timm_lars_without_weight_decay_is_plain_sgd_as_in_timm():
   assert float(jnp.max(jnp.abs(adapted["w"] - ref["w"]))) > 1e-3
 
 
+@pytest.mark.op_by_op
 def test_timm_lars_rate_after_the_buffer_only_matters_when_the_rate_changes():
   kw = {"momentum": 0.9, "weight_decay": 1e-3, "trust_coeff": 0.1}
   mxnet_kw = {"momentum": 0.9, "wd": 1e-3, "eta": 0.1, "skip": None}
@@ -94,6 +96,7 @@ def test_timm_lamb_trust_clip_bounds_every_ratio_by_one():
     assert check(np.asarray(lars_optax.trust_ratios(state))), clip
 
 
+@pytest.mark.op_by_op
 def test_timm_lambw_with_a_zero_gradient_only_decays():
   """With g = 0 the Adam step is 0, so the whole update is -lr * wd * lr_mult * w."""
   params = {"w": jnp.array([[1.0, -2.0]]), "b": jnp.array([3.0])}
@@ -116,6 +119,7 @@ def test_timm_optimizer_no_decay_group_takes_the_models_no_weight_decay_names():
   chex.assert_trees_all_close(updates["pos_embed"], -0.05 * params["pos_embed"])
 
 
+@pytest.mark.op_by_op
 def test_timm_optimizer_passes_the_class_arguments_and_its_defaults():
   a, _ = _run(P.timm_optimizer("lars", lr=0.5, weight_decay=1e-3, trust_coeff=0.1,
                                eps=1e-6, filter_bias_and_bn=False))
@@ -160,6 +164,7 @@ def test_bad_arguments_are_named_at_construction(call, error, match):
     call()
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("scalar", [float, np.float32, jnp.float32, jnp.bfloat16],
                          ids=["python", "numpy", "jax", "bfloat16"])
 @pytest.mark.parametrize("make", [
@@ -177,6 +182,7 @@ def test_scalars_of_any_kind_give_the_same_step(make, scalar):
   chex.assert_trees_all_close(ours, ref, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("tx", [
     P.timm_lars(np.float32(0.1), momentum=np.float32(0.9), dampening=0.1, weight_decay=1e-3),
     P.timm_optimizer("nlarc", lr=0.1, weight_decay=1e-3),
@@ -423,6 +429,7 @@ def test_byols_rate_after_the_buffer_is_far_from_optax_lars_with_a_schedule():
   assert gap > 0.1 * moved
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make, kwargs", [
     (P.optax_lars, {"learning_rate": 0.1, "weight_decay": 1e-3, "nesterov": True}),
     (P.timm_lars, {"lr": 0.1, "momentum": 0.9, "dampening": 0.1, "weight_decay": 1e-3,
@@ -436,6 +443,7 @@ def test_inject_hyperparams_gives_the_same_steps(make, kwargs):
   chex.assert_trees_all_close(injected, plain, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
     lambda **kw: P.timm_optimizer("nlarc", lr=0.1, weight_decay=1e-3, **kw),
     lambda **kw: P.timm_lamb(0.01, decoupled_decay=True, **kw),

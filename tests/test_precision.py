@@ -94,6 +94,7 @@ def test_low_precision_constant():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(INNERS))
 def test_params_are_cast_master_and_master_follows_float32_run(name, dtype):
@@ -134,6 +135,7 @@ def test_state_structure(dtype):
   assert all(x.dtype == jnp.float32 for x in _float_leaves(state.inner_state))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @pytest.mark.parametrize("name", ["lars", "adam", "sgd"])
 def test_float32_and_float64_leaves_pass_through(name):
@@ -460,6 +462,7 @@ def test_adam_lazy_update_with_multi_precision_takes_row_sparse_gradients_as_mxn
         assert np.abs(np.asarray(ours) - theirs).max() / scale < 3e-5, (t, k)
 
 
+@pytest.mark.op_by_op
 def test_multi_precision_row_sparse_update_equals_the_dense_one():
   """Repeated rows, padding and a dense leaf beside: the update is row-sparse, and
   equals the same step on the dense gradient (weights, masters and state)."""

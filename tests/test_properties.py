@@ -77,6 +77,7 @@ def _update(tx, grads, params):
   return tx.update(_jnp(grads), tx.init(_jnp(params)), _jnp(params))[0]
 
 
+@pytest.mark.op_by_op
 @SETTINGS
 @given(name=st.sampled_from(sorted(PLAIN_LARS)), params=_tree(), grads=_tree(),
        c=st.floats(1e-2, 1e2), layer=st.sampled_from(sorted(SHAPES)),
@@ -172,6 +173,7 @@ ZERO_GRAD = {
 }
 
 
+@pytest.mark.op_by_op
 @SETTINGS
 @given(name=st.sampled_from(sorted(ZERO_GRAD)), params=_tree(), lr=st.floats(1e-3, 1.0),
        wd=st.sampled_from([0.0, 1e-4, 0.1]), wd_lh=st.sampled_from([0.0, 1e-3]))
@@ -254,6 +256,7 @@ TYPED = {
 }
 
 
+@pytest.mark.op_by_op
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")  # float16 Adam
 @settings(SETTINGS, max_examples=25)
 @given(name=st.sampled_from(sorted(TYPED)), kind=st.sampled_from(sorted(SCALAR_TYPES)),

@@ -41,6 +41,7 @@ def _run(tx, steps=3, jit=True):
   return params
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name, factory, kwargs", [
     ("lars", lars_optax.lars, {"momentum": 0.9, "eta": 0.1, "wd": 1e-3}),
     ("LARS", lars_optax.lars, {}),
@@ -108,6 +109,7 @@ def test_fused_path_switches_are_accepted_and_ignored():
   chex.assert_trees_all_close(a, _run(lars_optax.mxnet.sgd(momentum=0.9)), rtol=0, atol=0)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name, kernel", [("adamw", "adamw_update"),
                                           ("lans", "multi_lans_update")])
 def test_unfused_step_of_adamw_and_lans_is_rejected_naming_the_argument(name, kernel):

@@ -229,6 +229,7 @@ def test_sgld_noise_has_mean_zero_and_variance_the_learning_rate(lr):
   _assert_normal(np.concatenate([np.asarray(u["w"]) for u in steps]), lr)
 
 
+@pytest.mark.op_by_op
 def test_sgld_noise_is_independent_between_steps_and_leaves():
   params = {"a": jnp.zeros((N,)), "b": jnp.zeros((N,))}
   steps = _noise_steps(lars_optax.mxnet.sgld(0.04, key=1), 2, params=params)
@@ -256,6 +257,7 @@ def test_sgld_deterministic_part_is_minus_half_the_rate_times_the_gradient():
                                -lrs[name] / 2 * (u - u0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.op_by_op
 def test_sgld_lr_mult_scales_the_noise_variance():
   params = {"fast": jnp.zeros((N,)), "slow": jnp.zeros((N,))}
   tx = lars_optax.mxnet.sgld(0.01, lr_mult={"fast": 4.0, "slow": 0.25}, key=2)
@@ -264,6 +266,7 @@ def test_sgld_lr_mult_scales_the_noise_variance():
   _assert_normal(u["slow"], 0.0025)
 
 
+@pytest.mark.op_by_op
 def test_sgld_scheduled_rate_sets_each_steps_variance():
   lrs = [0.01, 0.25, 0.04]
   schedule = lambda count: jnp.asarray(lrs)[count]
@@ -271,6 +274,7 @@ def test_sgld_scheduled_rate_sets_each_steps_variance():
     _assert_normal(u["w"], lr)
 
 
+@pytest.mark.op_by_op
 def test_sgld_under_inject_hyperparams_variance_follows_the_rate():
   tx = optax.inject_hyperparams(lars_optax.mxnet.sgld)(learning_rate=0.01)
   params = {"w": jnp.zeros((N,))}
@@ -329,6 +333,7 @@ def test_sgld_replicated_under_pmap_draws_the_same_noise_on_every_device():
     np.testing.assert_allclose(updates["w"][d], eager["w"], rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_sgld_low_precision_noise_is_drawn_in_float32_with_full_tails(dtype):
   # Drawn in bfloat16, the normal's tail would end near 2.9 sigma.

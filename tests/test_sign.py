@@ -70,6 +70,7 @@ ZEROS = {"int": 0, "float": 0.0, "np_float32": np.float32(0), "np_float64": np.f
          "jnp_float32": jnp.float32(0), "jnp_bfloat16": jnp.bfloat16(0)}
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("zero", sorted(ZEROS))
 def test_signum_with_momentum_zero_is_signsgd_whatever_the_type_of_zero(zero):
   params = {"w": jnp.array([1.0, -2.0, 3.0]), "b": jnp.array([0.5, -0.5])}

@@ -68,6 +68,7 @@ def _run(tx, params, sparse, jit=True):
   return params, state
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_lazy_step_on_bcoo_equals_dense_lazy_path(name):
   params = _params()
@@ -105,12 +106,14 @@ def test_row_listed_with_zero_values_is_present():
   np.testing.assert_allclose(new, [[1, 1], [0.95, 0.95], [1, 1]])
 
 
+@pytest.mark.op_by_op
 def test_scalar_state_counts_every_step():
   params = _params()
   _, state = _run(OPTIMIZERS["adam"](), params, sparse=True)
   assert int(optax.tree_utils.tree_get(state, "count")) == len(STEPS)
 
 
+@pytest.mark.op_by_op
 def test_dense_leaf_in_the_tree_follows_the_dense_lazy_rule():
   params = {"emb": jnp.ones((4, 2)), "b": jnp.ones((3,))}
   tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
@@ -296,6 +299,7 @@ def _lazy_update_error(grad, shape=(4, 2)):
   tx.update({"emb": grad}, tx.init(params), params)
 
 
+@pytest.mark.op_by_op
 def test_wrong_layout_raises_naming_the_leaf():
   g = BCOO.fromdense(jnp.eye(4, 2))  # n_sparse == 2
   with pytest.raises(ValueError, match=r"gradient 'emb' is a BCOO with n_batch=0, n_sparse=2"):
@@ -400,6 +404,7 @@ def test_value_and_grad_flax_linen_embed(jit):
   _check_grads(grads, ref_grads)
 
 
+@pytest.mark.op_by_op
 def test_value_and_grad_flax_nnx_embed_with_nnx_optimizer():
   from flax import nnx
 
@@ -424,6 +429,7 @@ def test_value_and_grad_flax_nnx_embed_with_nnx_optimizer():
   np.testing.assert_array_equal(changed, [1, 2, 7, 49])
 
 
+@pytest.mark.op_by_op
 def test_value_and_grad_haiku_embed():
   import haiku as hk
 
@@ -698,6 +704,7 @@ def _apply_partition_combine(model, updates):
   return eqx.combine(optax.apply_updates(params, updates), static)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("apply", [_apply_lars_optax, _apply_partition_combine],
                          ids=["lars_optax_apply_updates", "partition_combine"])
 def test_equinox_model_takes_a_row_sparse_update(apply):
@@ -747,6 +754,7 @@ def test_lars_optax_apply_updates_on_dense_trees_is_optax_apply_updates():
     lars_optax.sparse.apply_updates(table, {"emb": bad})
 
 
+@pytest.mark.op_by_op
 @pytest.mark.xfail(strict=True, raises=ValueError, reason=(
     "eqx.apply_updates maps over the updates first, so a row-sparse update (a pytree "
     "node, so that it can leave jit) must match the model's array leaf: 'pytree "
@@ -764,6 +772,7 @@ def test_equinox_apply_updates_takes_a_bare_row_sparse_update():
                               optax.apply_updates(params, updates))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", ["adam", "groupadagrad", "ftrl"])
 def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(name):
   """eqx.apply_updates(model, updates), Equinox's own idiom, under eqx.filter_jit with
@@ -796,6 +805,7 @@ def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(nam
   np.testing.assert_array_equal(changed, SPARSE_ROWS)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dense", [False, True], ids=["row_sparse_update", "dense_updates"])
 @pytest.mark.parametrize("name", ["adam", "adagrad", "ftrl"])
 def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name, dense):
@@ -816,6 +826,7 @@ def test_flax_train_state_apply_gradients_equals_optax_apply_updates(name, dense
   np.testing.assert_array_equal(changed, SPARSE_ROWS)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dense", [False, True], ids=["row_sparse_update", "dense_updates"])
 def test_nnx_optimizer_update_equals_optax_apply_updates(dense):
   from flax import nnx
@@ -846,6 +857,7 @@ def test_nnx_optimizer_update_equals_optax_apply_updates(dense):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_value_and_grad_without_max_rows_holds_every_row(jit):
   params, loss = _linen()
@@ -891,6 +903,7 @@ def _two_grads(n=1000):
   return params, fn, g1, g2
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
   params, _, g1, g2 = _two_grads()
@@ -903,6 +916,7 @@ def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
     jax.block_until_ready(update(summed, tx.init(params), params))
 
 
+@pytest.mark.op_by_op
 def test_tree_map_add_of_a_zero_tree_keeps_the_rows():
   params, _, g1, _ = _two_grads()
   summed = jax.tree.map(jnp.add, g1, optax.tree_utils.tree_zeros_like(g1))
@@ -944,6 +958,7 @@ def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
     step(params, tx.init(params), hand_built)
 
 
+@pytest.mark.op_by_op
 def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
   params, _, g1, _ = _two_grads()
   tx = lars_optax.sparse.lazy_update(optax.chain(lars_optax.mxnet.adam(0.1), optax.scale(0.5)))
@@ -967,6 +982,7 @@ def test_bcoo_passed_as_params_names_the_mistake():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", ["sparse_value_and_grad", "row_sparse", "hand_built_bcoo"])
 def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
   params, fn, _, _ = _two_grads(50)
@@ -999,6 +1015,7 @@ def test_apply_if_finite_around_lazy_adam_equals_the_unwrapped_step(make):
   chex.assert_trees_all_close(run(guarded, [bad]), params)
 
 
+@pytest.mark.op_by_op
 def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
   """skip_nonfinite guards a plain BCOO gradient as optax.apply_if_finite does."""
   params = {"emb": jnp.ones((5, 2))}
@@ -1020,6 +1037,7 @@ def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 def test_value_and_grad_takes_keyword_and_python_arguments():
   params = {"emb": jnp.arange(10.0).reshape(5, 2)}
 
@@ -1057,6 +1075,7 @@ def test_value_and_grad_argnums():
     lars_optax.sparse.value_and_grad(loss, sparse="emb", argnums=(0, 1))
 
 
+@pytest.mark.op_by_op
 def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
   """nn.Embed(dtype=bfloat16) casts the table, then looks up: a lookup, then a cast."""
   import flax.linen as nn
@@ -1081,6 +1100,7 @@ def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
   chex.assert_trees_all_close(grads["Dense_0"], ref["Dense_0"], rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 def test_value_and_grad_string_matches_a_full_path_or_a_last_name():
   params, loss = _linen()
   assert "Embed_0/embedding" in lars_optax.leaf_names(params)["Embed_0"]["embedding"]
@@ -1142,6 +1162,7 @@ def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map
   np.testing.assert_allclose(rows, 2 * np.asarray(params["table"])[[1, 6, 13]], rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("optimizer", [
     lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
     lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),

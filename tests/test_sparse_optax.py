@@ -39,6 +39,7 @@ def _dense(tree):
 SPARSE_GRAD = lars_optax.sparse.value_and_grad(_loss, sparse="emb")
 
 
+@pytest.mark.op_by_op
 def test_tree_add_equals_the_sum_of_the_dense_gradients():
   params = _params()
   g1, g2 = (SPARSE_GRAD(params, ids)[1] for ids in _batches(2))
@@ -61,6 +62,7 @@ def test_tree_add_rejects_a_mix_of_sparse_and_dense_naming_the_leaf():
     lars_optax.sparse.tree_add(g, _dense(g))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("max_norm", [0.01, 1e3])
 def test_clip_by_global_norm_equals_optax_on_dense_gradients(max_norm):
   params = _params()
@@ -73,6 +75,7 @@ def test_clip_by_global_norm_equals_optax_on_dense_gradients(max_norm):
   chex.assert_trees_all_close(_dense(clipped), ref, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
   params = _params()
   tx = optax.chain(lars_optax.sparse.clip_by_global_norm(0.1), lars_optax.mxnet.adam(0.1,
@@ -89,6 +92,7 @@ def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
   chex.assert_trees_all_close(p, rp, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "row_sparse"])
 def test_clip_by_global_norm_takes_a_low_precision_norm_in_float32(dtype, sparse):
@@ -110,6 +114,7 @@ def test_clip_by_global_norm_bad_max_norm(max_norm):
     lars_optax.sparse.clip_by_global_norm(max_norm)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("k", [1, 3])
 def test_multi_steps_equals_optax_multi_steps_on_dense_gradients(k):
   params = _params()
@@ -128,6 +133,7 @@ def test_multi_steps_equals_optax_multi_steps_on_dense_gradients(k):
   assert int(s.gradient_step) == 6 // k
 
 
+@pytest.mark.op_by_op
 def test_multi_steps_dense_only_with_a_schedule_equals_optax():
   params = _params()
   schedule = lambda step: jnp.where(step < 1, 2, 3)
@@ -142,6 +148,7 @@ def test_multi_steps_dense_only_with_a_schedule_equals_optax():
   chex.assert_trees_all_close(p, rp, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 def test_multi_steps_should_skip_update_fn_equals_optax_with_a_nan_batch():
   # optax's skip_not_finite: the NaN call is skipped (not counted), as in optax.
   params = _params()
@@ -302,6 +309,7 @@ def test_dense_updates_rejects_what_is_not_a_transformation():
     lars_optax.sparse.dense_updates("adam")
 
 
+@pytest.mark.op_by_op
 def test_dense_updates_under_multi_precision_keeps_the_float32_update():
   """A float16 table with float32 masters: the dense update is float32, and applying it
   with optax.apply_updates equals applying the row-sparse one (float16 kept)."""

@@ -130,6 +130,7 @@ CASES = {
 }
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_stacked_blocks_equal_unrolled_blocks(name):
   p0 = stacked_params()
@@ -138,6 +139,7 @@ def test_stacked_blocks_equal_unrolled_blocks(name):
   assert_close(stacked, restack(unrolled))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.quick
 def test_without_stacked_one_norm_over_the_stack_differs():
   """The defect this fixes: the stack is one leaf, with one ratio for all layers."""
@@ -148,6 +150,7 @@ def test_without_stacked_one_norm_over_the_stack_differs():
   assert diff.max() > 1e-3
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
   lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, **kw),
   lambda **kw: lars_optax.lamb(0.05, wd=0.01, **kw),
@@ -162,6 +165,7 @@ def test_per_layer_lr_mult_and_wd_mult_equal_one_multiplier_per_unrolled_layer(m
   assert_close(stacked, restack(unrolled))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
   lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, skip="flax", **kw),
   lambda **kw: lars_optax.lamb(0.05, wd=0.01, **kw),
@@ -201,6 +205,7 @@ def test_rules_with_k_layer_axes_equal_unrolled_stages_times_layers():
         [float(u_ratios[f"blocks_{i}/kernel"]) for i in range(L)], rtol=RTOL)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.quick
 @pytest.mark.parametrize("make", [
   lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, **kw),
@@ -238,6 +243,7 @@ def test_trust_ratios_under_jit_and_without_stacking_keep_their_form():
   assert state[1].layer_trust_ratio == ()  # nothing stacked: the state is as before
 
 
+@pytest.mark.op_by_op
 def test_skip_mask_selecting_a_stacked_leaf_skips_all_its_layers():
   p0 = stacked_params()
   tx = lars_optax.lars(0.5, skip=masks.by_leaf_name("kernel"), stacked=STACK)
@@ -247,6 +253,7 @@ def test_skip_mask_selecting_a_stacked_leaf_skips_all_its_layers():
   assert np.all(np.asarray(ratios["blocks/bias"]) != 1)
 
 
+@pytest.mark.op_by_op
 def test_masks_judge_one_layer_of_a_stacked_leaf():
   """by_ndim(1) selects the stacked bias (L, D), as it selects each unrolled bias."""
   p0 = stacked_params()
@@ -270,6 +277,7 @@ def test_zero_layer_in_a_stack_falls_back_to_ratio_one_for_that_layer_only():
   assert r[2] == 1.0 and np.all(r[[0, 1, 3]] < 0.1)
 
 
+@pytest.mark.op_by_op
 def test_global_norm_clipping_and_schedules_stay_global():
   """clip_by_global_norm and the step count see the whole tree, stacked or not."""
   p0 = stacked_params()
@@ -281,6 +289,7 @@ def test_global_norm_clipping_and_schedules_stay_global():
   assert_close(stacked, restack(unrolled))
 
 
+@pytest.mark.op_by_op
 def test_building_blocks_take_stacked():
   p0 = stacked_params()
   g = jax.grad(loss_stacked)(p0, *data(0))
@@ -368,6 +377,7 @@ def test_create_takes_stacked_for_the_layer_wise_names_only():
     lars_optax.mxnet.create("adam", stacked=STACK)
 
 
+@pytest.mark.op_by_op
 def test_stacked_under_optax_masked_and_partition():
   p0 = stacked_params()
   labels = {"blocks": {"kernel": "lamb", "bias": "adam"}, "head": {"kernel": "lamb",
@@ -382,6 +392,7 @@ def test_stacked_under_optax_masked_and_partition():
   assert vec.shape == (1 + L + 1 + 1,)  # bias, kernel layers, head bias, head kernel
 
 
+@pytest.mark.op_by_op
 def test_no_change_without_metadata_and_a_warning_where_shapes_show_a_stack():
   """Without metadata the default stacks nothing (the same numbers as stacked=None);
   a tree whose biases share the kernels' leading size looks stacked, and init says so."""
@@ -429,6 +440,7 @@ def _ordinary_models():
   }
 
 
+@pytest.mark.op_by_op
 def test_ordinary_models_do_not_look_stacked():
   """ResNet-50, an Equinox conv net and a linen attention block: no stack warning."""
   for name, params in _ordinary_models().items():

@@ -110,6 +110,7 @@ def _linen_restack(unrolled):
           "head": unrolled["head"]}
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("how", ["explicit", "partition_boxes"])
 def test_flax_linen_scan_equals_unrolled_blocks(name, how):
@@ -244,6 +245,7 @@ def _nnx_train_and_compare(nnx, Scanned, Unrolled, name, stacked=None):
       [float(u_ratios[f"blocks/{i}/linear/kernel"]) for i in range(L)], rtol=RTOL)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_an_nnx_stack_without_partition_names_warns_and_its_advice_equals_unrolled(name):
   """nnx.vmap gives plain layers (no nnx.with_partitioning) no 'layers' metadata: the
@@ -268,6 +270,7 @@ def test_an_nnx_stack_without_partition_names_warns_and_its_advice_equals_unroll
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_haiku_layer_stack_equals_unrolled(name):
   hk = pytest.importorskip("haiku")
@@ -308,6 +311,7 @@ def test_haiku_layer_stack_equals_unrolled(name):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_equinox_filter_vmap_equals_unrolled(name):
   eqx = pytest.importorskip("equinox")
@@ -480,6 +484,7 @@ WARNS = {
 }
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(WARNS))
 @pytest.mark.parametrize("params", [_scanned_without_metadata, _haiku_layer_stack_params],
                          ids=["flax_nn_scan", "haiku_layer_stack"])
@@ -529,6 +534,7 @@ def _own_scan_named_models():
   return Model().init(jax.random.key(0), jnp.ones((2, D)))["params"]
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(WARNS))
 def test_a_module_named_scan_that_scans_nothing_does_not_warn(name):
   p = _own_scan_named_models()

@@ -80,6 +80,7 @@ def test_bias_correction_is_accurate_in_float32():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.op_by_op
 def test_scale_by_caution_drops_disagreeing_entries_and_keeps_the_mean_step():
   g = {"w": jnp.array([1.0, -1.0, 2.0, 0.5])}
   inner = lars_optax.scale_per_leaf({"w": 1.0})  # a direction equal to g...
@@ -102,6 +103,7 @@ def test_scale_by_caution_drops_disagreeing_entries_and_keeps_the_mean_step():
   chex.assert_trees_all_close(out, {"w": jnp.array([1.0, 0.0, 2.0, 0.5]) * 4 / 3})
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_scale_by_caution_keeps_dtypes(dtype):
   g = {"w": jnp.array([1.0, -1.0, 2.0, 0.5], dtype)}

@@ -505,6 +505,7 @@ def test_hyperparameter_that_fits_with_master_weights_or_float64_is_accepted():
     lars_optax.mxnet.sgd(1e39).init({"w": jnp.ones(2, jnp.float64)})
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(ARGS))
 def test_valid_edge_values_are_accepted(name):
   """The closed ends of every range (0 where >= 0 is allowed, numpy scalars)."""
@@ -769,6 +770,7 @@ def test_leaf_value_names_matching_nothing_fail_at_init(name, arg, wd, spec, msg
     tx.init(_tree())
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", MXNET)
 def test_leaf_value_presets_may_match_nothing(name):
   tx = FACTORIES[name](wd=1e-3, lr_mult=[("flax", 2.0)], wd_mult=[("haiku", 0.0)])
@@ -927,6 +929,7 @@ def test_non_float_gradients_rejected(name, dtype):
     tx.update(grads, tx.init(params), params)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_0d_leaf(name):
   tx = VARIANTS[name]()
@@ -940,6 +943,7 @@ def test_0d_leaf(name):
   assert float(updates["s"]) != 0.0 and np.isfinite(float(updates["s"]))
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_zero_size_leaf(name):
   tx = VARIANTS[name]()
@@ -952,6 +956,7 @@ def test_zero_size_leaf(name):
   chex.assert_trees_all_close({k: updates[k] for k in ref}, ref, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 @pytest.mark.parametrize("tree", [{}, {"a": {}}, [], (), {"a": None}],
                          ids=["dict", "nested", "list", "tuple", "only_none"])
@@ -974,6 +979,7 @@ def test_none_leaves(name):
   chex.assert_trees_all_close({k: updates[k] for k in ref}, ref, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_masked_node_leaves_inside_optax_masked(name):
   """Inside optax.masked the optimizer sees MaskedNode leaves; masked-out leaves pass through."""
@@ -993,6 +999,7 @@ def test_masked_node_leaves_inside_optax_masked(name):
   chex.assert_trees_all_close(updates["w"], ref["w"], rtol=1e-6)
 
 
+@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_gradients_of_another_float_dtype_are_cast_to_the_params(name):
   """float32 gradients for bfloat16 params: state and updates stay bfloat16 (no upcast)."""
