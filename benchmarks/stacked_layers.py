@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -94,9 +95,11 @@ def make_step(tx: optax.GradientTransformation, steps: int) -> Callable:
 
 
 def _concrete(abstract: dict, seed: int) -> dict:
-  keys = jax.random.split(jax.random.key(seed), len(abstract))
-  return {n: 0.02 * jax.random.normal(k, a.shape, a.dtype)
-          for k, (n, a) in zip(keys, sorted(abstract.items()))}
+  # Drawn by NumPy: jax.random would compile a program per shape, again after every
+  # jax.clear_caches() below.
+  rng = np.random.default_rng(seed)
+  return {n: jnp.asarray(0.02 * rng.standard_normal(a.shape), a.dtype)
+          for n, a in sorted(abstract.items())}
 
 
 def measure_cpu(blocks: int, d: int, vocab: int, rounds: int, steps: int,

@@ -120,8 +120,7 @@ def pytest_runtest_call(item):
   The mark is for tests of trees, names, dtypes, masks and equalities between two
   runs of the library. Tests of numbers against a reference (MXNet, TF, the peers),
   of training loops, of documented code, and of what jit, pmap, shard_map, donation
-  or sharding do stay compiled; so does one jitted cell per optimizer in the dtype
-  matrix (tests/test_dtypes.py).
+  or sharding do stay compiled.
   """
   if item.get_closest_marker("op_by_op"):
     with jax.disable_jit():

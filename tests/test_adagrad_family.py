@@ -184,7 +184,6 @@ def test_ftrl_zero_beta_and_zero_gradients_stay_finite():
   chex.assert_trees_all_equal(updates, {"w": -jnp.ones(3)})  # w_1 = 0: nothing seen yet
 
 
-@pytest.mark.op_by_op
 def test_ftrl_schedule_is_called_with_the_count():
   seen = []
 

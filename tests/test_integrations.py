@@ -467,7 +467,6 @@ def test_linen_partitioned_boxes_are_named_by_the_box():
   assert names == sorted(n for n, _ in lars_optax.named_leaves(nn.meta.unbox(params)))
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("opt_name", [*LARS_LIKE, "lars_flavours", "lamb_flavours"])
 def test_linen_partitioned_boxes_train_with_the_flax_preset(opt_name):
   """Boxed params as ``init`` returns them: norm scales and biases keep ratio 1."""

@@ -232,7 +232,6 @@ def test_training_loop_survives_injected_nan_batches(make, dtype):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
     lambda: lars_optax.signum(0.01),  # sign(inf) is finite: only the cast gradient shows it
@@ -287,7 +286,6 @@ ZERO_LAYER = {
 }
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("name", sorted(ZERO_LAYER))
 def test_zero_layer_with_zero_gradient_forms_no_nan(name, jit):
@@ -354,7 +352,6 @@ def test_skip_nonfinite_ignores_a_nan_in_a_row_sparse_padding_slot():
   assert int(state.total_notfinite) == 1 and not bool(state.last_finite)
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("where", ["dense_leaf", "row_sparse_leaf"])
 def test_skip_nonfinite_casts_beside_a_row_sparse_leaf(where):
   """A float32 gradient of 1e5 is inf for a float16 weight, also when a row-sparse

@@ -254,7 +254,6 @@ def test_to_optax_rejects_other_schedulers():
     schedules.to_optax(lambda n: 0.1)
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("make", [
     lambda n: n, np.int64, np.uint64, np.array, lambda n: jnp.asarray(n, jnp.int64),
     lambda n: jnp.asarray(n, jnp.uint32)],

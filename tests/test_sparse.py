@@ -404,7 +404,6 @@ def test_value_and_grad_flax_linen_embed(jit):
   _check_grads(grads, ref_grads)
 
 
-@pytest.mark.op_by_op
 def test_value_and_grad_flax_nnx_embed_with_nnx_optimizer():
   from flax import nnx
 
@@ -772,7 +771,6 @@ def test_equinox_apply_updates_takes_a_bare_row_sparse_update():
                               optax.apply_updates(params, updates))
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", ["adam", "groupadagrad", "ftrl"])
 def test_equinox_apply_updates_with_dense_updates_equals_optax_apply_updates(name):
   """eqx.apply_updates(model, updates), Equinox's own idiom, under eqx.filter_jit with
@@ -857,7 +855,6 @@ def test_nnx_optimizer_update_equals_optax_apply_updates(dense):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_value_and_grad_without_max_rows_holds_every_row(jit):
   params, loss = _linen()
@@ -903,7 +900,6 @@ def _two_grads(n=1000):
   return params, fn, g1, g2
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_tree_map_add_of_two_sparse_gradients_raises_naming_tree_add(jit):
   params, _, g1, g2 = _two_grads()
@@ -1037,7 +1033,6 @@ def test_skip_nonfinite_guards_lazy_adam_on_a_hand_built_bcoo():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.op_by_op
 def test_value_and_grad_takes_keyword_and_python_arguments():
   params = {"emb": jnp.arange(10.0).reshape(5, 2)}
 
@@ -1075,7 +1070,6 @@ def test_value_and_grad_argnums():
     lars_optax.sparse.value_and_grad(loss, sparse="emb", argnums=(0, 1))
 
 
-@pytest.mark.op_by_op
 def test_value_and_grad_flax_embed_with_a_bfloat16_dtype():
   """nn.Embed(dtype=bfloat16) casts the table, then looks up: a lookup, then a cast."""
   import flax.linen as nn

@@ -484,7 +484,6 @@ WARNS = {
 }
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("name", sorted(WARNS))
 @pytest.mark.parametrize("params", [_scanned_without_metadata, _haiku_layer_stack_params],
                          ids=["flax_nn_scan", "haiku_layer_stack"])

@@ -155,7 +155,6 @@ def _partition_step(tx, params, jit=False):
   return state
 
 
-@pytest.mark.op_by_op
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("combine", ["partition", "multi_transform"])
 def test_trust_ratios_through_partition_cover_the_lars_leaves(combine, jit):
