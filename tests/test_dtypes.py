@@ -441,7 +441,7 @@ def _real_view(tree):
       lambda x: jnp.stack([x.real, x.imag], -1) if jnp.iscomplexobj(x) else x, tree)
 
 
-def _grads(params, i):
+def _complex_grads(params, i):
   """Gradients that depend on the real and imaginary parts alike (same on the real view)."""
   def g(x):
     if jnp.iscomplexobj(x):
@@ -455,7 +455,7 @@ def _grads(params, i):
 def _train_complex(tx, params, steps=4):
   state = tx.init(params)
   for i in range(steps):
-    grads = _grads(params, i)
+    grads = _complex_grads(params, i)
     updates, state = jax.jit(tx.update)(grads, state, params)
     chex.assert_trees_all_equal_dtypes(updates, params)
     params = optax.apply_updates(params, updates)
@@ -499,6 +499,6 @@ def test_lars_on_complex_params_takes_norms_of_abs(make):
   want = _train_complex(make(), _real_view(params))
   chex.assert_trees_all_close(_real_view(got), want, rtol=1e-5, atol=1e-6)
   tx = make()
-  _, state = tx.update(_grads(params, 0), tx.init(params), params)
+  _, state = tx.update(_complex_grads(params, 0), tx.init(params), params)
   ratio = lars_optax.trust_ratios(state, params)["w"]
   assert ratio.dtype == jnp.float32 and ratio != 1.0
