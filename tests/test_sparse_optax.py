@@ -4,6 +4,8 @@ Each equals its optax counterpart on the equivalent dense gradients; the
 row-sparse buffers of multi_steps do not grow with the table.
 """
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -73,6 +75,45 @@ def test_clip_by_global_norm_equals_optax_on_dense_gradients(max_norm):
   ref, _ = optax.clip_by_global_norm(max_norm).update(_dense(g), optax.EmptyState())
   assert lars_optax.sparse.is_row_sparse(clipped["emb"])
   chex.assert_trees_all_close(_dense(clipped), ref, rtol=1e-6)
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (see conftest.py)")
+@pytest.mark.parametrize("split", ["features", "layers"])
+def test_clip_by_global_norm_inside_shard_map_takes_the_whole_norm(split):
+  """A leaf split across devices counts whole (its param varies over the axis), a
+  replicated one once: the one-device clip, whether the split is by features or by the
+  layers of a stack (which needs no axis_name for its ratios)."""
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  rng = np.random.default_rng(0)
+  params = {"kernel": jnp.asarray(rng.normal(size=(4, 3, 2)), jnp.float32),
+            "bias": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+  grads = jax.tree.map(lambda x: 0.5 * x + 0.1, params)
+  spec = {"kernel": P(None, None, "x") if split == "features" else P("x"), "bias": P()}
+  mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+  clip = lars_optax.sparse.clip_by_global_norm(0.5)
+  expected, _ = clip.update(grads, optax.EmptyState(), params)
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  def sharded(g, p):
+    return clip.update(g, optax.EmptyState(), p)[0]
+
+  chex.assert_trees_all_close(sharded(grads, params), expected, rtol=1e-6)
+  # Through a porting constructor: timm's LAMB with max_grad_norm, split by features.
+  if split == "features":
+    make = lambda **kw: lars_optax.porting.timm_lamb(0.1, weight_decay=1e-2,
+                                                      max_grad_norm=0.1, **kw)
+    whole, tx = make(), make(axis_name="x")
+    want, _ = whole.update(grads, whole.init(params), params)
+
+    @jax.jit
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+    def step(g, p):
+      return tx.update(g, tx.init(p), p)[0]
+
+    chex.assert_trees_all_close(step(grads, params), want, rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.op_by_op

@@ -251,6 +251,12 @@ def _sum_sq(x: Any) -> jax.Array:
   return jnp.sum(jnp.where(keep, utils.abs_sq(values), 0))
 
 
+def _split_sum(sq: jax.Array, axes: frozenset) -> jax.Array:
+  """``sq`` summed over the mesh ``axes`` a leaf is split over (where it varies)."""
+  axes = axes & utils.vma(sq)
+  return jax.lax.psum(sq, tuple(sorted(axes))) if axes else sq
+
+
 def clip_by_global_norm(max_norm: float) -> GradientTransformation:
   r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
 
@@ -267,6 +273,13 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
   optimizer: ``optax.chain(lars_optax.sparse.clip_by_global_norm(1.0),
   lars_optax.mxnet.adam(lr, lazy_update=True))``.
 
+  Inside ``shard_map`` (with ``check_vma``, its default), when ``update`` is
+  given the params, a leaf's squared norm is summed over the mesh axes that its
+  param varies over: a leaf split across devices, by features or by layers,
+  counts whole, and a replicated one once, so the norm is the one-device norm.
+  (``optax.clip_by_global_norm`` takes each device's part alone.) Outside
+  ``shard_map`` nothing is summed.
+
   Args:
     max_norm: the largest global norm kept (> 0).
 
@@ -276,12 +289,21 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
   v.check_scalar("max_norm", max_norm, low=0.0, low_open=True)
 
   def update_fn(updates, state, params=None):
-    del params
-    leaves = jax.tree.leaves(updates, is_leaf=_rows.is_row_sparse)
+    treedef = jax.tree.structure(updates, is_leaf=_rows.is_row_sparse)
+    leaves = treedef.flatten_up_to(updates)
     for x in leaves:
       if _rows.is_row_sparse(x):
         _checked_indices("a row-sparse gradient", x, "clip_by_global_norm")
-    g_norm = jnp.sqrt(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)))
+    split = [frozenset()] * len(leaves)
+    if params is not None and any(utils.vma(x.data if _rows.is_row_sparse(x) else x)
+                                  for x in leaves):  # inside shard_map
+      try:
+        split = [utils.vma(p) for p in treedef.flatten_up_to(params)]
+      except (ValueError, TypeError) as e:
+        raise ValueError("clip_by_global_norm: params must have the gradients' tree "
+                         f"structure: {e}") from None
+    g_norm = jnp.sqrt(sum((_split_sum(_sum_sq(x), axes) for x, axes in zip(leaves, split)),
+                          jnp.zeros((), jnp.float32)))
     trigger = g_norm < max_norm
 
     def clip(x):
