@@ -114,6 +114,15 @@ def test_clip_by_global_norm_inside_shard_map_takes_the_whole_norm(split):
       return tx.update(g, tx.init(p), p)[0]
 
     chex.assert_trees_all_close(step(grads, params), want, rtol=1e-5, atol=1e-8)
+  # Params of another tree than the gradients' are named, not a deep pytree error.
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  def mismatched(g, p):
+    return clip.update(g, optax.EmptyState(), {"kernel": p["kernel"]})[0]
+
+  with pytest.raises(ValueError, match=r"^clip_by_global_norm: params must have the gradients'"):
+    mismatched(grads, params)
 
 
 @pytest.mark.op_by_op
