@@ -21,41 +21,130 @@ from lars_optax import masks
 from lars_optax import stacked as stacked_mod
 
 
-def ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon):
-  """The LARS ratio from the two norms, with MXNet's fallback to 1."""
-  # A finite norm is the square root of a finite sum, so it is far below the
-  # dtype's maximum and wn + gn cannot overflow: the sum is finite exactly when
-  # both norms are. With both finite and > 0, the ratio is finite too.
-  ok = (w_norm > 0) & (g_norm > 0) & jnp.isfinite(w_norm + g_norm)
-  # Where the fallback applies, divide 1 by 1 instead: the masked-out 0/0 of a
-  # zero layer would still trip jax_debug_nans.
-  w_norm = jnp.where(ok, w_norm, jnp.ones_like(w_norm))
-  g_norm = jnp.where(ok, g_norm, jnp.ones_like(g_norm))
-  dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
-  ratio = utils.cast(eta, dt) * w_norm / (
-      g_norm + utils.cast(weight_decay, dt) * w_norm + utils.cast(epsilon, dt))
-  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+class PackedLeaves(list):
+  """Per-leaf results of :func:`packed_map` (a list: per leaf an array or None),
+  which also keeps the same results packed into vectors (``vectors[key]``) and
+  where each leaf's lies in them (``spans[i]``: ``(key, offset, size)`` or
+  None), so that :func:`ratio_vector` gathers the logged ratios in one
+  operation."""
+
+  vectors: dict[Any, jax.Array]
+  spans: list[tuple[Any, int, int] | None]
+
+
+def packed_map(fn: Any, squares: Sequence[Any], *leaf_args: Sequence[Any]) -> Any:
+  """An elementwise ``fn`` of every leaf's squared norms: per leaf its result, or None.
+
+  ``squares[i]`` is leaf ``i``'s tuple of squared norms (shape ``shape[:k]``)
+  or None (a skipped leaf); ``leaf_args`` are further per-leaf arguments (a
+  scalar, or a per-layer array, such as a weight decay).
+
+  ``fn`` is applied twice, with the same operations and so the same numbers:
+
+  * per leaf, on that leaf's own norms. XLA fuses this scalar work into the
+    kernel that consumes the result (the leaf's update), so it costs no
+    launch, and the kernels of leaves of the same shape stay identical: XLA
+    compiles them once. (Slicing one packed vector per leaf would give every
+    leaf a kernel of its own: measured, 288 leaves compiled 2x slower.)
+  * once on all leaves' norms packed into vectors (one per dtype), kept in
+    the result's ``vectors`` for the logged ratios (:func:`ratio_vector`):
+    one kernel for the model instead of one per leaf.
+
+  Returns a :class:`PackedLeaves`, or a tuple of them when ``fn`` returns a
+  tuple of arrays.
+  """
+  spans: list[tuple[Any, int, int] | None] = [None] * len(squares)
+  per_leaf: list[Any] = [None] * len(squares)
+  by_dtype: dict[Any, list[int]] = {}
+  for i, sq in enumerate(squares):
+    if sq is not None:
+      by_dtype.setdefault(jnp.result_type(sq[0]), []).append(i)
+      per_leaf[i] = fn(*sq, *(values[i] for values in leaf_args))
+  arity = next((len(r) if isinstance(r, tuple) else None for r in per_leaf if r is not None),
+               None)
+  vectors: dict[Any, tuple[jax.Array, ...]] = {}
+  for dt, idx in by_dtype.items():
+    shapes = [np.shape(squares[i][0]) for i in idx]
+    # One flat concatenation, leaf by leaf, of each leaf's norms in turn (a
+    # small leaf's are one reduction's output already: stacked.layer_sq_norms),
+    # read back with a stride; nested concatenations would cost a kernel a leaf.
+    arity_in = len(squares[idx[0]])
+    flat = jnp.concatenate([jnp.ravel(jnp.stack(squares[i], axis=-1)) for i in idx])
+    cols = [flat[j::arity_in] for j in range(arity_in)]
+    args = []
+    for values in leaf_args:
+      picked = [values[i] for i in idx]
+      if all(x is picked[0] for x in picked) or all(
+          utils.is_python_number(x) and x == picked[0] for x in picked):
+        args.append(picked[0])  # one value for all: a scalar
+      else:
+        args.append(jnp.concatenate([jnp.ravel(jnp.broadcast_to(utils.cast(x, dt), shape))
+                                     for x, shape in zip(picked, shapes)]))
+    result = fn(*cols, *args)
+    vectors[dt] = result if isinstance(result, tuple) else (result,)
+    offset = 0
+    for i, shape in zip(idx, shapes):
+      size = int(np.prod(shape, dtype=np.int64))
+      spans[i] = (dt, offset, size)
+      offset += size
+  outs = []
+  for j in range(arity or 1):
+    leaves = PackedLeaves(r if r is None or arity is None else r[j] for r in per_leaf)
+    leaves.vectors = {dt: vec[j] for dt, vec in vectors.items()}
+    leaves.spans = spans
+    outs.append(leaves)
+  return tuple(outs) if arity is not None else outs[0]
 
 
 def ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
+  """The LARS ratio from the squared norms, eta |w| / (s |g| + wd |w| + eps), with
+  MXNet's fallback to 1 where a norm is 0 or not finite.
+
+  The fallback's test is taken on the squares (a square is > 0, or finite,
+  exactly when its root is); see :func:`_guarded_divide`.
+  """
+  ok = (w2 > 0) & (g2 > 0) & jnp.isfinite(w2) & jnp.isfinite(g2)
   w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
   if not utils.is_const(grad_scale, 1):
     g_norm = g_norm * jnp.abs(utils.cast(grad_scale, g_norm.dtype))
-  return ratio_from_norms(w_norm, g_norm, eta, weight_decay, epsilon)
+    ok = ok & jnp.isfinite(g_norm)  # the scaled norm may overflow
+  dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
+  num = utils.cast(eta, dt) * w_norm
+  den = g_norm + utils.cast(weight_decay, dt) * w_norm + utils.cast(epsilon, dt)
+  return _guarded_divide(ok, num, den)
+
+
+def _guarded_divide(ok: jax.Array, num: jax.Array, den: jax.Array) -> jax.Array:
+  """``num / den`` where ``ok``, else 1.
+
+  The denominator is made safe with a test of its own (so that a masked-out
+  0 / 0 never happens: ``jax_debug_nans`` stays quiet), and the fallback is
+  chosen after the division: XLA then computes the division in one small
+  kernel per leaf and folds the cheap test of ``ok`` into the (large) kernel
+  that applies the ratio, instead of one kernel for ``ok`` and one for the
+  division."""
+  safe = (den > 0) & jnp.isfinite(den)
+  ratio = num / jnp.where(safe, den, jnp.ones_like(den))
+  return jnp.where(ok, ratio, jnp.ones_like(ratio))
 
 
 def leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale,
-                 axis_name, ks):
+                 axis_name, ks, larc_bound=None):
   """Per-leaf (per-layer for stacked leaves) trust ratios, None for skipped leaves
-  (which cost nothing).
+  (which cost nothing); with ``larc_bound``, LARC-clipped (:func:`clip_ratio`).
 
   With ``axis_name`` the squared norms of all leaves are summed over the axis
-  in one collective.
+  in one collective. The ratios of all leaves are computed at once
+  (:func:`packed_map`).
   """
   squares = stacked_mod.layer_sq_norms(
       [None if s else (p, g) for p, g, s in zip(flat_p, flat_g, skipped)], ks, axis_name)
-  return [None if sq is None else ratio_from_squares(*sq, eta, wd, epsilon, grad_scale)
-          for sq, wd in zip(squares, weight_decays)]
+
+  def ratios(w2, g2, wd):
+    r = ratio_from_squares(w2, g2, eta, wd, epsilon, grad_scale)
+    return r if larc_bound is None else clip_ratio(r, larc_bound)
+
+  return packed_map(ratios, squares, weight_decays)
 
 
 def ratio_dtype(params: Any) -> jnp.dtype:
@@ -74,11 +163,40 @@ def leaf_slots(params: Any) -> list[bool]:
 
 def ratio_vector(params: Any, ratios: Sequence[Any] | None = None) -> jax.Array:
   """A state's ratio vector: the leaves' ratios (1 where None or not given; the mean
-  over the layers of a stacked leaf), -1 for MaskedNode placeholders."""
+  over the layers of a stacked leaf), -1 for MaskedNode placeholders.
+
+  Ratios from :func:`packed_map` are gathered from their packed vectors in one
+  operation (and one mean per stacked leaf)."""
   dt = ratio_dtype(params)
-  it = iter(ratios if ratios is not None else [None] * len(jax.tree.leaves(params)))
+  slots = leaf_slots(params)
+  if ratios is None or all(r is None for r in ratios):
+    marks = np.array([1 if real else -1 for real in slots], dtype=dt)
+    return jnp.asarray(marks)
+  if isinstance(ratios, PackedLeaves):
+    vectors = [vec.astype(dt) for vec in ratios.vectors.values()]
+    starts = dict(zip(ratios.vectors, np.cumsum([2] + [vec.size for vec in vectors])))
+    base = 2 + sum(vec.size for vec in vectors)  # the stacked leaves' means follow
+    index: list[int] = []
+    means: list[jax.Array] = []
+    pieces = iter(zip(ratios, ratios.spans))
+    for real in slots:
+      if not real:
+        index.append(1)  # -1: a MaskedNode placeholder
+        continue
+      r, span = next(pieces)
+      if span is None:
+        index.append(0)  # 1: a skipped leaf
+      elif span[2] == 1 and jnp.ndim(r) == 0:
+        index.append(int(starts[span[0]]) + span[1])
+      else:  # a stacked leaf: the mean of its layers' ratios
+        index.append(base + len(means))
+        means.append(jnp.mean(r).astype(dt))
+    table = jnp.concatenate([jnp.asarray([1, -1], dt), *vectors,
+                             *([jnp.stack(means)] if means else [])])
+    return table[np.array(index, dtype=np.int32)]
+  it = iter(ratios)
   entries = [(jnp.ones((), dt) if (r := next(it)) is None else jnp.mean(r).astype(dt))
-             if real else jnp.full((), -1, dt) for real in leaf_slots(params)]
+             if real else jnp.full((), -1, dt) for real in slots]
   return jnp.stack(entries) if entries else jnp.ones((0,), dt)
 
 
@@ -111,23 +229,17 @@ def layer_axes(state_layers: Sequence[Any], params: Any) -> list[int]:
   return [0 if m is None else jnp.ndim(m) for m, real in zip(state_layers, real_slots) if real]
 
 
-def clip_ratios(ratios: Sequence[Any], bound: Any) -> list[Any]:
-  """LARC's clip: each ratio becomes min(ratio / bound, 1) (None stays None).
+def clip_ratio(r: jax.Array, bound: Any) -> jax.Array:
+  """LARC's clip: the ratios ``r`` become min(r / bound, 1).
 
   A bound of 0 (a warm-up from 0) gives 1, as in timm where rho / 0 is
   infinite, also for a ratio of 0 (``eta=0``), where 0 / 0 would be NaN; the
   step is then 0 either way (the rate is 0). 1 is divided there, not 0, so that
   ``jax_debug_nans`` stays quiet."""
-  out: list[Any] = []
-  for r in ratios:
-    if r is None:
-      out.append(None)
-      continue
-    b = utils.cast(bound, r.dtype)
-    positive = b > 0
-    clipped = jnp.minimum(r / jnp.where(positive, b, 1), 1)
-    out.append(jnp.where(positive, clipped, 1).astype(r.dtype))
-  return out
+  b = utils.cast(bound, r.dtype)
+  positive = b > 0
+  clipped = jnp.minimum(r / jnp.where(positive, b, 1), 1)
+  return jnp.where(positive, clipped, 1).astype(r.dtype)
 
 
 def apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax.Array]:
@@ -159,20 +271,28 @@ def check_bounds(lower_bound: Any, upper_bound: Any) -> None:
 
 def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
                    upper_bound: Any, max_ratio: Any = None) -> jax.Array:
-  """LAMB's ratio from squared norms: the bounded weight norm over the update norm."""
+  """LAMB's ratio from squared norms: the bounded weight norm over the update norm.
+
+  MXNet's fallback to 1 for a zero norm (after the bounds), extended to
+  non-finite norms as for LARS, is tested on the squares (see
+  :func:`ratio_from_squares`); 1 / 1 is divided there (``jax_debug_nans``).
+  """
+  dt = jnp.result_type(w2)  # float32 or wider
+  w_pos = w2 > 0
+  if lower_bound is not None:
+    w_pos = w_pos | (utils.cast(lower_bound, dt) > 0)
+  # An infinite norm is finite once bounded above; NaN stays NaN.
+  w_finite = jnp.isfinite(w2) if upper_bound is None else ~jnp.isnan(w2)
+  ok = w_pos & w_finite & (u2 > 0) & jnp.isfinite(u2)
   w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
-  dt = w_norm.dtype  # float32 or wider
   if lower_bound is not None:
     w_norm = jnp.maximum(w_norm, utils.cast(lower_bound, dt))
   if upper_bound is not None:
     w_norm = jnp.minimum(w_norm, utils.cast(upper_bound, dt))
-  # MXNet's fallback to 1 for a zero norm (after the bounds), extended to
-  # non-finite norms as for LARS; 1 / 1 is divided there (jax_debug_nans).
-  ok = (w_norm > 0) & (u_norm > 0) & jnp.isfinite(w_norm + u_norm)
-  ratio = jnp.where(ok, w_norm, 1) / jnp.where(ok, u_norm, 1)
+  ratio = _guarded_divide(ok, w_norm, u_norm)
   if max_ratio is not None:
-    ratio = jnp.minimum(ratio, utils.cast(max_ratio, ratio.dtype))
-  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+    ratio = jnp.where(ok, jnp.minimum(ratio, utils.cast(max_ratio, ratio.dtype)), 1)
+  return ratio
 
 
 def ratio_axes(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,

@@ -85,9 +85,10 @@ def normalize_per_leaf(
     ks = stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(flat))
     squares = stacked_mod.layer_sq_norms([(u,) for u in flat], ks,
                                          stacked_mod.resolve_axis_names(axis_name, updates, ks))
+    norms = _ratios.packed_map(jnp.sqrt, squares)
     out = []
-    for u, (s,) in zip(flat, squares):
-      n = stacked_mod.per_layer(jnp.sqrt(s), u)
+    for u, norm in zip(flat, norms):
+      n = stacked_mod.per_layer(norm, u)
       out.append(utils.safe_divide(u.astype(n.dtype), n).astype(u.dtype))
     return jax.tree.unflatten(treedef, out), state
 
@@ -234,14 +235,13 @@ def scale_by_lans(
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, cm, cg) for p, (cm, cg), s in zip(flat_p, parts, skipped)],
         ks, stacked_mod.resolve_axis_names(axis_name, params, ks))
-    ratios_m, ratios_g, out = [], [], []
-    for g, (cm, cg), sq in zip(flat_g, parts, squares):
-      rm = rg = None
-      if sq is not None:
-        rm = _ratios.bounded_ratio(sq[0], sq[1], lower_bound, upper_bound)
-        rg = _ratios.bounded_ratio(sq[0], sq[2], lower_bound, upper_bound)
-      ratios_m.append(rm)
-      ratios_g.append(rg)
+    pairs = _ratios.packed_map(
+        lambda w2, m2, g2: (_ratios.bounded_ratio(w2, m2, lower_bound, upper_bound),
+                            _ratios.bounded_ratio(w2, g2, lower_bound, upper_bound)),
+        squares)
+    ratios_m, ratios_g = pairs if isinstance(pairs, tuple) else (pairs, pairs)
+    out = []
+    for g, (cm, cg), rm, rg in zip(flat_g, parts, ratios_m, ratios_g):
       dt = cm.dtype
       wm = utils.cast(b1, dt) if rm is None else (
           utils.cast(b1, dt) * stacked_mod.per_layer(rm.astype(dt), cm))

@@ -472,6 +472,26 @@ def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | N
   return [None if f is False else f for f in found]
 
 
+# Below this many elements, XLA's CPU backend reduces an array in up to three
+# kernels (a multiply, a windowed partial sum, the final sum); at or above it,
+# in one. A small leaf's arrays (the weight and its update) are therefore
+# reduced together, as one stack, not one by one.
+_SMALL = 4096
+
+
+def _sq_norms(arrays: Sequence[jax.Array], k: int) -> tuple[jax.Array, ...]:
+  """:func:`sq_norm` of each of one leaf's arrays; small ones of one shape and
+  dtype in one reduction over their stack (the stack costs a copy of a small
+  leaf, less than the kernels it saves)."""
+  first = arrays[0]
+  if len(arrays) > 1 and np.size(first) < _SMALL and all(
+      np.shape(x) == np.shape(first) and jnp.result_type(x) == jnp.result_type(first)
+      and utils.vma(x) == utils.vma(first) for x in arrays[1:]):
+    stacked = sq_norm(jnp.stack(arrays), k + 1)
+    return tuple(stacked[j] for j in range(len(arrays)))
+  return tuple(sq_norm(x, k) for x in arrays)
+
+
 def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],
                    axis_name: str | Sequence[str | None] | None = None) -> list[Any]:
   """Per leaf, the per-layer squared norms of each array in its group.
@@ -488,8 +508,7 @@ def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[in
   This is the one place the layer-wise rules (LARS, TF LARS, LAMB, LANS and
   :func:`~lars_optax.normalize_per_leaf`) take their norms.
   """
-  squares = [None if g is None else tuple(sq_norm(x, k) for x in g)
-             for g, k in zip(groups, ks)]
+  squares = [None if g is None else _sq_norms(g, k) for g, k in zip(groups, ks)]
   if axis_name is None or isinstance(axis_name, str):
     return utils.psum(squares, axis_name)
   # Per leaf (from resolve_axis_names): one collective per mesh axis, over its leaves.

@@ -287,14 +287,16 @@ def scale_by_lars_trust_ratio(
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
-    ratios = _ratios.leaf_ratios(flat_p, flat_g, skipped, eta,
-                          [utils.times(ratio_weight_decay, m) for m in mults], epsilon, rescale,
-                          stacked_mod.resolve_axis_names(axis_name, params, ks), ks)
     inner_state = state.inner_state
+    bound = None
     if larc_learning_rate is not None:
       count, inner_state = inner_state
       rate = larc_learning_rate
-      ratios = _ratios.clip_ratios(ratios, rate(count) if callable(rate) else rate)
+      bound = rate(count) if callable(rate) else rate
+    ratios = _ratios.leaf_ratios(flat_p, flat_g, skipped, eta,
+                          [utils.times(ratio_weight_decay, m) for m in mults], epsilon, rescale,
+                          stacked_mod.resolve_axis_names(axis_name, params, ks), ks,
+                          larc_bound=bound)
     if not utils.is_const(rescale, 1):
       updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(updates, inner_state, params, **extra_args)
@@ -412,9 +414,9 @@ def scale_by_lamb_trust_ratio(
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, u) for p, u, s in zip(flat_p, flat_u, skipped)], ks,
         stacked_mod.resolve_axis_names(axis_name, params, ks))
-    ratios = [None if sq is None else _ratios.bounded_ratio(*sq, lower_bound, upper_bound,
-                                                        max_trust_ratio)
-              for sq in squares]
+    ratios = _ratios.packed_map(
+        lambda w2, u2: _ratios.bounded_ratio(w2, u2, lower_bound, upper_bound, max_trust_ratio),
+        squares)
     return (jax.tree.unflatten(treedef, _ratios.apply_ratios(flat_u, ratios)),
             ScaleByLambTrustRatioState(_ratios.ratio_vector(params, ratios),
                                        _ratios.layer_ratios(params, ks, ratios)))

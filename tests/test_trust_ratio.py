@@ -206,3 +206,88 @@ def test_trust_ratios_under_jit_keep_every_leaf():
   state = _partition_step(tx, params)
   ratios = jax.jit(lambda s: lars_optax.trust_ratios(s, params))(state)
   assert float(ratios["emb"]) == -1.0 and len(ratios) == 4
+
+
+# --------------------------------------------------------------------------
+# The ratios are computed twice, per leaf (applied) and for all leaves at once
+# (logged); small leaves take their two norms from one reduction.
+# --------------------------------------------------------------------------
+
+
+def _mixed_tree():
+  """Small leaves (below 4,096 elements: one reduction for both norms), large ones,
+  a zero leaf (the fallback to 1) and a stacked leaf (per-layer ratios)."""
+  rng = np.random.default_rng(3)
+  return {"blocks": {"kernel": jnp.asarray(rng.normal(size=(3, 8, 8)), jnp.float32),
+                     "bias": jnp.asarray(rng.normal(size=(3, 8)), jnp.float32)},
+          "big": jnp.asarray(rng.normal(size=(64, 80)), jnp.float32),
+          "bias": jnp.asarray(rng.normal(size=(16,)), jnp.float32),
+          "scale": jnp.asarray(rng.normal(size=(16,)), jnp.float32),
+          "zero": jnp.zeros((5, 4), jnp.float32)}
+
+
+def _layer_norms(x, k):
+  x = np.asarray(x, np.float64)
+  return np.sqrt(np.sum(x.reshape((*x.shape[:k], -1)) ** 2, axis=-1))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_lamb_logged_ratios_are_the_applied_ratios_on_every_kind_of_leaf(jit):
+  params = _mixed_tree()
+  updates = jax.tree.map(lambda p: 0.3 * p + 0.02, params)
+  ks = {"blocks/kernel": 1, "blocks/bias": 1}
+  tx = lars_optax.scale_by_lamb_trust_ratio(
+      stacked=lars_optax.by_regex("^blocks/"))
+  update = jax.jit(tx.update) if jit else tx.update
+  out, state = update(updates, tx.init(params), params)
+  logged = lars_optax.trust_ratios(state, params)
+  flat_u = dict(masks.named_leaves(updates))
+  flat_o = dict(masks.named_leaves(out))
+  for name, w in masks.named_leaves(params):
+    k = ks.get(name, 0)
+    wn, un = _layer_norms(w, k), _layer_norms(flat_u[name], k)
+    expected = np.where((wn > 0) & (un > 0), wn / np.where(un > 0, un, 1), 1.0)
+    np.testing.assert_allclose(logged[name], expected, rtol=1e-6, err_msg=name)
+    applied = np.reshape(expected, np.shape(expected) + (1,) * (np.ndim(w) - k))
+    np.testing.assert_allclose(flat_o[name], applied * np.asarray(flat_u[name]), rtol=1e-6,
+                               err_msg=name)
+  # The state's per-leaf vector holds a stacked leaf's mean over its layers.
+  means = [np.mean(logged[name]) for name, _ in masks.named_leaves(params)]
+  np.testing.assert_allclose(state.trust_ratio, means, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, skip=None, **kw),
+    lambda **kw: lars_optax.lamb(1e-3, wd=0.01, **kw),
+    lambda **kw: lars_optax.lans(1e-3, wd=0.01, **kw),
+    lambda **kw: lars_optax.porting.timm_lars(0.1, momentum=0.9, weight_decay=1e-4,
+                                              trust_clip=True, **kw),
+    lambda **kw: lars_optax.porting.timm_lamb(1e-3, weight_decay=0.01, trust_clip=True, **kw),
+], ids=["lars", "lamb", "lans", "timm_larc", "timm_lambc"])
+def test_logged_ratios_equal_eager_and_jitted_on_small_and_large_leaves(make):
+  """The per-leaf and the packed computation agree however XLA fuses them."""
+  params = _mixed_tree()
+  grads = jax.tree.map(lambda p: 0.3 * p + 0.02, params)
+  tx = make(stacked=lars_optax.by_regex("^blocks/"))
+  eager_updates, eager_state = tx.update(grads, tx.init(params), params)
+  jit_updates, jit_state = jax.jit(tx.update)(grads, tx.init(params), params)
+  chex.assert_trees_all_close(jit_updates, eager_updates, rtol=1e-6, atol=1e-9)
+  chex.assert_trees_all_close(lars_optax.trust_ratios(jit_state),
+                              lars_optax.trust_ratios(eager_state), rtol=1e-6)
+  assert float(lars_optax.trust_ratios(eager_state, params)["zero"]) == 1.0
+
+
+def test_lamb_upper_bound_caps_an_overflowing_weight_norm_and_nan_falls_back():
+  """A weight whose squared norm overflows float32 has an infinite norm; an upper
+  bound makes it finite (the ratio is then bound / |u|). A NaN norm gives 1."""
+  params = {"w": jnp.full((4,), 1e20, jnp.float32), "n": jnp.array([jnp.nan, 1.0])}
+  updates = {"w": jnp.full((4,), 0.5, jnp.float32), "n": jnp.ones(2)}
+  tx = lars_optax.scale_by_lamb_trust_ratio(upper_bound=10.0)
+  out, state = tx.update(updates, tx.init(params), params)
+  ratios = lars_optax.trust_ratios(state, params)
+  np.testing.assert_allclose(ratios["w"], 10.0 / 1.0, rtol=1e-6)  # |u| = 0.5 * 2 = 1
+  np.testing.assert_allclose(out["w"], 10.0 * 0.5, rtol=1e-6)
+  assert float(ratios["n"]) == 1.0
+  unbounded = lars_optax.scale_by_lamb_trust_ratio()
+  _, state = unbounded.update(updates, unbounded.init(params), params)
+  assert float(lars_optax.trust_ratios(state, params)["w"]) == 1.0  # infinite norm: fallback
