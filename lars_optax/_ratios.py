@@ -41,11 +41,12 @@ def packed_map(fn: Any, squares: Sequence[Any], *leaf_args: Sequence[Any]) -> An
 
   ``fn`` is applied twice, with the same operations and so the same numbers:
 
-  * per leaf, on that leaf's own norms. XLA fuses this scalar work into the
-    kernel that consumes the result (the leaf's update), so it costs no
-    launch, and the kernels of leaves of the same shape stay identical: XLA
-    compiles them once. (Slicing one packed vector per leaf would give every
-    leaf a kernel of its own: measured, 288 leaves compiled 2x slower.)
+  * per leaf, on that leaf's own norms, for the leaf's update. With
+    :func:`_guarded_divide` XLA computes it in one small kernel per leaf,
+    the same kernel for every leaf (compiled once), and folds the final
+    choice into the kernel that applies the result. (Slicing each leaf's
+    entry out of one packed vector would give every leaf a kernel of its
+    own, a different offset each: measured, 288 leaves compiled 2x slower.)
   * once on all leaves' norms packed into vectors (one per dtype), kept in
     the result's ``vectors`` for the logged ratios (:func:`ratio_vector`):
     one kernel for the model instead of one per leaf.
@@ -275,7 +276,7 @@ def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
 
   MXNet's fallback to 1 for a zero norm (after the bounds), extended to
   non-finite norms as for LARS, is tested on the squares (see
-  :func:`ratio_from_squares`); 1 / 1 is divided there (``jax_debug_nans``).
+  :func:`ratio_from_squares` and :func:`_guarded_divide`).
   """
   dt = jnp.result_type(w2)  # float32 or wider
   w_pos = w2 > 0
