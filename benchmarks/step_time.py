@@ -21,6 +21,15 @@ comes to the memory-bound floor.
     python benchmarks/step_time.py --dtype bfloat16   # bfloat16 params, grads and state
     python benchmarks/step_time.py --rounds 50 --json out.json
     python benchmarks/step_time.py --quick            # a few seconds: a smoke test
+    python benchmarks/step_time.py --scaling          # how the costs grow with the leaves
+
+``--scaling`` builds an unrolled transformer-like tree (``stacked_layers.py``'s
+blocks: 12 leaves each, hidden size ``--hidden``) of about 100 to 1,600 leaves
+and reports, per optimizer and size, in one run: the compile time (lowering
+included, median of ``--compiles``), the top-level kernels of the compiled
+step per leaf (fusions and other launched operations of the entry
+computation: each is a kernel launch on a GPU) and the step time over
+sgd-momentum's at the same size (rounds interleaved, shuffled).
 
 Only ratios are meaningful on a shared CPU; absolute times only on a GPU.
 """
@@ -32,6 +41,7 @@ import gc
 import json
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -43,6 +53,7 @@ import optax
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from resnet50_tree import resnet50_params
+from stacked_layers import block_shapes
 
 import lars_optax
 
@@ -232,15 +243,18 @@ def make_step(opt: optax.GradientTransformation, steps: int = 1):
   return jax.jit(step if steps == 1 else loop, donate_argnums=(0, 1))
 
 
-def compile_time(factory, params, grads, repeats: int) -> float:
+def compile_time(factory, params, grads, repeats: int, text: bool = False):
+  """Median seconds to lower and compile one step; with ``text``, also the compiled HLO."""
   times = []
   for _ in range(repeats):
     jax.clear_caches()
     opt = factory()
     state = jax.eval_shape(opt.init, params)
     t0 = time.perf_counter()
-    make_step(opt).lower(params, state, grads).compile()
+    compiled = make_step(opt).lower(params, state, grads).compile()
     times.append(time.perf_counter() - t0)
+  if text:
+    return statistics.median(times), compiled.as_text()
   return statistics.median(times)
 
 
@@ -270,6 +284,117 @@ def format_table(result: dict) -> str:
   return "\n".join(lines)
 
 
+# The scaling table's optimizers: sgd-momentum (the baseline), then each rule and its optax peer.
+SCALING = {
+    "optax.sgd(momentum=0.9)": lambda: optax.sgd(LR, momentum=0.9),
+    "optax.lars": lambda: optax.lars(LR),
+    "lars_optax.lars(momentum=0.9, skip='flax')":
+        lambda: lars_optax.lars(LR, momentum=0.9, skip="flax"),
+    "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
+    "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=0.01),
+    "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=0.01),
+    "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=0.01),
+}
+
+# Operations of a compiled step that launch no kernel of their own.
+_NOT_LAUNCHED = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "call",
+                 "while", "conditional", "optimization-barrier"}
+
+
+def transformer_tree(blocks: int, hidden: int, dtype=jnp.float32) -> dict:
+  """An unrolled transformer-like tree: ``blocks`` x 12 leaves (no embedding)."""
+  key = jax.random.PRNGKey(0)
+  shapes = {f"block_{i}/{n}": s for i in range(blocks) for n, s in block_shapes(hidden).items()}
+  return {n: (0.02 * jax.random.normal(jax.random.fold_in(key, j), s)).astype(dtype)
+          for j, (n, s) in enumerate(shapes.items())}
+
+
+def launches(compiled_text: str) -> int:
+  """The kernels one run of a compiled step launches, read from its HLO.
+
+  Every operation of the entry computation, and of the computations it runs
+  with ``call`` (on a GPU, the command buffers), counts, except those in
+  ``_NOT_LAUNCHED``: a fusion, a library call or a copy is one kernel each.
+  """
+  called = set(re.findall(r" call\(.*?(?:to_apply|calls)=(%[\w.\-]+)", compiled_text))
+  count, inside = 0, False
+  for line in compiled_text.splitlines():
+    head = re.match(r"^(ENTRY )?(%[\w.\-]+) \(", line)
+    if head:
+      inside = bool(head.group(1)) or head.group(2) in called
+      continue
+    if line.startswith("}"):
+      inside = False
+    elif inside and " = " in line:
+      op = re.match(r"\s*(?:ROOT )?%\S+ = .*? ([\w\-]+)\(", line)
+      if op and op.group(1) not in _NOT_LAUNCHED:
+        count += 1
+  return count
+
+
+def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: int,
+            only: list[str] | None) -> dict:
+  """The scaling table's measurements (see the module docstring)."""
+  facs = {k: f for k, f in SCALING.items()
+          if not only or k == next(iter(SCALING)) or any(s in k for s in only)}
+  rows = []
+  for b in blocks:
+    params = transformer_tree(b, hidden)
+    grads = jax.tree.map(lambda p: 0.3 * p + 0.01, params)
+    runs = {}
+    for name, fac in facs.items():
+      opt = fac()
+      p = jax.tree.map(jnp.copy, params)
+      s = opt.init(p)
+      compiled = make_step(opt, steps).lower(p, s, grads).compile()
+      p, s = compiled(p, s, grads)
+      jax.block_until_ready((p, s))
+      runs[name] = {"fn": compiled, "p": p, "s": s, "times": []}
+    names, order = list(runs), random.Random(b)
+    for _ in range(rounds):
+      order.shuffle(names)
+      for name in names:
+        run = runs[name]
+        t0 = time.perf_counter()
+        run["p"], run["s"] = run["fn"](run["p"], run["s"], grads)
+        jax.block_until_ready((run["p"], run["s"]))
+        run["times"].append((time.perf_counter() - t0) / steps)
+    base = statistics.median(runs[next(iter(runs))]["times"])
+    for name, run in runs.items():
+      del run["p"], run["s"], run["fn"]
+      step = statistics.median(run["times"])
+      seconds, text = compile_time(facs[name], params, grads, compiles, text=True)
+      rows.append({"optimizer": name, "leaves": len(params), "step_ms": step * 1e3,
+                   "step_ratio": step / base, "launches_per_leaf": launches(text) / len(params),
+                   "compile_s": seconds})
+    gc.collect()
+  device = jax.devices()[0]
+  return {"device": f"{device.platform}: {device.device_kind}", "jax": jax.__version__,
+          "optax": optax.__version__, "hidden": hidden, "rounds": rounds,
+          "steps_per_call": steps, "rows": rows}
+
+
+def format_scaling(result: dict) -> str:
+  """The scaling table as markdown: one row per optimizer and size."""
+  by = {(r["optimizer"], r["leaves"]): r for r in result["rows"]}
+  base = result["rows"][0]["optimizer"]
+  lines = [
+      (f"Unrolled transformer-like tree (12 leaves a block, hidden size {result['hidden']}); "
+       f"{result['device']}; jax {result['jax']}, optax {result['optax']}; step: median of "
+       f"{result['rounds']} calls of {result['steps_per_call']} steps, over sgd-momentum's "
+       "in the same run; compile: lowering and XLA compile; kernels: top-level operations "
+       "of the compiled step that launch, per leaf."), "",
+      ("| optimizer | leaves | kernels / leaf | compile (s) | compile / sgd-m | step (ms) "
+       "| step / sgd-m |"),
+      "|---|---:|---:|---:|---:|---:|---:|"]
+  for r in result["rows"]:
+    c0 = by[(base, r["leaves"])]["compile_s"]
+    lines.append(f"| `{r['optimizer']}` | {r['leaves']:,} | {r['launches_per_leaf']:.2f} | "
+                 f"{r['compile_s']:.2f} | {r['compile_s'] / c0:.1f} | {r['step_ms']:.3f} | "
+                 f"{r['step_ratio']:.2f} |")
+  return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--rounds", type=int, default=30, help="timed steps per optimizer")
@@ -286,10 +411,27 @@ def main(argv: list[str] | None = None) -> dict:
   ap.add_argument("--quick", action="store_true",
                   help="the tree's first 20 leaves, 3 rounds, 1 compile, 3 optimizers: "
                        "a smoke test")
-  if ap.parse_args(argv).quick:  # small defaults; explicit options still win
+  ap.add_argument("--scaling", action="store_true",
+                  help="the scaling table (transformer-like trees of ~100 to 1,600 leaves) "
+                       "instead of the ResNet-50 table")
+  ap.add_argument("--blocks", type=int, nargs="*", default=[8, 32, 96, 128],
+                  help="--scaling: tree sizes in blocks of 12 leaves (default: %(default)s)")
+  ap.add_argument("--hidden", type=int, default=128,
+                  help="--scaling: the blocks' hidden size (default: %(default)s)")
+  first = ap.parse_args(argv)
+  if first.quick:  # small defaults; explicit options still win
     ap.set_defaults(rounds=3, compiles=1, steps_per_call=2, copy_mib=64,
-                    only=["lars_optax.lars(momentum=0.9)", "optax.lars"])
+                    only=["lars_optax.lars(momentum=0.9)", "optax.lars"], blocks=[1, 2],
+                    hidden=16)
   args = ap.parse_args(argv)
+  if args.scaling:
+    result = scaling(args.blocks, args.hidden, args.rounds, args.compiles,
+                     args.steps_per_call, args.only)
+    print(format_scaling(result))
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    return result
 
   params = resnet50_params(dtype=jnp.dtype(args.dtype))
   if args.quick:

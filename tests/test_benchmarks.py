@@ -57,3 +57,46 @@ def test_stacked_layers_quick_run_compares_stacked_with_unrolled():
   assert variants == {"unrolled", "stacked", "one norm per stack"}
   assert result["leaves"] == {"unrolled": 3 * 12 + 3, "stacked": 12 + 3}
   assert "| `lars` |" in stacked_layers.format_table(result)
+
+
+def test_step_time_scaling_quick_run_counts_kernels_per_leaf():
+  import step_time
+
+  result = step_time.main(["--scaling", "--quick"])
+  rows = {(r["optimizer"], r["leaves"]): r for r in result["rows"]}
+  assert {leaves for _, leaves in rows} == {12, 24}
+  sgd = rows[("optax.sgd(momentum=0.9)", 24)]
+  ours = rows[("lars_optax.lars(momentum=0.9, skip='flax')", 24)]
+  peer = rows[("optax.lars", 24)]
+  assert sgd["launches_per_leaf"] >= 1 and sgd["step_ratio"] == 1.0
+  # The per-leaf scalar work is folded into few kernels: fewer launches than optax's.
+  assert ours["launches_per_leaf"] < peer["launches_per_leaf"]
+  assert "| kernels / leaf |" in step_time.format_scaling(result)
+
+
+def test_launches_counts_the_entry_computation_and_what_it_calls():
+  import step_time
+
+  hlo = """HloModule m
+
+%fused_computation (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%command_buffer (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %f1 = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  ROOT %f2 = f32[4]{0} fusion(%f1), kind=kLoop, calls=%fused_computation
+}
+
+ENTRY %main (x: f32[4]) -> (f32[4], f32[4]) {
+  %x = f32[4]{0} parameter(0)
+  %c = f32[] constant(1)
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_computation
+  %cb = f32[4]{0} call(%f), to_apply=%command_buffer
+  %copy = f32[4]{0} copy(%cb)
+  ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%cb, %copy)
+}
+"""
+  assert step_time.launches(hlo) == 4  # f, the two fusions of the buffer, the copy
