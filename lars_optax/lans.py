@@ -85,10 +85,9 @@ def normalize_per_leaf(
     ks = stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(flat))
     squares = stacked_mod.layer_sq_norms([(u,) for u in flat], ks,
                                          stacked_mod.resolve_axis_names(axis_name, updates, ks))
-    norms = _ratios.packed_map(jnp.sqrt, squares)
     out = []
-    for u, norm in zip(flat, norms):
-      n = stacked_mod.per_layer(norm, u)
+    for u, (s,) in zip(flat, squares):
+      n = stacked_mod.per_layer(jnp.sqrt(s), u)
       out.append(utils.safe_divide(u.astype(n.dtype), n).astype(u.dtype))
     return jax.tree.unflatten(treedef, out), state
 

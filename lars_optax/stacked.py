@@ -487,8 +487,8 @@ def _sq_norms(arrays: Sequence[jax.Array], k: int) -> tuple[jax.Array, ...]:
   if len(arrays) > 1 and np.size(first) < _SMALL and all(
       np.shape(x) == np.shape(first) and jnp.result_type(x) == jnp.result_type(first)
       and utils.vma(x) == utils.vma(first) for x in arrays[1:]):
-    stacked = sq_norm(jnp.stack(arrays), k + 1)
-    return tuple(stacked[j] for j in range(len(arrays)))
+    sums = sq_norm(jnp.stack(arrays), k + 1)
+    return tuple(sums[j] for j in range(len(arrays)))
   return tuple(sq_norm(x, k) for x in arrays)
 
 
