@@ -162,43 +162,36 @@ def leaf_slots(params: Any) -> list[bool]:
       params, is_leaf=lambda x: isinstance(x, optax.MaskedNode))]
 
 
-def ratio_vector(params: Any, ratios: Sequence[Any] | None = None) -> jax.Array:
-  """A state's ratio vector: the leaves' ratios (1 where None or not given; the mean
-  over the layers of a stacked leaf), -1 for MaskedNode placeholders.
-
-  Ratios from :func:`packed_map` are gathered from their packed vectors in one
-  operation (and one mean per stacked leaf)."""
+def ratio_vector(params: Any, ratios: PackedLeaves | None = None) -> jax.Array:
+  """A state's ratio vector: the leaves' ratios from :func:`packed_map` (1 where
+  None or not given; the mean over the layers of a stacked leaf), -1 for
+  MaskedNode placeholders, gathered from the packed vectors in one operation
+  (and one mean per stacked leaf)."""
   dt = ratio_dtype(params)
   slots = leaf_slots(params)
   if ratios is None or all(r is None for r in ratios):
-    marks = np.array([1 if real else -1 for real in slots], dtype=dt)
-    return jnp.asarray(marks)
-  if isinstance(ratios, PackedLeaves):
-    vectors = [vec.astype(dt) for vec in ratios.vectors.values()]
-    starts = dict(zip(ratios.vectors, np.cumsum([2] + [vec.size for vec in vectors])))
-    base = 2 + sum(vec.size for vec in vectors)  # the stacked leaves' means follow
-    index: list[int] = []
-    means: list[jax.Array] = []
-    pieces = iter(zip(ratios, ratios.spans))
-    for real in slots:
-      if not real:
-        index.append(1)  # -1: a MaskedNode placeholder
-        continue
-      r, span = next(pieces)
-      if span is None:
-        index.append(0)  # 1: a skipped leaf
-      elif span[2] == 1 and jnp.ndim(r) == 0:
-        index.append(int(starts[span[0]]) + span[1])
-      else:  # a stacked leaf: the mean of its layers' ratios
-        index.append(base + len(means))
-        means.append(jnp.mean(r).astype(dt))
-    table = jnp.concatenate([jnp.asarray([1, -1], dt), *vectors,
-                             *([jnp.stack(means)] if means else [])])
-    return table[np.array(index, dtype=np.int32)]
-  it = iter(ratios)
-  entries = [(jnp.ones((), dt) if (r := next(it)) is None else jnp.mean(r).astype(dt))
-             if real else jnp.full((), -1, dt) for real in slots]
-  return jnp.stack(entries) if entries else jnp.ones((0,), dt)
+    return jnp.asarray(np.array([1 if real else -1 for real in slots], dtype=dt))
+  vectors = [vec.astype(dt) for vec in ratios.vectors.values()]
+  starts = dict(zip(ratios.vectors, np.cumsum([2] + [vec.size for vec in vectors])))
+  base = 2 + sum(vec.size for vec in vectors)  # the stacked leaves' means follow
+  index: list[int] = []
+  means: list[jax.Array] = []
+  pieces = iter(zip(ratios, ratios.spans))
+  for real in slots:
+    if not real:
+      index.append(1)  # -1: a MaskedNode placeholder
+      continue
+    r, span = next(pieces)
+    if span is None:
+      index.append(0)  # 1: a skipped leaf
+    elif span[2] == 1 and jnp.ndim(r) == 0:
+      index.append(int(starts[span[0]]) + span[1])
+    else:  # a stacked leaf: the mean of its layers' ratios
+      index.append(base + len(means))
+      means.append(jnp.mean(r).astype(dt))
+  table = jnp.concatenate([jnp.asarray([1, -1], dt), *vectors,
+                           *([jnp.stack(means)] if means else [])])
+  return table[np.array(index, dtype=np.int32)]
 
 
 def layer_ratios(params: Any, ks: Sequence[int], ratios: Sequence[Any] | None = None
