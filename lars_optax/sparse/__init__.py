@@ -87,6 +87,7 @@ from lars_optax.sparse._grad import value_and_grad
 from lars_optax.sparse._psum import psum
 from lars_optax.sparse._rows import is_row_sparse
 from lars_optax.sparse._types import RowSparseUpdate, row_sparse
+from lars_optax.sparse.exact import CatchUpState, adam, adamw, catch_up, sgd
 from lars_optax.sparse.lazy import lazy_update, present_rows
 from lars_optax.sparse.optax_compat import (
     MultiStepsState,
@@ -98,9 +99,13 @@ from lars_optax.sparse.optax_compat import (
 )
 
 __all__ = [
+    "CatchUpState",
     "MultiStepsState",
     "RowSparseUpdate",
+    "adam",
+    "adamw",
     "apply_updates",
+    "catch_up",
     "clip_by_global_norm",
     "dense_updates",
     "is_row_sparse",
@@ -109,6 +114,7 @@ __all__ = [
     "present_rows",
     "psum",
     "row_sparse",
+    "sgd",
     "tree_add",
     "value_and_grad",
 ]

@@ -155,27 +155,6 @@ class _Tag:
     self.leaves = leaves
 
 
-def _update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
-  """The row-sparse update of ``grad``'s rows, with ``grad``'s pytree structure.
-
-  Same type (a plain BCOO gradient gets a plain BCOO, a
-  :class:`_types.RowSparseUpdate` a :class:`_types.RowSparseUpdate`), flags
-  (``indices_sorted``, ``unique_indices``; the rows after summing duplicates
-  keep them) and index dtype as the gradient, so that a wrapper that selects
-  between the update and a zero tree of the gradient
-  (:func:`optax.apply_if_finite`) sees one structure. ``params + update`` of
-  a plain BCOO densifies the update; under ``jit`` XLA folds
-  ``params + densified`` into an in-place scatter-add of the rows, so the
-  step stays O(K) there (``benchmarks/sparse_embedding.py``).
-  """
-  dtype = grad.indices.dtype
-  if jnp.iinfo(dtype).max >= num_rows:
-    rows = rows.astype(dtype)
-  cls = _types.RowSparseUpdate if isinstance(grad, _types.RowSparseUpdate) else BCOO
-  return cls((values, rows[:, None]), shape=grad.shape,
-             indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)
-
-
 def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                        extra_args: dict, dense_step: Callable, where: str) -> tuple[Any, Any]:
   """The lazy step on a gradient tree with row-sparse leaves (see the module doc).
@@ -269,5 +248,5 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
     if r is None:
       out_updates.append(dense_step(u, jnp.zeros_like(u), g))
     else:
-      out_updates.append(_update_like(g, u, r, p.shape[0]))
+      out_updates.append(_types.update_like(g, u, r, p.shape[0]))
   return jax.tree.unflatten(treedef, out_updates), new_state

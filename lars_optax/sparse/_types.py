@@ -105,3 +105,24 @@ def row_sparse(values: jax.Array, *, rows: jax.Array, num_rows: int) -> RowSpars
     raise TypeError(f"num_rows: expected an int, got {num_rows!r}.")
   return RowSparseUpdate((jnp.asarray(values), rows.reshape(-1, 1)),
                          shape=(num_rows, *jnp.shape(values)[1:]))
+
+
+def update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
+  """The row-sparse update of ``grad``'s rows, with ``grad``'s pytree structure.
+
+  Same type (a plain BCOO gradient gets a plain BCOO, a
+  :class:`RowSparseUpdate` a :class:`RowSparseUpdate`), flags
+  (``indices_sorted``, ``unique_indices``; the rows after summing duplicates
+  keep them) and index dtype as the gradient, so that a wrapper that selects
+  between the update and a zero tree of the gradient
+  (:func:`optax.apply_if_finite`) sees one structure. ``params + update`` of
+  a plain BCOO densifies the update; under ``jit`` XLA folds
+  ``params + densified`` into an in-place scatter-add of the rows, so the
+  step stays O(K) there (``benchmarks/sparse_embedding.py``).
+  """
+  dtype = grad.indices.dtype
+  if jnp.iinfo(dtype).max >= num_rows:
+    rows = rows.astype(dtype)
+  cls = RowSparseUpdate if isinstance(grad, RowSparseUpdate) else BCOO
+  return cls((values, rows[:, None]), shape=grad.shape,
+             indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)

@@ -1,0 +1,736 @@
+r"""Dense-exact lazy optimizers: optax's Adam, AdamW and SGD on row-sparse gradients.
+
+A lazy step (MXNet's ``lazy_update``, TF's LazyAdam, torch's SparseAdam)
+touches only the rows in the batch: it is cheap, but it is another optimizer,
+since under the dense step every row's moments decay and its weight keeps
+moving each step. Here a row untouched for :math:`n` steps is brought up to
+date when the batch next touches it, along the path the dense step would
+have taken with a zero gradient on it (Adam's steps :math:`t = s+1, \dots,
+s+n`, with :math:`\alpha_t` the learning rate and :math:`\lambda_t` the
+decoupled weight decay of step :math:`t`):
+
+.. math::
+
+  m \leftarrow \beta_1^n m, \qquad v \leftarrow \beta_2^n v, \qquad
+  w \leftarrow D \Big(w - \sum_{k=1}^{n} \frac{\alpha_{s+k}}{D_k}
+      \frac{\beta_1^k m / (1-\beta_1^{s+k})}
+           {\sqrt{\beta_2^k v / (1-\beta_2^{s+k})} + \epsilon}\Big),
+
+with :math:`D_k = \prod_{i=1}^{k} (1 - \alpha_{s+i}\lambda_{s+i})` and
+:math:`D = D_n`; SGD's momentum buffer decays by :math:`\mu^n` and its
+weight moves by :math:`-\sum_k \alpha_{s+k}\mu^k b`. Then the step itself is
+optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
+``sgd`` on the dense gradient with zeros on the absent rows, at the cost of a
+lazy step; the only extra state is one int32 per row, the step the row was
+last brought up to date (and, for AdamW with a learning-rate or decay
+schedule, one float32 per row: the log of the decay applied so far).
+
+How the sum is taken: its terms shrink geometrically (by about
+:math:`\beta_1/\sqrt{\beta_2}` a step), so its first ``window`` terms are
+summed per row from the schedule, and the rest as a geometric series with
+the schedule frozen at the window's last step. For Adam, :math:`\epsilon`
+makes the terms depend on each entry's :math:`v`; the terms are grouped into
+``poles`` runs, and each run is taken in closed form, exact when
+:math:`\epsilon \ll \sqrt{\hat v}` and when :math:`\epsilon \gg \sqrt{\hat
+v}`, and close in between (docs/sparse.md gives the measured errors). SGD's
+sum is exact.
+
+A whole loop, with :func:`catch_up` before evaluation::
+
+  import jax, jax.numpy as jnp, numpy as np, optax, lars_optax
+
+  params = {"table": jnp.zeros((10_000, 16)), "w": jnp.ones(16)}
+  tx = lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-2, 10, 100))
+  state = tx.init(params)
+
+  def loss_fn(params, ids, y):
+    return jnp.mean((params["table"][ids].mean(axis=1) @ params["w"] - y) ** 2)
+
+  grad_fn = lars_optax.sparse.value_and_grad(loss_fn, sparse="table")
+
+  @jax.jit
+  def train_step(params, state, ids, y):
+    loss, grads = grad_fn(params, ids, y)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  rng = np.random.default_rng(0)
+  for step in range(20):
+    ids = jnp.asarray(rng.zipf(1.3, size=(32, 4)) % 10_000, jnp.int32)
+    params, state, loss = train_step(params, state, ids, jnp.ones(32))
+  params, state = lars_optax.sparse.catch_up(tx, params, state)  # every row at step 20
+
+References:
+  Kingma and Ba, `Adam: A Method for Stochastic Optimization
+  <https://arxiv.org/abs/1412.6980>`_, 2014; Loshchilov and Hutter,
+  `Decoupled Weight Decay Regularization <https://arxiv.org/abs/1711.05101>`_, 2019.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from optax import GradientTransformationExtraArgs
+
+from lars_optax import _row_wise
+from lars_optax import _validation as v
+from lars_optax.sparse import _checks, _rows, _types
+
+__all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
+
+_MAX_WINDOW = 512
+_BLOCK = 4096  # rows whose window is computed at once (catch_up over a whole table)
+
+
+class CatchUpState(NamedTuple):
+  """State of :func:`adam`, :func:`adamw` and :func:`sgd`.
+
+  Attributes:
+    count: the steps taken (int32).
+    last_step: per leaf, an int32 per row (axis 0; a scalar for a 0-d leaf):
+      the step the row was last brought up to date.
+    log_decay: AdamW with a schedule: the running sum of
+      :math:`\\log(1 - \\alpha_t\\lambda_t)`, as a float32 pair (value and
+      rounding error); otherwise an empty :class:`optax.MaskedNode`.
+    row_log_decay: AdamW with a schedule: per leaf, a float32 per row, the
+      ``log_decay`` at the row's ``last_step``; otherwise empty nodes.
+    inner: the optax twin's state (``optax.adam(...)``, ``adamw`` or ``sgd``);
+      after :func:`catch_up` it is that optimizer's state for the params.
+  """
+
+  count: jax.Array
+  last_step: Any
+  log_decay: Any
+  row_log_decay: Any
+  inner: optax.OptState
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+  """What the catch-up needs to know of one optimizer."""
+
+  name: str
+  twin: optax.GradientTransformation
+  lr: Callable[[jax.Array], jax.Array]
+  lr_is_schedule: bool
+  kind: str  # "adam" or "sgd"
+  b1: float = 0.0
+  b2: float = 0.0
+  eps: float = 0.0
+  nesterov: bool = False
+  momentum: float | None = None
+  wd: Callable[[jax.Array], jax.Array] | None = None
+  wd_is_schedule: bool = False
+  wd_mask: Any = None
+  window: int = 0
+  poles: int = 1
+
+  @property
+  def decays(self) -> bool:
+    return self.wd is not None
+
+  @property
+  def tracks_log_decay(self) -> bool:
+    return self.decays and (self.lr_is_schedule or self.wd_is_schedule)
+
+
+def _as_schedule(value: Any) -> Callable[[jax.Array], jax.Array]:
+  if callable(value):
+    return lambda count: jnp.asarray(value(count), jnp.float32)
+  return lambda count: jnp.asarray(value, jnp.float32)
+
+
+def _default_window(ratio: float) -> int:
+  """Terms until ``ratio**k`` falls below 1e-6 (the rest: a geometric tail)."""
+  if ratio <= 0.0:
+    return 1
+  if ratio >= 1.0:
+    return _MAX_WINDOW
+  return int(min(_MAX_WINDOW, max(4, math.ceil(math.log(1e-6) / math.log(ratio)))))
+
+
+def _check_window(window: Any, poles: Any, where: str) -> None:
+  if window is not None:
+    v.check_count(f"{where}: window", window, 1, arrays=False, maximum=4096)
+  v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=16)
+
+
+def _refuse_coupled_decay(where: str, extra: dict[str, Any], alternative: str) -> None:
+  """``weight_decay``/``wd`` on a rule whose optax twin has none: coupled L2 decay."""
+  for key in ("weight_decay", "wd"):
+    if key in extra:
+      raise ValueError(
+          f"{where}: {key} here would be coupled L2 decay (added to the gradient, as "
+          "MXNet's wd), which has no catch-up form: an untouched row's gradient would "
+          f"be lambda * w, not 0, so every row would change every step. {alternative}")
+  if extra:
+    raise TypeError(f"{where}: unexpected keyword argument {next(iter(extra))!r}.")
+
+
+# --------------------------------------------------------------------------
+# Per-row scalars: the window of skipped steps, summed from the schedule
+# --------------------------------------------------------------------------
+
+
+def _geometric(ratio: jax.Array, m: jax.Array) -> jax.Array:
+  """``sum_{j=1}^{m} ratio**j``, elementwise (``ratio`` > 0, ``m`` >= 0)."""
+  log_r = jnp.log(ratio)
+  m = m.astype(jnp.float32)
+  safe = jnp.where(log_r == 0, 1.0, log_r)
+  return jnp.where(log_r == 0, m, ratio * jnp.expm1(m * safe) / jnp.expm1(safe))
+
+
+def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
+  """``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 poles
+  of 255 terms): early in training the terms' :math:`\sqrt{\hat v}` scale changes as a
+  power of the step, so runs of equal log-width hold equal spreads."""
+  cuts = {0, window, *(round(window ** (p / poles)) - 1 for p in range(1, poles))}
+  bounds = sorted(c for c in cuts if 0 <= c <= window)
+  return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+  """Per row: the factors that bring it from step ``s`` to step ``count``.
+
+  Returns ``m_decay`` (:math:`\\beta_1^n` or :math:`\\mu^n`), ``v_decay``,
+  ``w_decay`` (:math:`D`, without the part read from ``log_decay``), and per
+  run ``h`` (:math:`\\sum_k w_k/\\beta_k`) and ``e`` (:math:`\\epsilon`
+  times :math:`\\sum_k (w_k/\\beta_k) / \\sum_k w_k`); for SGD ``h`` is the
+  momentum's whole drift factor.
+  """
+  n = jnp.maximum(count - s, 0)
+  if rule.kind == "sgd" and rule.momentum is None:  # plain SGD: nothing moves while away
+    return {"w_decay": jnp.ones(n.shape, jnp.float32)}
+  window = rule.window
+  k = jnp.arange(1, window + 1, dtype=jnp.int32)
+  t = s[:, None] + k[None, :]  # the skipped step (1-based) of each term
+  valid = k[None, :] <= n[:, None]
+  kf = k.astype(jnp.float32)
+  sf = s.astype(jnp.float32)[:, None]
+  lr = jnp.broadcast_to(rule.lr(t - 1), t.shape)
+  if rule.decays:
+    assert rule.wd is not None
+    dec = jnp.where(valid, 1.0 - lr * rule.wd(t - 1), 1.0)
+    d_k = jnp.cumprod(dec, axis=1)
+  else:
+    dec = d_k = jnp.ones_like(lr)
+  out: dict[str, jax.Array] = {}
+  m_tail = jnp.maximum(n - window, 0)
+  if rule.kind == "sgd":
+    mu = jnp.float32(rule.momentum)
+    mom = mu ** (kf + 1.0) if rule.nesterov else mu ** kf
+    w = jnp.where(valid, lr * mom / d_k, 0.0)
+    tail = w[:, -1] * _geometric(mu / dec[:, -1], m_tail) if window else 0.0
+    out["h"] = (w.sum(axis=1) + tail)[:, None]
+    out["m_decay"] = mu ** n.astype(jnp.float32)
+  else:
+    b1, b2 = jnp.float32(rule.b1), jnp.float32(rule.b2)
+    q = jnp.sqrt(b2)
+    # b**t as b**s * b**k: a power per row and per column, not per term.
+    b1_k, b1_s = b1 ** kf, b1 ** sf
+    if rule.nesterov:
+      mom = (b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k)
+    else:
+      mom = b1_k / (1.0 - b1_s * b1_k)
+    w = jnp.where(valid, lr * mom / d_k, 0.0)
+    h = w * (jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf)
+    hs, es = [], []
+    runs = _chunks(window, rule.poles)
+    for i, (a, b) in enumerate(runs):
+      w_p, h_p = w[:, a:b].sum(axis=1), h[:, a:b].sum(axis=1)
+      if i == len(runs) - 1:  # the tail, with the schedule frozen at the window's end
+        rho = b1 / dec[:, -1]
+        w_p = w_p + w[:, -1] * _geometric(rho, m_tail)
+        h_p = h_p + h[:, -1] * _geometric(rho / q, m_tail)
+      hs.append(h_p)
+      es.append(jnp.float32(rule.eps) * jnp.where(w_p > 0, h_p / jnp.where(w_p > 0, w_p, 1.0),
+                                                   0.0))
+    out["h"] = jnp.stack(hs, axis=1)
+    out["e"] = jnp.stack(es, axis=1)
+    out["m_decay"] = b1 ** n.astype(jnp.float32)
+    out["v_decay"] = b2 ** n.astype(jnp.float32)
+  if rule.decays and not rule.tracks_log_decay:
+    assert rule.wd is not None
+    step = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
+    out["w_decay"] = jnp.exp(n.astype(jnp.float32) * step)
+  else:
+    out["w_decay"] = jnp.ones(n.shape, jnp.float32)
+  return out
+
+
+def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+  """:func:`_row_scalars` over many rows, ``_BLOCK`` rows at a time (bounded memory)."""
+  if s.shape[0] <= _BLOCK:
+    return _row_scalars(rule, s, count)
+  def one(x):
+    return {k: val[0] for k, val in _row_scalars(rule, x[None], count).items()}
+  return jax.lax.map(one, s, batch_size=_BLOCK)
+
+
+def _bcast(x: jax.Array, ndim: int) -> jax.Array:
+  return x.reshape(x.shape + (1,) * (ndim - x.ndim))
+
+
+def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: dict[str, Any],
+                   extra_decay: jax.Array | None, decays: bool) -> tuple[jax.Array, dict]:
+  """Rows of the weight and buffers brought up to date with the per-row scalars ``sc``."""
+  nd = w.ndim
+  w32 = w.astype(jnp.float32)
+  if rule.kind == "sgd":
+    if "trace" not in bufs:  # plain SGD: an absent row does not move
+      return w, bufs
+    b = bufs["trace"].astype(jnp.float32)
+    new_w = w32 - _bcast(sc["h"][:, 0], nd) * b
+    new_b = _bcast(sc["m_decay"], nd) * b
+    return new_w.astype(w.dtype), {"trace": new_b.astype(bufs["trace"].dtype)}
+  m = bufs["mu"].astype(jnp.float32)
+  nu = bufs["nu"].astype(jnp.float32)
+  root = jnp.sqrt(nu)
+  drift = jnp.zeros_like(w32)
+  for p in range(sc["h"].shape[1]):
+    den = root + _bcast(sc["e"][:, p], nd)
+    drift = drift + jnp.where(den > 0, m * _bcast(sc["h"][:, p], nd)
+                              / jnp.where(den > 0, den, 1.0), 0.0)
+  new_w = w32 - drift
+  if decays:
+    factor = sc["w_decay"] if extra_decay is None else sc["w_decay"] * extra_decay
+    new_w = _bcast(factor, nd) * new_w
+  new_m = _bcast(sc["m_decay"], nd) * m
+  new_nu = _bcast(sc["v_decay"], nd) * nu
+  return new_w.astype(w.dtype), {"mu": new_m.astype(bufs["mu"].dtype),
+                                 "nu": new_nu.astype(bufs["nu"].dtype)}
+
+
+# --------------------------------------------------------------------------
+# The twin's buffers
+# --------------------------------------------------------------------------
+
+_BUFFERS = {optax.ScaleByAdamState: ("mu", "nu"), optax.TraceState: ("trace",)}
+
+
+def _is_buffer_state(x: Any) -> bool:
+  return type(x) in _BUFFERS
+
+
+def _buffer_trees(inner: Any) -> dict[str, Any]:
+  """The twin's params-shaped buffers by field name (``mu``, ``nu``, ``trace``)."""
+  out: dict[str, Any] = {}
+  for node in jax.tree.leaves(inner, is_leaf=_is_buffer_state):
+    if _is_buffer_state(node):
+      for f in _BUFFERS[type(node)]:
+        out[f] = getattr(node, f)
+  return out
+
+
+def _with_buffer_trees(inner: Any, trees: dict[str, Any]) -> Any:
+  def visit(node):
+    if _is_buffer_state(node):
+      return node._replace(**{f: trees[f] for f in _BUFFERS[type(node)]})
+    return node
+  return jax.tree.map(visit, inner, is_leaf=_is_buffer_state)
+
+
+def _decay_mask(rule: _Rule, params: Any, treedef: Any) -> list[bool]:
+  if not rule.decays:
+    return [False] * treedef.num_leaves
+  mask = rule.wd_mask
+  if mask is None:
+    return [True] * treedef.num_leaves
+  if callable(mask):
+    mask = mask(params)
+  return [bool(x) for x in treedef.flatten_up_to(mask)]
+
+
+def _two_sum(hi: jax.Array, lo: jax.Array, x: jax.Array) -> jax.Array:
+  """``(hi, lo) + x`` in compensated float32 (Knuth's two-sum)."""
+  s = hi + x
+  bb = s - hi
+  err = (hi - (s - bb)) + (x - bb)
+  return jnp.stack([s, lo + err])
+
+
+# --------------------------------------------------------------------------
+# The transformation
+# --------------------------------------------------------------------------
+
+
+def _row_count(p: Any) -> int | None:
+  shape = np.shape(p)
+  return shape[0] if len(shape) else None
+
+
+def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
+  twin = optax.with_extra_args_support(rule.twin)
+  where = rule.name
+
+  def init_fn(params):
+    v.check_float_params(params, where)
+    last = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.int32), params)
+    if rule.tracks_log_decay:
+      log_decay = jnp.zeros((2,), jnp.float32)
+      row_log = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.float32), params)
+    else:
+      log_decay = optax.MaskedNode()
+      row_log = jax.tree.map(lambda p: optax.MaskedNode(), params)
+    return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is None:
+      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+    flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
+    flat_p = _checks.params_up_to(treedef, params)
+    if any(p is None for p in flat_p):
+      raise ValueError(f"{where}: gradients and params have different tree structures: "
+                       f"{treedef} vs {jax.tree.structure(params)}.")
+    flat_p = [jnp.asarray(p) for p in flat_p]
+    names = _checks.leaf_names_of(treedef)
+    count = state.count
+    decay_mask = _decay_mask(rule, jax.tree.unflatten(treedef, flat_p), treedef)
+    bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
+    flat_last = treedef.flatten_up_to(state.last_step)
+    flat_rowlog = treedef.flatten_up_to(state.row_log_decay)
+    log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
+
+    g_in, p_in, caught, rows = [], [], [], []
+    buf_in: dict[str, list] = {f: [] for f in bufs}
+    for i, (name, g, p) in enumerate(zip(names, flat_g, flat_p)):
+      leaf_bufs = {f: bufs[f][i] for f in bufs}
+      if _rows.is_row_sparse(g):
+        ok = _checks.check_row_sparse(name, g, p, where)
+        r, values = _rows.combine(g, p.shape[0])
+        r = r + jnp.asarray(ok, r.dtype)
+        s = _rows.gather(flat_last[i], r)
+        w0 = _rows.gather(p, r)
+        b0 = {f: _rows.gather(b, r) for f, b in leaf_bufs.items()}
+        extra = (jnp.exp(log_now - _rows.gather(flat_rowlog[i], r))
+                 if rule.tracks_log_decay else None)
+        sc = _row_scalars(rule, s, count)
+        w1, b1 = _catch_up_rows(rule, sc, w0, b0, extra, decay_mask[i])
+        g_in.append(values)
+      else:
+        r, w0 = None, p
+        w1, b1 = _catch_up_dense(flat_last[i], flat_rowlog[i], p, leaf_bufs, count, log_now,
+                                 decay_mask[i])
+        g_in.append(g)
+      rows.append(r)
+      p_in.append(w1)
+      caught.append((w0, w1))
+      for f in bufs:
+        buf_in[f].append(b1[f])
+
+    inner_in = _with_buffer_trees(
+        state.inner, {f: jax.tree.unflatten(treedef, b) for f, b in buf_in.items()})
+    step_updates, inner_out = twin.update(jax.tree.unflatten(treedef, g_in), inner_in,
+                                          jax.tree.unflatten(treedef, p_in), **extra_args)
+    flat_u = treedef.flatten_up_to(step_updates)
+    bufs_out = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(inner_out).items()}
+    new_count = optax.safe_increment(count)
+
+    if rule.tracks_log_decay:
+      assert rule.wd is not None
+      log_decay = _two_sum(state.log_decay[0], state.log_decay[1],
+                           jnp.log1p(-rule.lr(count) * rule.wd(count)))
+      log_next = log_decay[0] + log_decay[1]
+    else:
+      log_decay, log_next = state.log_decay, None
+
+    out_u, new_last, new_rowlog = [], [], []
+    new_bufs: dict[str, list] = {f: [] for f in bufs}
+    for i, (g, p, r, u, (w0, w1)) in enumerate(zip(flat_g, flat_p, rows, flat_u, caught)):
+      delta = (w1.astype(jnp.float32) - w0.astype(jnp.float32)) + u.astype(jnp.float32)
+      if r is None:
+        out_u.append(delta.astype(u.dtype))
+        new_last.append(jnp.full_like(flat_last[i], new_count))
+        new_rowlog.append(flat_rowlog[i] if log_next is None
+                          else jnp.full_like(flat_rowlog[i], log_next))
+        for f in bufs:
+          new_bufs[f].append(bufs_out[f][i])
+        continue
+      out_u.append(_types.update_like(g, delta.astype(u.dtype), r, p.shape[0]))
+      new_last.append(flat_last[i].at[r].set(new_count, mode="drop"))
+      new_rowlog.append(flat_rowlog[i] if log_next is None
+                        else flat_rowlog[i].at[r].set(log_next, mode="drop"))
+      for f in bufs:
+        old = bufs[f][i]
+        new_bufs[f].append(old.at[r].set(bufs_out[f][i].astype(old.dtype), mode="drop"))
+
+    inner_state = _with_buffer_trees(
+        inner_out, {f: jax.tree.unflatten(treedef, b) for f, b in new_bufs.items()})
+    new_state = CatchUpState(new_count, jax.tree.unflatten(treedef, new_last), log_decay,
+                             jax.tree.unflatten(treedef, new_rowlog), inner_state)
+    return jax.tree.unflatten(treedef, out_u), new_state
+
+  def _catch_up_dense(last, rowlog, p, leaf_bufs, count, log_now, decays):
+    """A dense leaf: every row brought up to date (a no-op branch when none is behind)."""
+    if p.ndim == 0:
+      def run(args):
+        p, b = args
+        sc = _row_scalars(rule, last[None], count)
+        extra = None if log_now is None else jnp.exp(log_now - rowlog)[None]
+        w1, b1 = _catch_up_rows(rule, sc, p[None], {f: x[None] for f, x in b.items()},
+                                extra, decays)
+        return w1[0], {f: x[0] for f, x in b1.items()}
+    else:
+      def run(args):
+        p, b = args
+        sc = _row_scalars_blocked(rule, last, count)
+        extra = None if log_now is None else jnp.exp(log_now - rowlog)
+        return _catch_up_rows(rule, sc, p, b, extra, decays)
+    behind = jnp.any(last != count)
+    return jax.lax.cond(behind, run, lambda args: args, (p, leaf_bufs))
+
+  update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
+  return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------
+# Public constructors
+# --------------------------------------------------------------------------
+
+
+def _checked_lr(where: str, learning_rate: Any) -> None:
+  v.check_learning_rate(f"{where}: learning_rate", learning_rate)
+
+
+def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
+         eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
+         nesterov: bool = False, window: int | None = None, poles: int = 2,
+         **kwargs: Any) -> GradientTransformationExtraArgs:
+  r"""``optax.adam`` with lazy rows: the dense step's numbers at a lazy step's cost.
+
+  On a gradient tree with row-sparse leaves (:mod:`lars_optax.sparse`), each
+  touched row is first brought up to date over the steps it skipped (see the
+  module doc), then takes ``optax.adam``'s step; the update is row-sparse.
+  After :func:`catch_up` the params equal ``optax.adam`` on the dense
+  gradients (zeros on the absent rows). On a dense leaf this is
+  ``optax.adam``'s step.
+
+  Args:
+    learning_rate: a float or an optax schedule, as ``optax.adam``'s.
+    b1, b2, eps, mu_dtype, nesterov: as ``optax.adam``'s.
+    eps_root: must be 0 (its default): with it the skipped steps have no
+      closed form here.
+    window: how many skipped steps are summed term by term (the rest: a
+      geometric tail); default: until :math:`(\beta_1/\sqrt{\beta_2})^k <
+      10^{-6}`.
+    poles: how many runs of the window are taken in closed form (the
+      accuracy in :math:`\epsilon`; 1 to 16).
+
+  Returns:
+    A :class:`optax.GradientTransformationExtraArgs` with a
+    :class:`CatchUpState`. A ``weight_decay`` (coupled L2 decay) is refused:
+    use :func:`adamw`.
+  """
+  where = "sparse.adam"
+  _refuse_coupled_decay(where, kwargs, "Use lars_optax.sparse.adamw (decoupled decay).")
+  return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
+                    poles, None, None)
+
+
+def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
+          weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
+          nesterov: bool = False, window: int | None = None, poles: int = 2,
+          **kwargs: Any) -> GradientTransformationExtraArgs:
+  r"""``optax.adamw`` with lazy rows: the dense step's numbers at a lazy step's cost.
+
+  As :func:`adam`, with ``optax.adamw``'s decoupled decay: a row untouched
+  for :math:`n` steps is multiplied by :math:`\prod (1 - \alpha_t\lambda_t)`
+  over them. With a schedule for the learning rate or ``weight_decay`` the
+  state keeps one float32 per row more (the log of the decay applied so far).
+
+  Args:
+    learning_rate, b1, b2, eps, mu_dtype, weight_decay, mask, nesterov: as
+      ``optax.adamw``'s.
+    eps_root, window, poles: as in :func:`adam`.
+  """
+  where = "sparse.adamw"
+  _refuse_coupled_decay(where, kwargs, "")
+  v.check_learning_rate(f"{where}: weight_decay", weight_decay)
+  return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
+                    poles, weight_decay, mask)
+
+
+def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window, poles,
+               weight_decay, mask):
+  _checked_lr(where, learning_rate)
+  v.check_betas(b1, b2, eps, names=(f"{where}: b1", f"{where}: b2", f"{where}: eps"))
+  v.check_scalar(f"{where}: eps_root", eps_root, low=0.0)
+  if float(eps_root) != 0.0:
+    raise ValueError(f"{where}: eps_root must be 0 (got {float(eps_root):g}): with it the "
+                     "skipped steps of an untouched row have no closed form here.")
+  nesterov = v.check_flag(f"{where}: nesterov", nesterov)
+  _check_window(window, poles, where)
+  b1f, b2f = float(b1), float(b2)
+  if weight_decay is None:
+    twin = optax.adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov)
+  else:
+    twin = optax.adamw(learning_rate, b1, b2, eps, eps_root, mu_dtype,
+                       weight_decay=weight_decay, mask=mask, nesterov=nesterov)
+  decays = weight_decay is not None and (callable(weight_decay) or float(weight_decay) != 0.0)
+  ratio = b1f / math.sqrt(b2f) if b2f > 0 else 0.0
+  return _dense_exact(_Rule(
+      name=where, twin=twin, lr=_as_schedule(learning_rate),
+      lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
+      nesterov=nesterov, wd=_as_schedule(weight_decay) if decays else None,
+      wd_is_schedule=callable(weight_decay), wd_mask=mask,
+      window=_default_window(ratio) if window is None else window, poles=poles))
+
+
+def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
+        nesterov: bool = False, accumulator_dtype: Any = None, window: int | None = None,
+        **kwargs: Any) -> GradientTransformationExtraArgs:
+  r"""``optax.sgd`` with lazy rows: the dense step's numbers at a lazy step's cost.
+
+  Without momentum an absent row does not move, so this is a plain lazy step.
+  With momentum :math:`\mu` a row untouched for :math:`n` steps has its buffer
+  decayed by :math:`\mu^n` and its weight moved by
+  :math:`-\sum_k \alpha_{s+k}\mu^k b` (:math:`\mu^{k+1}` with ``nesterov``),
+  exactly, before ``optax.sgd``'s step.
+
+  Args:
+    learning_rate, momentum, nesterov, accumulator_dtype: as ``optax.sgd``'s.
+    window: as in :func:`adam` (default: until :math:`\mu^k < 10^{-6}`).
+  """
+  where = "sparse.sgd"
+  _refuse_coupled_decay(where, kwargs, "Add decoupled decay with lars_optax.sparse.adamw, "
+                        "or keep the decay out of the sparse leaves (optax.masked).")
+  _checked_lr(where, learning_rate)
+  if momentum is not None:
+    v.check_scalar(f"{where}: momentum", momentum, low=0.0, high=1.0, high_open=True)
+  nesterov = v.check_flag(f"{where}: nesterov", nesterov)
+  _check_window(window, 1, where)
+  mu = None if momentum is None else float(momentum)
+  return _dense_exact(_Rule(
+      name=where, twin=optax.sgd(learning_rate, momentum, nesterov, accumulator_dtype),
+      lr=_as_schedule(learning_rate), lr_is_schedule=callable(learning_rate), kind="sgd",
+      momentum=mu, nesterov=nesterov,
+      window=(_default_window(mu or 0.0) if window is None else window)))
+
+
+# --------------------------------------------------------------------------
+# catch_up
+# --------------------------------------------------------------------------
+
+
+def catch_up(tx: optax.GradientTransformation, params: Any, state: Any) -> tuple[Any, Any]:
+  """Brings every row to the current step: ``(params, state)`` as the dense optimizer has them.
+
+  For evaluation, export and checkpoints of a model trained with
+  :func:`adam`, :func:`adamw` or :func:`sgd`. ``tx`` is that optimizer and
+  ``state`` the state of the whole training transformation (it may hold
+  ``tx``'s state inside a chain, :func:`~lars_optax.sparse.multi_steps`,
+  :func:`~lars_optax.skip_nonfinite` or :func:`~lars_optax.multi_precision`,
+  whose float32 masters are brought up to date and cast down to the params).
+  It costs O(table); training continues exactly after it, and ``state.inner``
+  is then the optax twin's state for these params. Works under ``jit``.
+  """
+  rule = getattr(getattr(tx, "update", None), "catch_up_rule", None)
+  if not isinstance(rule, _Rule):
+    raise TypeError("catch_up: tx must be lars_optax.sparse.adam, adamw or sgd (the "
+                    "transformation itself, not a chain around it; pass the chain's "
+                    "state as state).")
+  found = _find(state, CatchUpState)
+  if len(found) != 1:
+    raise ValueError(f"catch_up: state holds {len(found)} CatchUpState; expected exactly one "
+                     f"(the state of {rule.name}).")
+  mp = next((m for m in _find(state, _master_states())
+             if _find(m.inner_state, CatchUpState)), None)
+  full = params if mp is None else jax.tree.map(
+      lambda p, m: p if isinstance(m, optax.MaskedNode) else m, params, mp.master,
+      is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+  new_full, new_cu = _catch_up_state(rule, full, found[0])
+
+  def replace(node):
+    if node is found[0]:
+      return new_cu
+    if mp is not None and node is mp:
+      master = jax.tree.map(lambda m, w: m if isinstance(m, optax.MaskedNode) else w,
+                            mp.master, new_full,
+                            is_leaf=lambda x: isinstance(x, optax.MaskedNode))
+      return type(mp)(master, _replace_in(mp.inner_state, replace))
+    return None
+
+  new_state = _replace_in(state, replace)
+  if mp is None:
+    new_params = new_full
+  else:
+    new_params = jax.tree.map(lambda p, w: jnp.asarray(w).astype(jnp.asarray(p).dtype),
+                              params, new_full)
+  return new_params, new_state
+
+
+def _master_states() -> tuple[type, ...]:
+  """State types holding float32 masters (``lars_optax.multi_precision``'s), by declaration.
+
+  They declare a row-wise ``master`` field beside an ``inner_state``
+  (:mod:`lars_optax._row_wise`), so this package need not import them.
+  """
+  return tuple(cls for cls, fields in _row_wise.row_wise_fields().items()
+               if "master" in fields and "inner_state" in getattr(cls, "_fields", ()))
+
+
+def _find(node: Any, cls: type | tuple[type, ...]) -> list[Any]:
+  if isinstance(node, cls):
+    return [node]
+  if isinstance(node, dict):
+    children = list(node.values())
+  elif isinstance(node, (tuple, list)):
+    children = list(node)
+  else:
+    children = []
+  return [x for c in children for x in _find(c, cls)]
+
+
+def _replace_in(node: Any, replace: Callable[[Any], Any]) -> Any:
+  new = replace(node)
+  if new is not None:
+    return new
+  if isinstance(node, dict):
+    return type(node)({k: _replace_in(c, replace) for k, c in node.items()})
+  if isinstance(node, tuple) and hasattr(node, "_fields"):
+    return type(node)(*[_replace_in(c, replace) for c in node])
+  if isinstance(node, (tuple, list)):
+    return type(node)(_replace_in(c, replace) for c in node)
+  return node
+
+
+def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState) -> tuple[Any, CatchUpState]:
+  flat_p, treedef = jax.tree.flatten(params)
+  flat_p = [jnp.asarray(p) for p in flat_p]
+  count = state.count
+  decay_mask = _decay_mask(rule, params, treedef)
+  bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
+  flat_last = treedef.flatten_up_to(state.last_step)
+  flat_rowlog = treedef.flatten_up_to(state.row_log_decay)
+  log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
+  new_p, new_last, new_rowlog = [], [], []
+  new_bufs: dict[str, list] = {f: [] for f in bufs}
+  for i, p in enumerate(flat_p):
+    last = flat_last[i]
+    leaf_bufs = {f: bufs[f][i] for f in bufs}
+    s = last.reshape(-1)
+    sc = _row_scalars_blocked(rule, s, count)
+    w = p.reshape((s.shape[0],) + p.shape[1:]) if p.ndim else p[None]
+    b = {f: (x if p.ndim else x[None]) for f, x in leaf_bufs.items()}
+    extra = None if log_now is None else jnp.exp(log_now - flat_rowlog[i].reshape(-1))
+    w1, b1 = _catch_up_rows(rule, sc, w, b, extra, decay_mask[i])
+    new_p.append(w1 if p.ndim else w1[0])
+    for f in bufs:
+      new_bufs[f].append(b1[f] if p.ndim else b1[f][0])
+    new_last.append(jnp.full_like(last, count))
+    new_rowlog.append(flat_rowlog[i] if log_now is None
+                      else jnp.full_like(flat_rowlog[i], log_now))
+  inner = _with_buffer_trees(state.inner,
+                             {f: jax.tree.unflatten(treedef, b) for f, b in new_bufs.items()})
+  return jax.tree.unflatten(treedef, new_p), state._replace(
+      last_step=jax.tree.unflatten(treedef, new_last),
+      row_log_decay=jax.tree.unflatten(treedef, new_rowlog), inner=inner)
+
