@@ -107,6 +107,7 @@ POSITIONAL_DATA = {
     "lars_optax.trust_ratios": "(state, params), as optax's tree utilities",
     "lars_optax.master_params": "(state, params), as trust_ratios",
     "lars_optax.svrg.refresh": "(state, params, full_grad): three trees",
+    "lars_optax.sparse.catch_up": "(tx, params, state), as the optimizer it catches up",
     "lars_optax.svrg.full_gradient": "(loss_fn, params, data), as jax.grad's call",
     "lars_optax.lars_trust_ratio": "(param, grad): the two arrays it is the ratio of",
 }

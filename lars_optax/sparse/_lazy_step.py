@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental.sparse import BCOO
 from jax.extend import core as _jcore
 
 from lars_optax import _row_wise

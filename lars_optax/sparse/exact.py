@@ -69,6 +69,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -81,6 +82,7 @@ from optax import GradientTransformationExtraArgs
 
 from lars_optax import _row_wise
 from lars_optax import _validation as v
+from lars_optax import masks
 from lars_optax.sparse import _checks, _rows, _types
 
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
@@ -105,7 +107,7 @@ class CatchUpState(NamedTuple):
       after :func:`catch_up` it is that optimizer's state for the params.
   """
 
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]
   last_step: Any
   log_decay: Any
   row_log_decay: Any
@@ -188,12 +190,12 @@ def _geometric(ratio: jax.Array, m: jax.Array) -> jax.Array:
 
 
 def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
-  """``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 poles
+  r"""``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 poles
   of 255 terms): early in training the terms' :math:`\sqrt{\hat v}` scale changes as a
   power of the step, so runs of equal log-width hold equal spreads."""
   cuts = {0, window, *(round(window ** (p / poles)) - 1 for p in range(1, poles))}
   bounds = sorted(c for c in cuts if 0 <= c <= window)
-  return list(zip(bounds[:-1], bounds[1:]))
+  return list(itertools.pairwise(bounds))
 
 
 def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
@@ -235,10 +237,8 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.A
     q = jnp.sqrt(b2)
     # b**t as b**s * b**k: a power per row and per column, not per term.
     b1_k, b1_s = b1 ** kf, b1 ** sf
-    if rule.nesterov:
-      mom = (b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k)
-    else:
-      mom = b1_k / (1.0 - b1_s * b1_k)
+    mom = ((b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k) if rule.nesterov
+           else b1_k / (1.0 - b1_s * b1_k))
     w = jnp.where(valid, lr * mom / d_k, 0.0)
     h = w * (jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf)
     hs, es = [], []
@@ -366,6 +366,92 @@ def _row_count(p: Any) -> int | None:
   return shape[0] if len(shape) else None
 
 
+class _Leaf(NamedTuple):
+  """One leaf of the step: its gradient, param, twin buffers and row bookkeeping."""
+
+  name: str
+  grad: Any
+  param: jax.Array
+  bufs: dict[str, Any]
+  last: jax.Array
+  rowlog: Any
+
+
+class _Caught(NamedTuple):
+  """A leaf's rows brought up to date: the twin's input, and what the write-back needs."""
+
+  rows: jax.Array | None  # None: every row (a dense leaf)
+  grad: Any  # the twin's gradient: the rows' summed values, or the dense gradient
+  w0: jax.Array  # the rows as stored
+  w1: jax.Array  # the rows brought up to date
+  bufs: dict[str, Any]
+  last: jax.Array | None  # the gathered last steps and logs (for the write-back)
+  logs: jax.Array | None
+
+
+def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
+              decays: bool) -> _Caught:
+  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows)."""
+  g, p = leaf.grad, leaf.param
+  if not _rows.is_row_sparse(g):
+    w1, b1 = _catch_up_dense(rule, leaf, count, log_now, decays)
+    return _Caught(None, g, p, w1, b1, None, None)
+  ok = _checks.check_row_sparse(leaf.name, g, p, rule.name)
+  r, values = _rows.combine(g, p.shape[0])
+  r = r + jnp.asarray(ok, r.dtype)
+  s = _rows.gather(leaf.last, r)
+  w0 = _rows.gather(p, r)
+  b0 = {f: _rows.gather(b, r) for f, b in leaf.bufs.items()}
+  logs = extra = None
+  if log_now is not None:
+    logs = _rows.gather(leaf.rowlog, r)
+    extra = jnp.exp(log_now - logs)
+  w1, b1 = _catch_up_rows(rule, _row_scalars(rule, s, count), w0, b0, extra, decays)
+  return _Caught(r, values, w0, w1, b1, s, logs)
+
+
+def _catch_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
+                    decays: bool) -> tuple[jax.Array, dict[str, Any]]:
+  """A dense leaf: every row brought up to date (a no-op branch when none is behind)."""
+  p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
+
+  def run(args):
+    p, b = args
+    flat = p.ndim == 0
+    s = last.reshape(-1)
+    sc = _row_scalars_blocked(rule, s, count)
+    extra = None if log_now is None else jnp.exp(log_now - rowlog).reshape(-1)
+    w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
+                            {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
+    return (w1[0], {f: x[0] for f, x in b1.items()}) if flat else (w1, b1)
+
+  return jax.lax.cond(jnp.any(last != count), run, lambda args: args, (p, leaf.bufs))
+
+
+def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: dict[str, Any],
+                new_count: jax.Array, log_next: jax.Array | None) -> tuple[Any, ...]:
+  """A leaf's update (catch-up plus step) and its new buffers, last steps and logs."""
+  u = step_update
+  delta = ((caught.w1.astype(jnp.float32) - caught.w0.astype(jnp.float32))
+           + u.astype(jnp.float32)).astype(u.dtype)
+  r = caught.rows
+  if r is None:
+    rowlog = leaf.rowlog if log_next is None else jnp.full_like(leaf.rowlog, log_next)
+    return delta, jnp.full_like(leaf.last, new_count), rowlog, bufs_out
+  update = _types.update_like(leaf.grad, delta, r, leaf.param.shape[0])
+  # The new values are computed from the gathered ones (max(s, count + 1) is count + 1),
+  # so that XLA gathers before it scatters in place instead of copying the vector.
+  s = caught.last
+  assert s is not None
+  last = leaf.last.at[r].set(jnp.maximum(s, new_count), mode="drop")
+  rowlog = leaf.rowlog
+  if log_next is not None and caught.logs is not None:
+    rowlog = rowlog.at[r].set(jnp.where(s < new_count, log_next, caught.logs), mode="drop")
+  bufs = {f: old.at[r].set(bufs_out[f].astype(old.dtype), mode="drop")
+          for f, old in leaf.bufs.items()}
+  return update, last, rowlog, bufs
+
+
 def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
   twin = optax.with_extra_args_support(rule.twin)
   where = rule.name
@@ -381,110 +467,54 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
       row_log = jax.tree.map(lambda p: optax.MaskedNode(), params)
     return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params))
 
-  def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+  def leaves_of(updates, state, params):
     flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
     flat_p = _checks.params_up_to(treedef, params)
     if any(p is None for p in flat_p):
       raise ValueError(f"{where}: gradients and params have different tree structures: "
                        f"{treedef} vs {jax.tree.structure(params)}.")
     flat_p = [jnp.asarray(p) for p in flat_p]
-    names = _checks.leaf_names_of(treedef)
-    count = state.count
-    decay_mask = _decay_mask(rule, jax.tree.unflatten(treedef, flat_p), treedef)
     bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
-    flat_last = treedef.flatten_up_to(state.last_step)
-    flat_rowlog = treedef.flatten_up_to(state.row_log_decay)
+    leaves = [_Leaf(n, g, p, {f: b[i] for f, b in bufs.items()}, last, rowlog)
+              for i, (n, g, p, last, rowlog) in enumerate(zip(
+                  _checks.leaf_names_of(treedef), flat_g, flat_p,
+                  treedef.flatten_up_to(state.last_step),
+                  treedef.flatten_up_to(state.row_log_decay)))]
+    return leaves, treedef
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is None:
+      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+    leaves, treedef = leaves_of(updates, state, params)
+    decays = _decay_mask(rule, jax.tree.unflatten(treedef, [x.param for x in leaves]), treedef)
     log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
+    caught = [_bring_up(rule, x, state.count, log_now, d) for x, d in zip(leaves, decays)]
 
-    g_in, p_in, caught, rows = [], [], [], []
-    buf_in: dict[str, list] = {f: [] for f in bufs}
-    for i, (name, g, p) in enumerate(zip(names, flat_g, flat_p)):
-      leaf_bufs = {f: bufs[f][i] for f in bufs}
-      if _rows.is_row_sparse(g):
-        ok = _checks.check_row_sparse(name, g, p, where)
-        r, values = _rows.combine(g, p.shape[0])
-        r = r + jnp.asarray(ok, r.dtype)
-        s = _rows.gather(flat_last[i], r)
-        w0 = _rows.gather(p, r)
-        b0 = {f: _rows.gather(b, r) for f, b in leaf_bufs.items()}
-        extra = (jnp.exp(log_now - _rows.gather(flat_rowlog[i], r))
-                 if rule.tracks_log_decay else None)
-        sc = _row_scalars(rule, s, count)
-        w1, b1 = _catch_up_rows(rule, sc, w0, b0, extra, decay_mask[i])
-        g_in.append(values)
-      else:
-        r, w0 = None, p
-        w1, b1 = _catch_up_dense(flat_last[i], flat_rowlog[i], p, leaf_bufs, count, log_now,
-                                 decay_mask[i])
-        g_in.append(g)
-      rows.append(r)
-      p_in.append(w1)
-      caught.append((w0, w1))
-      for f in bufs:
-        buf_in[f].append(b1[f])
+    def tree(values):
+      return jax.tree.unflatten(treedef, list(values))
 
+    # optax's own step on the rows brought up to date.
     inner_in = _with_buffer_trees(
-        state.inner, {f: jax.tree.unflatten(treedef, b) for f, b in buf_in.items()})
-    step_updates, inner_out = twin.update(jax.tree.unflatten(treedef, g_in), inner_in,
-                                          jax.tree.unflatten(treedef, p_in), **extra_args)
+        state.inner, {f: tree(c.bufs[f] for c in caught) for f in leaves[0].bufs})
+    step_updates, inner_out = twin.update(tree(c.grad for c in caught), inner_in,
+                                          tree(c.w1 for c in caught), **extra_args)
     flat_u = treedef.flatten_up_to(step_updates)
     bufs_out = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(inner_out).items()}
-    new_count = optax.safe_increment(count)
-
+    new_count = optax.safe_increment(state.count)
+    log_decay, log_next = state.log_decay, None
     if rule.tracks_log_decay:
       assert rule.wd is not None
       log_decay = _two_sum(state.log_decay[0], state.log_decay[1],
-                           jnp.log1p(-rule.lr(count) * rule.wd(count)))
+                           jnp.log1p(-rule.lr(state.count) * rule.wd(state.count)))
       log_next = log_decay[0] + log_decay[1]
-    else:
-      log_decay, log_next = state.log_decay, None
 
-    out_u, new_last, new_rowlog = [], [], []
-    new_bufs: dict[str, list] = {f: [] for f in bufs}
-    for i, (g, p, r, u, (w0, w1)) in enumerate(zip(flat_g, flat_p, rows, flat_u, caught)):
-      delta = (w1.astype(jnp.float32) - w0.astype(jnp.float32)) + u.astype(jnp.float32)
-      if r is None:
-        out_u.append(delta.astype(u.dtype))
-        new_last.append(jnp.full_like(flat_last[i], new_count))
-        new_rowlog.append(flat_rowlog[i] if log_next is None
-                          else jnp.full_like(flat_rowlog[i], log_next))
-        for f in bufs:
-          new_bufs[f].append(bufs_out[f][i])
-        continue
-      out_u.append(_types.update_like(g, delta.astype(u.dtype), r, p.shape[0]))
-      new_last.append(flat_last[i].at[r].set(new_count, mode="drop"))
-      new_rowlog.append(flat_rowlog[i] if log_next is None
-                        else flat_rowlog[i].at[r].set(log_next, mode="drop"))
-      for f in bufs:
-        old = bufs[f][i]
-        new_bufs[f].append(old.at[r].set(bufs_out[f][i].astype(old.dtype), mode="drop"))
-
+    out = [_write_back(x, c, u, {f: b[i] for f, b in bufs_out.items()}, new_count, log_next)
+           for i, (x, c, u) in enumerate(zip(leaves, caught, flat_u))]
     inner_state = _with_buffer_trees(
-        inner_out, {f: jax.tree.unflatten(treedef, b) for f, b in new_bufs.items()})
-    new_state = CatchUpState(new_count, jax.tree.unflatten(treedef, new_last), log_decay,
-                             jax.tree.unflatten(treedef, new_rowlog), inner_state)
-    return jax.tree.unflatten(treedef, out_u), new_state
-
-  def _catch_up_dense(last, rowlog, p, leaf_bufs, count, log_now, decays):
-    """A dense leaf: every row brought up to date (a no-op branch when none is behind)."""
-    if p.ndim == 0:
-      def run(args):
-        p, b = args
-        sc = _row_scalars(rule, last[None], count)
-        extra = None if log_now is None else jnp.exp(log_now - rowlog)[None]
-        w1, b1 = _catch_up_rows(rule, sc, p[None], {f: x[None] for f, x in b.items()},
-                                extra, decays)
-        return w1[0], {f: x[0] for f, x in b1.items()}
-    else:
-      def run(args):
-        p, b = args
-        sc = _row_scalars_blocked(rule, last, count)
-        extra = None if log_now is None else jnp.exp(log_now - rowlog)
-        return _catch_up_rows(rule, sc, p, b, extra, decays)
-    behind = jnp.any(last != count)
-    return jax.lax.cond(behind, run, lambda args: args, (p, leaf_bufs))
+        inner_out, {f: tree(o[3][f] for o in out) for f in leaves[0].bufs})
+    new_state = CatchUpState(new_count, tree(o[1] for o in out), log_decay,
+                             tree(o[2] for o in out), inner_state)
+    return tree(o[0] for o in out), new_state
 
   update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
   return GradientTransformationExtraArgs(init_fn, update_fn)
@@ -501,7 +531,7 @@ def _checked_lr(where: str, learning_rate: Any) -> None:
 
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
-         nesterov: bool = False, window: int | None = None, poles: int = 2,
+         nesterov: bool = False, window: int | None = None, poles: int = 8,
          **kwargs: Any) -> GradientTransformationExtraArgs:
   r"""``optax.adam`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
@@ -537,7 +567,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
 def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
-          nesterov: bool = False, window: int | None = None, poles: int = 2,
+          nesterov: bool = False, window: int | None = None, poles: int = 8,
           **kwargs: Any) -> GradientTransformationExtraArgs:
   r"""``optax.adamw`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
@@ -620,17 +650,26 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
 # --------------------------------------------------------------------------
 
 
-def catch_up(tx: optax.GradientTransformation, params: Any, state: Any) -> tuple[Any, Any]:
-  """Brings every row to the current step: ``(params, state)`` as the dense optimizer has them.
+def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
+             rows: dict[str, Any] | None = None) -> tuple[Any, Any]:
+  """Brings rows to the current step: ``(params, state)`` as the dense optimizer has them.
 
-  For evaluation, export and checkpoints of a model trained with
-  :func:`adam`, :func:`adamw` or :func:`sgd`. ``tx`` is that optimizer and
-  ``state`` the state of the whole training transformation (it may hold
-  ``tx``'s state inside a chain, :func:`~lars_optax.sparse.multi_steps`,
+  ``tx`` is :func:`adam`, :func:`adamw` or :func:`sgd` and ``state`` the
+  state of the whole training transformation (it may hold ``tx``'s state
+  inside a chain, :func:`~lars_optax.sparse.multi_steps`,
   :func:`~lars_optax.skip_nonfinite` or :func:`~lars_optax.multi_precision`,
   whose float32 masters are brought up to date and cast down to the params).
-  It costs O(table); training continues exactly after it, and ``state.inner``
-  is then the optax twin's state for these params. Works under ``jit``.
+  Works under ``jit``; training continues exactly after it.
+
+  * ``rows=None`` brings every row up to date, in O(table): for evaluation,
+    export and checkpoints. ``state.inner`` is then the optax twin's state
+    for these params.
+  * ``rows={"table": ids}`` brings only those rows of the named leaves (a
+    leaf's full path or its last name, as ``sparse.value_and_grad``'s
+    ``sparse``; ids of any shape, repeats and the padding id ``num_rows``
+    allowed) up to date, in O(ids). Call it on a batch's ids before the
+    forward pass, and the model reads each row as the dense optimizer has
+    it, so the gradients, and the whole run, are the dense run's.
   """
   rule = getattr(getattr(tx, "update", None), "catch_up_rule", None)
   if not isinstance(rule, _Rule):
@@ -646,7 +685,9 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any) -> tuple
   full = params if mp is None else jax.tree.map(
       lambda p, m: p if isinstance(m, optax.MaskedNode) else m, params, mp.master,
       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
-  new_full, new_cu = _catch_up_state(rule, full, found[0])
+  treedef: Any = jax.tree.structure(full)
+  picked = _rows_by_leaf(rows, full, treedef)
+  new_full, new_cu = _catch_up_state(rule, full, found[0], picked)
 
   def replace(node):
     if node is found[0]:
@@ -660,11 +701,37 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any) -> tuple
 
   new_state = _replace_in(state, replace)
   if mp is None:
-    new_params = new_full
-  else:
-    new_params = jax.tree.map(lambda p, w: jnp.asarray(w).astype(jnp.asarray(p).dtype),
-                              params, new_full)
-  return new_params, new_state
+    return new_full, new_state
+  out = []
+  for p, w, r in zip(treedef.flatten_up_to(params), jax.tree.leaves(new_full), picked):
+    p = jnp.asarray(p)
+    if r is None:
+      out.append(jnp.asarray(w).astype(p.dtype))
+    else:
+      out.append(p.at[r].set(_rows.gather(w, r).astype(p.dtype), mode="drop"))
+  return jax.tree.unflatten(treedef, out), new_state
+
+
+def _rows_by_leaf(rows: dict[str, Any] | None, params: Any, treedef: Any) -> list[Any]:
+  """Per leaf: None (every row), or the row ids to bring up to date (an empty vector: none)."""
+  names = [n for n, _ in masks.named_leaves(params)]
+  if rows is None:
+    return [None] * len(names)
+  if not isinstance(rows, dict):
+    raise TypeError(f"catch_up: rows: expected a dict of leaf name to row ids, got "
+                    f"{type(rows).__name__}.")
+  picked: list[Any] = [jnp.zeros((0,), jnp.int32)] * len(names)
+  for key, ids in rows.items():
+    hits = [i for i, n in enumerate(names) if n == key or n.rsplit("/", 1)[-1] == key]
+    if not hits:
+      raise ValueError(f"catch_up: rows: {key!r} names no leaf of params (its full path or "
+                       f"last name); names: {names[:10]}.")
+    ids = jnp.asarray(ids)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise TypeError(f"catch_up: rows[{key!r}]: expected integer row ids, got {ids.dtype}.")
+    for i in hits:
+      picked[i] = ids.reshape(-1)
+  return picked
 
 
 def _master_states() -> tuple[type, ...]:
@@ -702,9 +769,11 @@ def _replace_in(node: Any, replace: Callable[[Any], Any]) -> Any:
   return node
 
 
-def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState) -> tuple[Any, CatchUpState]:
-  flat_p, treedef = jax.tree.flatten(params)
-  flat_p = [jnp.asarray(p) for p in flat_p]
+def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
+                    picked: list[Any]) -> tuple[Any, CatchUpState]:
+  flat, treedef_ = jax.tree.flatten(params)
+  treedef: Any = treedef_
+  flat_p = [jnp.asarray(p) for p in flat]
   count = state.count
   decay_mask = _decay_mask(rule, params, treedef)
   bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
@@ -713,24 +782,46 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState) -> tuple[Any,
   log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
   new_p, new_last, new_rowlog = [], [], []
   new_bufs: dict[str, list] = {f: [] for f in bufs}
-  for i, p in enumerate(flat_p):
-    last = flat_last[i]
+  for i, (p, r) in enumerate(zip(flat_p, picked)):
+    last, rowlog = flat_last[i], flat_rowlog[i]
     leaf_bufs = {f: bufs[f][i] for f in bufs}
-    s = last.reshape(-1)
+    if r is not None and (p.ndim == 0 or r.shape[0] == 0):  # nothing asked of this leaf
+      new_p.append(p)
+      new_last.append(last)
+      new_rowlog.append(rowlog)
+      for f in bufs:
+        new_bufs[f].append(leaf_bufs[f])
+      continue
+    if r is None:
+      s = last.reshape(-1)
+      w = p.reshape((s.shape[0], *p.shape[1:]))
+      b = {f: x.reshape((s.shape[0], *x.shape[p.ndim:])) if p.ndim == 0 else x
+           for f, x in leaf_bufs.items()}
+      logs = None if log_now is None else rowlog.reshape(-1)
+    else:
+      r = _rows.valid_rows(r, p.shape[0])
+      s = _rows.gather(last, r)
+      w = _rows.gather(p, r)
+      b = {f: _rows.gather(x, r) for f, x in leaf_bufs.items()}
+      logs = None if log_now is None else _rows.gather(rowlog, r)
     sc = _row_scalars_blocked(rule, s, count)
-    w = p.reshape((s.shape[0],) + p.shape[1:]) if p.ndim else p[None]
-    b = {f: (x if p.ndim else x[None]) for f, x in leaf_bufs.items()}
-    extra = None if log_now is None else jnp.exp(log_now - flat_rowlog[i].reshape(-1))
+    extra = None if logs is None else jnp.exp(log_now - logs)
     w1, b1 = _catch_up_rows(rule, sc, w, b, extra, decay_mask[i])
-    new_p.append(w1 if p.ndim else w1[0])
-    for f in bufs:
-      new_bufs[f].append(b1[f] if p.ndim else b1[f][0])
-    new_last.append(jnp.full_like(last, count))
-    new_rowlog.append(flat_rowlog[i] if log_now is None
-                      else jnp.full_like(flat_rowlog[i], log_now))
+    if r is None:
+      new_p.append(w1.reshape(p.shape))
+      for f in bufs:
+        new_bufs[f].append(b1[f].reshape(leaf_bufs[f].shape))
+      new_last.append(jnp.full_like(last, count))
+      new_rowlog.append(rowlog if log_now is None else jnp.full_like(rowlog, log_now))
+    else:
+      new_p.append(p.at[r].set(w1, mode="drop"))
+      for f in bufs:
+        new_bufs[f].append(leaf_bufs[f].at[r].set(b1[f], mode="drop"))
+      new_last.append(last.at[r].set(jnp.maximum(s, count), mode="drop"))
+      new_rowlog.append(rowlog if log_now is None or logs is None else rowlog.at[r].set(
+          jnp.where(s <= count, log_now, logs), mode="drop"))
   inner = _with_buffer_trees(state.inner,
                              {f: jax.tree.unflatten(treedef, b) for f, b in new_bufs.items()})
   return jax.tree.unflatten(treedef, new_p), state._replace(
       last_step=jax.tree.unflatten(treedef, new_last),
       row_log_decay=jax.tree.unflatten(treedef, new_rowlog), inner=inner)
-

@@ -1,0 +1,382 @@
+"""lars_optax.sparse.adam, adamw, sgd and catch_up: optax's numbers on row-sparse gradients.
+
+The reference is optax itself: its ``adam``, ``adamw`` and ``sgd`` on the dense
+gradient (zeros on the absent rows). Over a Zipfian id stream in which some
+rows wait more than 400 steps, the dense-exact lazy step followed by
+:func:`lars_optax.sparse.catch_up` equals it to 1e-5 of how far the weights
+moved (the largest move in the table), for every row, with a constant rate
+and with warm-up + cosine, under ``jit`` with donated buffers.
+"""
+
+import io
+import pickle
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import serialization
+from jax.experimental.sparse import BCOO
+
+import lars_optax
+
+ROWS, DIM, BATCH, STEPS = 2000, 8, 64, 500
+TOL = 1e-5  # of the largest move in the table
+SCHEDULE = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 50, STEPS)
+
+
+def _stream(steps=STEPS, rows=ROWS, batch=BATCH, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = ((rng.zipf(1.2, size=(steps, batch)) - 1) % rows).astype(np.int32)
+  values = (rng.normal(size=(steps, batch, DIM)) * 1e-2).astype(np.float32)
+  w0 = (rng.normal(size=(rows, DIM)) * 0.1).astype(np.float32)
+  return ids, values, w0
+
+
+IDS, VALUES, W0 = _stream()
+
+
+def _longest_wait(ids):
+  """The most steps any touched row went untouched between touches (or until the end)."""
+  last, longest = {}, 0
+  for step, batch in enumerate(ids):
+    for r in set(batch.tolist()):
+      longest = max(longest, step - last.get(r, step))
+      last[r] = step
+  return max(longest, *(len(ids) - s for s in last.values()))
+
+
+def _train(tx, sparse, steps=STEPS, params=None, state=None, start=0):
+  params = {"t": jnp.asarray(W0), "b": jnp.ones(3)} if params is None else params
+  state = tx.init(params) if state is None else state
+
+  def step(params, state, ids, values):
+    table = (BCOO((values, ids[:, None]), shape=(ROWS, DIM)) if sparse
+             else jnp.zeros((ROWS, DIM)).at[ids].add(values))
+    grads = {"t": table, "b": values[:3, 0]}
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  f = jax.jit(step, donate_argnums=(0, 1))
+  for i in range(start, start + steps):
+    params, state = f(params, state, jnp.asarray(IDS[i]), jnp.asarray(VALUES[i]))
+  return params, state
+
+
+def _assert_close_to(got, want, w0=W0):
+  moved = float(jnp.abs(want["t"] - w0).max())
+  err = np.abs(np.asarray(got["t"]) - np.asarray(want["t"])).max(axis=1)  # per row
+  assert err.max() <= TOL * moved, (err.max() / moved, int(err.argmax()))
+  for key in set(got) - {"t"}:
+    chex.assert_trees_all_close(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+def _times10(lr):
+  return (lambda count: 10 * lr(count)) if callable(lr) else 10 * lr
+
+
+TWINS = {
+    "adam": (lambda lr: lars_optax.sparse.adam(lr), lambda lr: optax.adam(lr)),
+    "adam-nesterov": (lambda lr: lars_optax.sparse.adam(lr, nesterov=True),
+                      lambda lr: optax.adam(lr, nesterov=True)),
+    "adamw": (lambda lr: lars_optax.sparse.adamw(lr, weight_decay=0.1),
+              lambda lr: optax.adamw(lr, weight_decay=0.1)),
+    "sgd-momentum": (lambda lr: lars_optax.sparse.sgd(_times10(lr), momentum=0.9),
+                     lambda lr: optax.sgd(_times10(lr), momentum=0.9)),
+    "sgd-nesterov": (lambda lr: lars_optax.sparse.sgd(_times10(lr), momentum=0.9, nesterov=True),
+                     lambda lr: optax.sgd(_times10(lr), momentum=0.9, nesterov=True)),
+}
+
+
+def test_the_stream_has_rows_that_wait_more_than_400_steps():
+  assert _longest_wait(IDS) > 400
+
+
+@pytest.mark.parametrize("lr", [1e-2, SCHEDULE], ids=["constant", "warmup-cosine"])
+@pytest.mark.parametrize("name", list(TWINS))
+def test_after_catch_up_every_row_equals_the_optax_twin_on_the_dense_gradient(name, lr):
+  ours, twin = TWINS[name]
+  tx = ours(lr)
+  params, state = _train(tx, sparse=True)
+  params, state = lars_optax.sparse.catch_up(tx, params, state)
+  want, want_state = _train(twin(lr), sparse=False)
+  _assert_close_to(params, want)
+  # The state's inner part is the twin's state for these params.
+  got_bufs = [x for x in jax.tree.leaves(state.inner) if np.shape(x) == (ROWS, DIM)]
+  want_bufs = [x for x in jax.tree.leaves(want_state) if np.shape(x) == (ROWS, DIM)]
+  assert len(got_bufs) == len(want_bufs) >= 1
+  for g, w in zip(got_bufs, want_bufs):
+    chex.assert_trees_all_close(g, w, rtol=2e-5, atol=1e-9)
+
+
+def test_a_row_away_for_many_steps_moves_as_under_the_dense_step():
+  """Without catch_up the lazy table differs from the dense one; with it, it does not."""
+  tx = lars_optax.sparse.adam(1e-2)
+  params, state = _train(tx, sparse=True, steps=100)
+  want, _ = _train(optax.adam(1e-2), sparse=False, steps=100)
+  assert float(jnp.abs(params["t"] - want["t"]).max()) > 1e-3  # the rows left behind
+  caught, _ = lars_optax.sparse.catch_up(tx, params, state)
+  _assert_close_to(caught, want)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd-momentum"])
+def test_dense_gradients_take_the_optax_step(name):
+  ours, twin = TWINS[name]
+  got, _ = _train(ours(SCHEDULE), sparse=False, steps=20)
+  want, _ = _train(twin(SCHEDULE), sparse=False, steps=20)
+  chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_dense_step_after_sparse_steps_brings_every_row_up_to_date_first():
+  tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1)
+  params, state = _train(tx, sparse=True, steps=30)
+  params, state = _train(tx, sparse=False, steps=5, params=params, state=state, start=30)
+  want, _ = _train(optax.adamw(SCHEDULE, weight_decay=0.1), sparse=False, steps=35)
+  _assert_close_to(params, want)
+
+
+def test_training_continues_exactly_after_catch_up():
+  tx = lars_optax.sparse.adam(SCHEDULE)
+  params, state = _train(tx, sparse=True, steps=60)
+  params, state = lars_optax.sparse.catch_up(tx, params, state)
+  params, state = _train(tx, sparse=True, steps=60, params=params, state=state, start=60)
+  params, _ = lars_optax.sparse.catch_up(tx, params, state)
+  want, _ = _train(optax.adam(SCHEDULE), sparse=False, steps=120)
+  _assert_close_to(params, want)
+
+
+def test_catch_up_of_some_rows_brings_those_rows_as_catch_up_of_all():
+  tx = lars_optax.sparse.adamw(SCHEDULE)
+  params, state = _train(tx, sparse=True, steps=50)
+  ids = jnp.array([1052, 3, 3, ROWS, 1999])  # a repeat and the padding id
+  some, some_state = lars_optax.sparse.catch_up(tx, params, state, rows={"t": ids})
+  every, _ = lars_optax.sparse.catch_up(tx, params, state)
+  picked = np.array([1052, 3, 1999])
+  chex.assert_trees_all_close(some["t"][picked], every["t"][picked], rtol=1e-6, atol=1e-8)
+  others = np.setdiff1d(np.arange(ROWS), picked)
+  chex.assert_trees_all_equal(some["t"][others], params["t"][others])
+  assert set(np.asarray(some_state.last_step["t"])[picked].tolist()) == {50}
+
+
+def test_catch_up_twice_changes_nothing_and_runs_under_jit():
+  tx = lars_optax.sparse.sgd(0.1, momentum=0.9)
+  params, state = _train(tx, sparse=True, steps=40)
+  once = jax.jit(lambda p, s: lars_optax.sparse.catch_up(tx, p, s))(params, state)
+  twice = lars_optax.sparse.catch_up(tx, *once)
+  chex.assert_trees_all_equal(once, twice)
+
+
+def test_adamw_with_a_constant_rate_keeps_one_int32_per_row_and_nothing_else():
+  params = {"t": jnp.zeros((ROWS, DIM))}
+  for tx in (lars_optax.sparse.adam(SCHEDULE), lars_optax.sparse.adamw(1e-3),
+             lars_optax.sparse.sgd(SCHEDULE, momentum=0.9)):
+    state = tx.init(params)
+    twin_bytes = sum(x.nbytes for x in jax.tree.leaves(state.inner))
+    extra = sum(x.nbytes for x in jax.tree.leaves(state)) - twin_bytes
+    assert extra == ROWS * 4 + 4  # last_step, and the step count
+  state = lars_optax.sparse.adamw(SCHEDULE).init(params)  # a schedule: + one float32 per row
+  assert state.row_log_decay["t"].shape == (ROWS,)
+
+
+def test_the_compiled_step_has_no_table_sized_temporary():
+  rows, dim = 100_000, 64
+  tx = lars_optax.sparse.adamw(SCHEDULE)
+  params = {"t": jnp.zeros((rows, dim))}
+  state = tx.init(params)
+  grads = {"t": BCOO((jnp.ones((256, dim)), jnp.arange(256)[:, None]), shape=(rows, dim))}
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile()
+  mem = compiled.memory_analysis()
+  # The temporaries scale with the rows in the gradient (256 here), times the window.
+  assert mem.temp_size_in_bytes < rows * dim * 4 // 20, mem.temp_size_in_bytes
+  copies = [line for line in compiled.as_text().splitlines()
+            if " copy(" in line and f"[{rows}" in line]
+  assert not copies, copies  # last_step and the table are updated in place
+  assert mem.alias_size_in_bytes >= 3 * rows * dim * 4  # table and moments in place
+
+
+# --------------------------------------------------------------------------
+# With the rest of lars_optax.sparse and the wrappers
+# --------------------------------------------------------------------------
+
+
+def _bag_loss(params, ids, y):
+  return jnp.mean((params["t"][ids].mean(axis=1) @ params["w"] - y) ** 2)
+
+
+def _bag_data(steps, seed=1):
+  rng = np.random.default_rng(seed)
+  ids = ((rng.zipf(1.3, size=(steps, 16, 4)) - 1) % 500).astype(np.int32)
+  return ids, rng.normal(size=(steps, 16)).astype(np.float32)
+
+
+def _bag_params():
+  return {"t": jnp.asarray(np.random.default_rng(2).normal(size=(500, DIM)) * 0.1, jnp.float32),
+          "w": jnp.ones(DIM)}
+
+
+def _bag_run(adam, tx, twin, steps, catch_rows=True):
+  """Trains the bag model with ``tx`` (sparse gradients) and ``twin`` (dense ones)."""
+  ids, ys = _bag_data(steps)
+  grad_fn = lars_optax.sparse.value_and_grad(_bag_loss, sparse="t")
+  params, state = _bag_params(), tx.init(_bag_params())
+  want, want_state = _bag_params(), twin.init(_bag_params())
+
+  @jax.jit
+  def step(params, state, ids, y):
+    if catch_rows:  # the forward pass reads the batch's rows as the dense run has them
+      params, state = lars_optax.sparse.catch_up(adam, params, state, rows={"t": ids})
+    _, grads = grad_fn(params, ids, y)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  @jax.jit
+  def twin_step(params, state, ids, y):
+    grads = jax.grad(_bag_loss)(params, ids, y)
+    updates, state = twin.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for i in range(steps):
+    params, state = step(params, state, ids[i], ys[i])
+    want, want_state = twin_step(want, want_state, ids[i], ys[i])
+  params, state = lars_optax.sparse.catch_up(adam, params, state)
+  return params, want
+
+
+def test_a_model_whose_batches_catch_up_their_rows_first_trains_as_the_dense_run():
+  adam = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1)
+  got, want = _bag_run(adam, adam, optax.adamw(SCHEDULE, weight_decay=0.1), 60)
+  _assert_close_to(got, want, _bag_params()["t"])
+  # Without it, the forward pass reads stale rows, and the run is another one.
+  got, want = _bag_run(adam, adam, optax.adamw(SCHEDULE, weight_decay=0.1), 60,
+                       catch_rows=False)
+  assert float(jnp.abs(got["t"] - want["t"]).max()) > 100 * TOL
+
+
+def test_with_value_and_grad_clip_by_global_norm_and_multi_steps():
+  adam = lars_optax.sparse.adam(1e-2)
+  tx = lars_optax.sparse.multi_steps(
+      optax.chain(lars_optax.sparse.clip_by_global_norm(0.05), adam),
+      every_k_schedule=3, sparse="t", nse=64)
+  twin = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(0.05), optax.adam(1e-2)),
+                          every_k_schedule=3)
+  got, want = _bag_run(adam, tx, twin, 30)
+  _assert_close_to(got, want, _bag_params()["t"])
+
+
+def test_multi_precision_float16_table_with_float32_masters():
+  adam = lars_optax.sparse.adam(1e-2)
+  tx = lars_optax.multi_precision(adam)
+  twin = lars_optax.multi_precision(optax.adam(1e-2))
+  params = {"t": jnp.asarray(W0, jnp.float16), "b": jnp.ones(3, jnp.float16)}
+  got, state = _train(tx, sparse=True, steps=80, params=jax.tree.map(jnp.copy, params))
+  got, state = lars_optax.sparse.catch_up(adam, got, state)
+  want, want_state = _train(twin, sparse=False, steps=80, params=params)
+  assert got["t"].dtype == jnp.float16
+  masters = lars_optax.master_params(state, got)["t"]
+  want_masters = lars_optax.master_params(want_state, want)["t"]
+  moved = float(jnp.abs(want_masters - W0).max())
+  assert float(jnp.abs(masters - want_masters).max()) <= TOL * moved
+  chex.assert_trees_all_equal(got["t"], masters.astype(jnp.float16))
+
+
+def test_skip_nonfinite_skips_a_nan_step_and_the_rest_is_exact():
+  adam = lars_optax.sparse.adam(1e-2)
+  tx = lars_optax.skip_nonfinite(adam)
+  params = {"t": jnp.asarray(W0), "b": jnp.ones(3)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, ids, values):
+    grads = {"t": BCOO((values, ids[:, None]), shape=(ROWS, DIM)), "b": values[:3, 0]}
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  for i in range(30):
+    values = VALUES[i] * (np.nan if i == 7 else 1.0)
+    params, state = step(params, state, jnp.asarray(IDS[i]), jnp.asarray(values))
+  params, state = lars_optax.sparse.catch_up(adam, params, state)
+  kept = [i for i in range(30) if i != 7]
+  want = {"t": jnp.asarray(W0), "b": jnp.ones(3)}
+  twin = optax.adam(1e-2)
+  want_state = twin.init(want)
+  for i in kept:
+    grads = {"t": jnp.zeros((ROWS, DIM)).at[IDS[i]].add(VALUES[i]), "b": VALUES[i][:3, 0]}
+    u, want_state = twin.update(grads, want_state, want)
+    want = optax.apply_updates(want, u)
+  _assert_close_to(params, want)
+
+
+@pytest.mark.parametrize("fmt", ["flax-bytes", "pickle"])
+def test_a_checkpoint_taken_mid_run_restores_and_continues_exactly(fmt):
+  tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1)
+  params, state = _train(tx, sparse=True, steps=40)
+  through, through_state = _train(tx, sparse=True, steps=40, params=params, state=state,
+                                  start=40)
+  params, state = _train(tx, sparse=True, steps=40)
+  template = tx.init(params)
+  if fmt == "flax-bytes":
+    restored = serialization.from_bytes(template, serialization.to_bytes(state))
+  else:
+    buf = io.BytesIO()
+    pickle.dump(jax.tree.map(np.asarray, state), buf)
+    restored = pickle.loads(buf.getvalue())
+  params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
+  resumed, resumed_state = _train(tx, sparse=True, steps=40, params=params, state=restored,
+                                  start=40)
+  chex.assert_trees_all_equal(resumed, through)
+  chex.assert_trees_all_equal(resumed_state, through_state)
+
+
+@pytest.mark.parametrize("lr", [np.float32(1e-2), jnp.asarray(1e-2), jnp.bfloat16(1e-2)],
+                         ids=["numpy", "jax", "bfloat16"])
+def test_learning_rates_of_every_scalar_type(lr):
+  tx = lars_optax.sparse.adam(lr)
+  got, state = _train(tx, sparse=True, steps=20)
+  got, _ = lars_optax.sparse.catch_up(tx, got, state)
+  want, _ = _train(optax.adam(lr), sparse=False, steps=20)
+  _assert_close_to(got, want)
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adam(1e-3, weight_decay=1e-4),
+    lambda: lars_optax.sparse.sgd(1e-3, momentum=0.9, wd=1e-4),
+], ids=["adam-weight_decay", "sgd-wd"])
+def test_coupled_l2_decay_is_refused_with_the_reason(make):
+  with pytest.raises(ValueError, match=r"coupled L2 decay.*no catch-up form"):
+    make()
+
+
+def test_other_errors_name_the_argument():
+  with pytest.raises(ValueError, match=r"sparse.adam: eps_root must be 0"):
+    lars_optax.sparse.adam(1e-3, eps_root=1e-8)
+  with pytest.raises(TypeError):
+    lars_optax.sparse.adam(1e-3, 0.9)  # b1 is keyword-only
+  with pytest.raises(ValueError, match=r"sparse.sgd: momentum"):
+    lars_optax.sparse.sgd(1e-3, momentum=1.5)
+  with pytest.raises(ValueError, match=r"sparse.adamw: window"):
+    lars_optax.sparse.adamw(1e-3, window=0)
+  with pytest.raises(TypeError, match=r"sparse.adam: unexpected keyword argument 'beta1'"):
+    lars_optax.sparse.adam(1e-3, beta1=0.9)
+  params = {"t": jnp.zeros((4, 2))}
+  with pytest.raises(TypeError, match=r"catch_up: tx must be lars_optax.sparse.adam"):
+    lars_optax.sparse.catch_up(optax.adam(1e-3), params, optax.adam(1e-3).init(params))
+  tx = lars_optax.sparse.adam(1e-3)
+  with pytest.raises(ValueError, match=r"catch_up: state holds 0 CatchUpState"):
+    lars_optax.sparse.catch_up(tx, params, optax.adam(1e-3).init(params))
+  with pytest.raises(ValueError, match=r"catch_up: rows: 'table' names no leaf"):
+    lars_optax.sparse.catch_up(tx, params, tx.init(params), rows={"table": jnp.arange(2)})
+  with pytest.raises(ValueError, match=r"sparse.adam: gradient 't' has shape"):
+    grads = {"t": BCOO((jnp.ones((1, 3)), jnp.zeros((1, 1), jnp.int32)), shape=(4, 3))}
+    tx.update(grads, tx.init(params), params)
