@@ -24,6 +24,7 @@ their rows, a linear layer, squared error): gradients from
     python benchmarks/sparse_embedding.py --rows 10000000 --sparse-only
     python benchmarks/sparse_embedding.py --quick     # a small smoke run
     python benchmarks/sparse_embedding.py --companions   # checks, clipping, multi_steps
+    python benchmarks/sparse_embedding.py --exact   # dense-exact lazy Adam (sparse.adam)
 
 ``--companions`` times, on the same table and gradient, the sparse Adam step
 with its run-time index checks left out (the cost of the checks), and
@@ -295,6 +296,149 @@ def companions_report(args: argparse.Namespace) -> str:
   return report
 
 
+def _zipf_batches(rows: int, touched: int, count: int, seed: int = 0) -> list[jax.Array]:
+  """``count`` batches of ``touched`` ids drawn from Zipf(1.2): a few rows every step, most
+  rows once in thousands of steps."""
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray((rng.zipf(1.2, size=touched) - 1) % rows, jnp.int32)
+          for _ in range(count)]
+
+
+class ZipfCase(Case):
+  """A case whose gradient rows change every round (Zipfian ids)."""
+
+  def __init__(self, name: str, step: Callable, params, state, batches, values,
+               dense: bool = False):
+    self.batches, self.values, self.round = batches, values, 0
+    super().__init__(name, step, params, state, (batches[0], values), dense)
+
+  def run(self) -> None:
+    self.round += 1
+    self.args = (self.batches[self.round % len(self.batches)], self.values)
+    super().run()
+
+
+def _exact_step(tx: optax.GradientTransformation, rows: int, dim: int, dense: bool = False,
+                catch_rows: optax.GradientTransformation | None = None) -> Callable:
+  def step(params, state, ids, values):
+    if catch_rows is not None:  # the batch's rows brought up to date before the forward pass
+      params, state = lars_optax.sparse.catch_up(catch_rows, params, state, rows={"table": ids})
+    grad = BCOO((values, ids[:, None]), shape=(rows, dim))
+    grads = {"table": grad.todense() if dense else grad}
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  return jax.jit(step, donate_argnums=(0, 1))
+
+
+def exact_error(poles: int, steps: int = 500, rows: int = 2000, dim: int = 8) -> float:
+  """The largest error of ``sparse.adam(poles=...)`` + ``catch_up`` against dense
+  ``optax.adam``, over the largest move in the table, after a 500-step Zipfian run with
+  warm-up + cosine (as tests/test_sparse_exact.py)."""
+  rng = np.random.default_rng(0)
+  ids = (rng.zipf(1.2, size=(steps, 64)) - 1) % rows
+  values = (rng.normal(size=(steps, 64, dim)) * 1e-2).astype(np.float32)
+  w0 = jnp.asarray(rng.normal(size=(rows, dim)) * 0.1, jnp.float32)
+  lr = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 50, steps)
+  ours = lars_optax.sparse.adam(lr, poles=poles)
+  out = []
+  for tx, dense in ((ours, False), (optax.adam(lr), True)):
+    f = _exact_step(tx, rows, dim, dense=dense)
+    params = {"table": jnp.array(w0, copy=True)}
+    state = tx.init(params)
+    for i in range(steps):
+      params, state = f(params, state, jnp.asarray(ids[i], jnp.int32), jnp.asarray(values[i]))
+    if tx is ours:
+      params, state = lars_optax.sparse.catch_up(ours, params, state)
+    out.append(params["table"])
+  return float(jnp.abs(out[0] - out[1]).max() / jnp.abs(out[1] - w0).max())
+
+
+def exact_report(args: argparse.Namespace) -> str:
+  """Dense-exact lazy Adam against the plain lazy step and dense optax.adam (#38)."""
+  rows, dim, touched = args.rows, args.dim, args.touched
+  batches = _zipf_batches(rows, touched, 64)
+  values = jnp.asarray(np.random.default_rng(1).normal(size=(touched, dim)), jnp.float32)
+  rng = np.random.default_rng(0)
+
+  def case(name, tx, dense=False, catch_rows=None):
+    p = {"table": jnp.asarray(rng.standard_normal((rows, dim), dtype=np.float32))}
+    return ZipfCase(name, _exact_step(tx, rows, dim, dense, catch_rows), p, tx.init(p),
+                    batches, values, dense)
+
+  exact = lars_optax.sparse.adam(LR)
+  cases = [
+      case("lars_optax.sparse.lazy_update(optax.adam) (the plain lazy step)",
+           lars_optax.sparse.lazy_update(optax.adam(LR))),
+      case("lars_optax.sparse.adam (dense-exact, poles=8, the default)", exact),
+      case("lars_optax.sparse.adam + catch_up(rows=ids) first", exact, catch_rows=exact),
+      *[case(f"lars_optax.sparse.adam(poles={k})", lars_optax.sparse.adam(LR, poles=k))
+        for k in (1, 2, 4, 16)],
+  ]
+  if not args.sparse_only:
+    cases.append(case("optax.adam on the dense gradient", optax.adam(LR), dense=True))
+  for _ in range(8):  # rows left behind for a while
+    for c in cases:
+      c.run()
+  for c in cases:
+    c.times.clear()
+  for r in range(args.rounds):  # rotating order: no case always follows the dense one
+    for c in cases[r % len(cases):] + cases[:r % len(cases)]:
+      c.run()
+
+  def ms(c):
+    return statistics.median(c.times) * 1e3
+
+  lazy, base = ms(cases[0]), ms(cases[1])
+  params = {"table": jnp.zeros((rows, dim), jnp.float32)}
+  state = exact.init(params)
+  extra = (sum(x.nbytes for x in jax.tree.leaves(state))
+           - sum(x.nbytes for x in jax.tree.leaves(optax.adam(LR).init(params))))
+  grads = {"table": BCOO((values, batches[0][:, None]), shape=(rows, dim))}
+
+  def step(params, state, grads):
+    updates, state = exact.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  temp = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile(
+      ).memory_analysis().temp_size_in_bytes
+  errors = {k: exact_error(k) for k in (1, 2, 4, 8, 16)} if not args.quick else {}
+  poles_of = {1: 3, 2: 4, 4: 5, 8: 1, 16: 6}
+  lines = [
+      (f"{rows:,} x {dim} float32 table, {touched:,} Zipf(1.2) ids per step (64 batches in "
+       f"turn), one Adam step (update + apply, jit, donated), median of {args.rounds} rounds "
+       f"in rotating order; JAX {jax.__version__} on {jax.default_backend()}."),
+      "",
+      "| | median step (ms) | vs the plain lazy step |",
+      "|---|---:|---:|",
+      *[f"| {c.name} | {ms(c):.3f} | {ms(c) / lazy:.2f}x |" for c in cases],
+      "",
+      (f"Extra state: {extra:,} bytes ({extra / rows:.2f} per row). Compiled temporary "
+       f"memory of the dense-exact step: {temp:,} bytes (the table: {rows * dim * 4:,})."),
+  ]
+  if errors:
+    lines += ["", "Frontier (error: largest error over the largest move, 500 Zipfian steps, "
+              "warm-up + cosine, against dense optax.adam):", "",
+              "| poles | error | step (ms) |", "|---:|---:|---:|",
+              *[f"| {k} | {e:.1e} | {ms(cases[poles_of[k]]):.3f} |" for k, e in errors.items()]]
+  lines += ["", "Targets:", ""]
+
+  def target(text, ok):
+    lines.append(f"- {text}: {'met' if ok else 'MISSED'}")
+
+  target(f"dense-exact step <= 3x the plain lazy step ({base / lazy:.2f}x)", base <= 3 * lazy)
+  if not args.sparse_only:
+    speed = ms(cases[-1]) / base
+    target(f"dense-exact step >= 30x faster than dense optax.adam ({speed:.0f}x)", speed >= 30)
+  target(f"extra memory one int32 per row ({extra:,} bytes)", extra <= 4 * rows + 4)
+  target("no table-sized temporary", temp < rows * dim * 4 // 20)
+  if errors:
+    target(f"error <= 1e-5 at the default ({errors[8]:.1e})", errors[8] <= 1e-5)
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
 def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rows", type=int, default=1_000_000)
@@ -310,6 +454,10 @@ def main(argv: list[str] | None = None) -> str:
   parser.add_argument("--companions", action="store_true",
                       help="the cost of the run-time checks, clip_by_global_norm + Adam, and "
                            "multi_steps' memory for two table sizes")
+  parser.add_argument("--exact", action="store_true",
+                      help="dense-exact lazy Adam (lars_optax.sparse.adam) against the plain "
+                           "lazy step and dense optax.adam, on Zipfian ids; its memory and "
+                           "its error against poles")
   parser.add_argument("--quick", action="store_true",
                       help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
   if parser.parse_args(argv).quick:  # small defaults; explicit options still win
@@ -317,6 +465,8 @@ def main(argv: list[str] | None = None) -> str:
   args = parser.parse_args(argv)
   if args.companions:
     return companions_report(args)
+  if args.exact:
+    return exact_report(args)
 
   mx = "not run (no --mxnet-python)"
   if args.mxnet_python:
