@@ -380,3 +380,31 @@ def test_other_errors_name_the_argument():
   with pytest.raises(ValueError, match=r"sparse.adam: gradient 't' has shape"):
     grads = {"t": BCOO((jnp.ones((1, 3)), jnp.zeros((1, 1), jnp.int32)), shape=(4, 3))}
     tx.update(grads, tx.init(params), params)
+
+
+# --------------------------------------------------------------------------
+# docs/sparse.md: the toy recommender
+# --------------------------------------------------------------------------
+
+
+def _docs_block(marker):
+  import pathlib
+  import re
+
+  text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "sparse.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  (block,) = [b for b in blocks if marker in b]
+  return block
+
+
+def test_the_docs_toy_recommender_runs_and_dense_exact_matches_dense_adam(capsys):
+  namespace = {"__name__": "__docs__"}
+  exec(compile(_docs_block("true_table"), "docs/sparse.md", "exec"), namespace)
+  results = namespace["results"]
+  (dense_loss, _, dense), (lazy_loss, _, _), (exact_loss, _, exact) = results.values()
+  moved = float(jnp.abs(dense["table"]).max())
+  # A coupled run (the gradients read the table) carries float32 noise forward: 1e-4.
+  assert float(jnp.abs(exact["table"] - dense["table"]).max()) <= 10 * TOL * moved
+  assert exact_loss == pytest.approx(dense_loss, rel=1e-4)
+  assert abs(lazy_loss - dense_loss) > 0.02 * dense_loss  # the lazy run is another one
+  print(capsys.readouterr().out)

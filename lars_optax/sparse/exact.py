@@ -241,19 +241,20 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.A
            else b1_k / (1.0 - b1_s * b1_k))
     w = jnp.where(valid, lr * mom / d_k, 0.0)
     h = w * (jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf)
-    hs, es = [], []
+    # Each run's sums in one product with a 0/1 matrix (not two reductions per run).
     runs = _chunks(window, rule.poles)
+    member = np.zeros((window, len(runs)), np.float32)
     for i, (a, b) in enumerate(runs):
-      w_p, h_p = w[:, a:b].sum(axis=1), h[:, a:b].sum(axis=1)
-      if i == len(runs) - 1:  # the tail, with the schedule frozen at the window's end
-        rho = b1 / dec[:, -1]
-        w_p = w_p + w[:, -1] * _geometric(rho, m_tail)
-        h_p = h_p + h[:, -1] * _geometric(rho / q, m_tail)
-      hs.append(h_p)
-      es.append(jnp.float32(rule.eps) * jnp.where(w_p > 0, h_p / jnp.where(w_p > 0, w_p, 1.0),
-                                                   0.0))
-    out["h"] = jnp.stack(hs, axis=1)
-    out["e"] = jnp.stack(es, axis=1)
+      member[a:b, i] = 1.0
+    hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
+    w_p = jnp.dot(w, member, precision=hi)
+    h_p = jnp.dot(h, member, precision=hi)
+    # The tail, with the schedule frozen at the window's end, joins the last run.
+    rho = b1 / dec[:, -1]
+    w_p = w_p.at[:, -1].add(w[:, -1] * _geometric(rho, m_tail))
+    h_p = h_p.at[:, -1].add(h[:, -1] * _geometric(rho / q, m_tail))
+    out["h"] = h_p
+    out["e"] = jnp.float32(rule.eps) * jnp.where(w_p > 0, h_p / jnp.where(w_p > 0, w_p, 1.0), 0.0)
     out["m_decay"] = b1 ** n.astype(jnp.float32)
     out["v_decay"] = b2 ** n.astype(jnp.float32)
   if rule.decays and not rule.tracks_log_decay:
@@ -406,7 +407,13 @@ def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | N
   if log_now is not None:
     logs = _rows.gather(leaf.rowlog, r)
     extra = jnp.exp(log_now - logs)
-  w1, b1 = _catch_up_rows(rule, _row_scalars(rule, s, count), w0, b0, extra, decays)
+
+  def run(args):
+    w, b = args
+    return _catch_up_rows(rule, _row_scalars(rule, s, count), w, b, extra, decays)
+
+  # Rows already brought up to date (catch_up(rows=...) before the forward pass) skip it.
+  w1, b1 = jax.lax.cond(jnp.any(s != count), run, lambda args: args, (w0, b0))
   return _Caught(r, values, w0, w1, b1, s, logs)
 
 
