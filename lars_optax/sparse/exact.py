@@ -164,16 +164,24 @@ def _check_window(window: Any, poles: Any, where: str) -> None:
   v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=16)
 
 
-def _refuse_coupled_decay(where: str, extra: dict[str, Any], alternative: str) -> None:
-  """``weight_decay``/``wd`` on a rule whose optax twin has none: coupled L2 decay."""
-  for key in ("weight_decay", "wd"):
-    if key in extra:
-      raise ValueError(
-          f"{where}: {key} here would be coupled L2 decay (added to the gradient, as "
-          "MXNet's wd), which has no catch-up form: an untouched row's gradient would "
-          f"be lambda * w, not 0, so every row would change every step. {alternative}")
-  if extra:
-    raise TypeError(f"{where}: unexpected keyword argument {next(iter(extra))!r}.")
+_COUPLED = ("weight decay added to the gradient (coupled L2 decay, as MXNet's wd) has no "
+            "catch-up form: an untouched row's gradient would be lambda * w, not 0, so every "
+            "row would move every step. ")
+_OPTAX_WORDS = {
+    "beta1": "it takes optax's b1=.", "beta2": "it takes optax's b2=.",
+    "epsilon": "it takes optax's eps=.", "lr": "it takes optax's learning_rate=.",
+}
+_adam_names = v.renamed_keywords({
+    **_OPTAX_WORDS, "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay).",
+    "wd": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay)."})
+_adamw_names = v.renamed_keywords({
+    **_OPTAX_WORDS, "wd": "it takes optax's weight_decay= (decoupled: w *= 1 - lr * wd)."})
+_sgd_names = v.renamed_keywords({
+    **_OPTAX_WORDS,
+    "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the "
+                    "sparse leaves (optax.masked).",
+    "wd": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the sparse leaves "
+          "(optax.masked)."})
 
 
 # --------------------------------------------------------------------------
@@ -536,10 +544,11 @@ def _checked_lr(where: str, learning_rate: Any) -> None:
   v.check_learning_rate(f"{where}: learning_rate", learning_rate)
 
 
+@_adam_names
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
-         nesterov: bool = False, window: int | None = None, poles: int = 8,
-         **kwargs: Any) -> GradientTransformationExtraArgs:
+         nesterov: bool = False, window: int | None = None,
+         poles: int = 8) -> GradientTransformationExtraArgs:
   r"""``optax.adam`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   On a gradient tree with row-sparse leaves (:mod:`lars_optax.sparse`), each
@@ -566,16 +575,16 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
     use :func:`adamw`.
   """
   where = "sparse.adam"
-  _refuse_coupled_decay(where, kwargs, "Use lars_optax.sparse.adamw (decoupled decay).")
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
                     poles, None, None)
 
 
+@_adamw_names
 def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
-          nesterov: bool = False, window: int | None = None, poles: int = 8,
-          **kwargs: Any) -> GradientTransformationExtraArgs:
+          nesterov: bool = False, window: int | None = None,
+          poles: int = 8) -> GradientTransformationExtraArgs:
   r"""``optax.adamw`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   As :func:`adam`, with ``optax.adamw``'s decoupled decay: a row untouched
@@ -589,7 +598,6 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
     eps_root, window, poles: as in :func:`adam`.
   """
   where = "sparse.adamw"
-  _refuse_coupled_decay(where, kwargs, "")
   v.check_learning_rate(f"{where}: weight_decay", weight_decay)
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
                     poles, weight_decay, mask)
@@ -621,9 +629,10 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
       window=_default_window(ratio) if window is None else window, poles=poles))
 
 
+@_sgd_names
 def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
-        nesterov: bool = False, accumulator_dtype: Any = None, window: int | None = None,
-        **kwargs: Any) -> GradientTransformationExtraArgs:
+        nesterov: bool = False, accumulator_dtype: Any = None,
+        window: int | None = None) -> GradientTransformationExtraArgs:
   r"""``optax.sgd`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   Without momentum an absent row does not move, so this is a plain lazy step.
@@ -637,8 +646,6 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
     window: as in :func:`adam` (default: until :math:`\mu^k < 10^{-6}`).
   """
   where = "sparse.sgd"
-  _refuse_coupled_decay(where, kwargs, "Add decoupled decay with lars_optax.sparse.adamw, "
-                        "or keep the decay out of the sparse leaves (optax.masked).")
   _checked_lr(where, learning_rate)
   if momentum is not None:
     v.check_scalar(f"{where}: momentum", momentum, low=0.0, high=1.0, high_open=True)
