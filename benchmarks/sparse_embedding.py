@@ -417,8 +417,8 @@ def exact_report(args: argparse.Namespace) -> str:
        f"memory of the dense-exact step: {temp:,} bytes (the table: {rows * dim * 4:,})."),
   ]
   if errors:
-    lines += ["", "Frontier (error: largest error over the largest move, 500 Zipfian steps, "
-              "warm-up + cosine, against dense optax.adam):", "",
+    lines += ["", ("Frontier (error: largest error over the largest move, 500 Zipfian steps, "
+                   "warm-up + cosine, against dense optax.adam):"), "",
               "| poles | error | step (ms) |", "|---:|---:|---:|",
               *[f"| {k} | {e:.1e} | {ms(cases[poles_of[k]]):.3f} |" for k, e in errors.items()]]
   lines += ["", "Targets:", ""]

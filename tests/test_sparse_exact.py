@@ -408,3 +408,17 @@ def test_the_docs_toy_recommender_runs_and_dense_exact_matches_dense_adam(capsys
   assert exact_loss == pytest.approx(dense_loss, rel=1e-4)
   assert abs(lazy_loss - dense_loss) > 0.02 * dense_loss  # the lazy run is another one
   print(capsys.readouterr().out)
+
+
+def test_the_benchmark_quick_run_reports_the_targets():
+  import importlib.util
+  import pathlib
+
+  path = pathlib.Path(__file__).parent.parent / "benchmarks" / "sparse_embedding.py"
+  spec = importlib.util.spec_from_file_location("sparse_embedding_exact", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  report = module.main(["--exact", "--quick", "--rounds", "1", "--rows", "4000"])
+  assert "| lars_optax.sparse.adam (dense-exact, poles=8, the default) |" in report
+  assert "- extra memory one int32 per row (16,004 bytes): met" in report
+  assert "- no table-sized temporary: met" in report
