@@ -330,8 +330,12 @@ def test_a_checkpoint_taken_mid_run_restores_and_continues_exactly(fmt):
   params = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
   resumed, resumed_state = _train(tx, sparse=True, steps=40, params=params, state=restored,
                                   start=40)
-  chex.assert_trees_all_equal(resumed, through)
-  chex.assert_trees_all_equal(resumed_state, through_state)
+  if jax.default_backend() == "cpu":
+    chex.assert_trees_all_equal(resumed, through)
+    chex.assert_trees_all_equal(resumed_state, through_state)
+  else:  # a GPU sums repeated ids with atomics, in no fixed order: equal to rounding
+    chex.assert_trees_all_close(resumed, through, rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(resumed_state, through_state, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("lr", [np.float32(1e-2), jnp.asarray(1e-2), jnp.bfloat16(1e-2)],
