@@ -348,9 +348,30 @@ def test_learning_rates_of_every_scalar_type(lr):
   _assert_close_to(got, want)
 
 
+def test_bfloat16_first_moments_agree_to_bfloat16_precision():
+  tx = lars_optax.sparse.adam(1e-2, mu_dtype=jnp.bfloat16)
+  got, state = _train(tx, sparse=True, steps=40)
+  got, state = lars_optax.sparse.catch_up(tx, got, state)
+  want, _ = _train(optax.adam(1e-2, mu_dtype=jnp.bfloat16), sparse=False, steps=40)
+  assert state.inner[0].mu["t"].dtype == jnp.bfloat16
+  moved = float(jnp.abs(want["t"] - W0).max())
+  assert float(jnp.abs(got["t"] - want["t"]).max()) <= 1e-2 * moved
+
+
 # --------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------
+
+
+def test_a_learning_rate_set_from_outside_each_step_is_refused_under_jit():
+  tx = optax.inject_hyperparams(lars_optax.sparse.adam)(learning_rate=1e-2)
+  params = {"t": jnp.zeros((10, 2))}
+  grads = {"t": BCOO((jnp.ones((1, 2)), jnp.zeros((1, 1), jnp.int32)), shape=(10, 2))}
+  with pytest.raises(ValueError, match=r"sparse.adam: learning_rate is traced"):
+    jax.jit(tx.update)(grads, tx.init(params), params)
+  fixed = optax.inject_hyperparams(lars_optax.sparse.adam, static_args=(
+      "learning_rate", "b1", "b2", "eps", "eps_root", "window", "poles"))(learning_rate=1e-2)
+  jax.jit(fixed.update)(grads, fixed.init(params), params)  # static: taken
 
 
 @pytest.mark.parametrize("make", [

@@ -158,6 +158,27 @@ def _default_window(ratio: float) -> int:
   return int(min(_MAX_WINDOW, max(4, math.ceil(math.log(1e-6) / math.log(ratio)))))
 
 
+def _known(where: str, name: str, value: Any) -> Any:
+  """``value`` as a Python number (a concrete array too); a traced one is refused.
+
+  ``optax.inject_hyperparams`` passes every numeric argument as an array, traced
+  under ``jit``: the catch-up needs the decay rates and the window when it is
+  built, and the learning rate and decay at every skipped step, which a value
+  set from outside each step does not give.
+  """
+  if value is None or callable(value) or isinstance(value, (bool, np.bool_)):
+    return value
+  if isinstance(value, jax.core.Tracer):
+    raise ValueError(
+        f"{where}: {name} is traced (optax.inject_hyperparams passes its arguments as "
+        f"arrays): the catch-up of the steps a row skipped needs {name}'s value for each "
+        "of them. Pass a number, or for a learning rate or weight decay an optax schedule, "
+        f"and leave it out of inject_hyperparams (static_args=({name!r}, ...)).")
+  if np.ndim(value) == 0 and hasattr(value, "dtype"):
+    return value.item() if hasattr(value, "item") else value
+  return value
+
+
 def _check_window(window: Any, poles: Any, where: str) -> None:
   if window is not None:
     v.check_count(f"{where}: window", window, 1, arrays=False, maximum=4096)
@@ -559,8 +580,13 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
   ``optax.adam``'s step.
 
   Args:
-    learning_rate: a float or an optax schedule, as ``optax.adam``'s.
-    b1, b2, eps, mu_dtype, nesterov: as ``optax.adam``'s.
+    learning_rate: a float or an optax schedule, as ``optax.adam``'s: the
+      catch-up evaluates it at the steps a row skipped, so a rate set from
+      outside each step (traced, by ``optax.inject_hyperparams``) is refused.
+    b1, b2, eps, mu_dtype, nesterov: as ``optax.adam``'s. (With a
+      ``mu_dtype`` of bfloat16 the dense step rounds the moment every step
+      and this one after the skipped steps: they agree to bfloat16's
+      precision.)
     eps_root: must be 0 (its default): with it the skipped steps have no
       closed form here.
     window: how many skipped steps are summed term by term (the rest: a
@@ -605,6 +631,10 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
 
 def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window, poles,
                weight_decay, mask):
+  learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay = (
+      _known(where, name, x) for name, x in zip(
+          ("learning_rate", "b1", "b2", "eps", "eps_root", "window", "poles", "weight_decay"),
+          (learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay)))
   _checked_lr(where, learning_rate)
   v.check_betas(b1, b2, eps, names=(f"{where}: b1", f"{where}: b2", f"{where}: eps"))
   v.check_scalar(f"{where}: eps_root", eps_root, low=0.0)
@@ -646,6 +676,9 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
     window: as in :func:`adam` (default: until :math:`\mu^k < 10^{-6}`).
   """
   where = "sparse.sgd"
+  learning_rate, momentum, window = (
+      _known(where, name, x) for name, x in zip(("learning_rate", "momentum", "window"),
+                                                 (learning_rate, momentum, window)))
   _checked_lr(where, learning_rate)
   if momentum is not None:
     v.check_scalar(f"{where}: momentum", momentum, low=0.0, high=1.0, high_open=True)
