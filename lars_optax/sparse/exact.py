@@ -21,7 +21,9 @@ with :math:`D_k = \prod_{i=1}^{k} (1 - \alpha_{s+i}\lambda_{s+i})` and
 weight moves by :math:`-\sum_k \alpha_{s+k}\mu^k b`. Then the step itself is
 optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
 ``sgd`` on the dense gradient with zeros on the absent rows, at the cost of a
-lazy step; the only extra state is one int32 per row, the step the row was
+lazy step. A model reads the rows too: bring a batch's rows up to date
+before its forward pass (:func:`catch_up` with ``rows=``), and the gradients,
+and so the whole run, are the dense run's. The only extra state is one int32 per row, the step the row was
 last brought up to date (and, for AdamW with a learning-rate or decay
 schedule, one float32 per row: the log of the decay applied so far).
 
@@ -35,7 +37,8 @@ makes the terms depend on each entry's :math:`v`; the terms are grouped into
 v}`, and close in between (docs/sparse.md gives the measured errors). SGD's
 sum is exact.
 
-A whole loop, with :func:`catch_up` before evaluation::
+A whole loop: each batch's rows brought up to date before the forward pass,
+and every row before evaluation::
 
   import jax, jax.numpy as jnp, numpy as np, optax, lars_optax
 
@@ -50,6 +53,7 @@ A whole loop, with :func:`catch_up` before evaluation::
 
   @jax.jit
   def train_step(params, state, ids, y):
+    params, state = lars_optax.sparse.catch_up(tx, params, state, rows={"table": ids})
     loss, grads = grad_fn(params, ids, y)
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state, loss
