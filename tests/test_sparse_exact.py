@@ -270,6 +270,46 @@ def test_with_value_and_grad_clip_by_global_norm_and_multi_steps():
   _assert_close_to(got, want, _bag_params()["t"])
 
 
+def test_nnx_optimizer_with_catch_up_of_the_batch_rows_trains_as_dense_adam():
+  from flax import nnx
+
+  class Bag(nnx.Module):
+    def __init__(self, rngs):
+      self.embed = nnx.Embed(50, 4, rngs=rngs)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, ids):
+      return self.out(self.embed(ids).mean(axis=1))[:, 0]
+
+  y = jnp.array([0.5, -1.0])
+
+  def sparse_grads(model, ids):
+    graphdef, params = nnx.split(model, nnx.Param)
+    loss = lambda p, ids: jnp.mean((nnx.merge(graphdef, p)(ids) - y) ** 2)
+    return lars_optax.sparse.value_and_grad(loss, sparse="embedding")(params, ids)[1]
+
+  model, dense = Bag(nnx.Rngs(0)), Bag(nnx.Rngs(0))
+  tx = lars_optax.sparse.adam(0.1)
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  dense_optimizer = nnx.Optimizer(dense, optax.adam(0.1), wrt=nnx.Param)
+
+  def catch_up(rows=None):  # nnx keeps the state in variables: catch up their values
+    params = nnx.as_pure(nnx.state(model, nnx.Param))
+    params, state = lars_optax.sparse.catch_up(tx, params, nnx.as_pure(optimizer.opt_state),
+                                               rows=rows)
+    nnx.update(model, params)
+    nnx.update(optimizer.opt_state, nnx.state(state))
+
+  ids = jnp.array([[1, 2, 2], [7, 1, 49]], jnp.int32)
+  for batch in (ids, (ids + 3) % 50, ids, (ids * 7) % 50):
+    catch_up({"embedding": batch})
+    optimizer.update(model, sparse_grads(model, batch))
+    dense_optimizer.update(dense, nnx.grad(lambda m: jnp.mean((m(batch) - y) ** 2))(dense))
+  catch_up()
+  chex.assert_trees_all_close(nnx.state(model, nnx.Param), nnx.state(dense, nnx.Param),
+                              rtol=1e-5, atol=1e-6)
+
+
 def test_multi_precision_float16_table_with_float32_masters():
   adam = lars_optax.sparse.adam(1e-2)
   tx = lars_optax.multi_precision(adam)
