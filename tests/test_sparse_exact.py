@@ -111,6 +111,17 @@ def test_after_catch_up_every_row_equals_the_optax_twin_on_the_dense_gradient(na
     chex.assert_trees_all_close(g, w, rtol=2e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("mask", [{"t": False, "b": True}, {"t": True, "b": False},
+                                  lambda p: {"t": True, "b": False}],
+                         ids=["table-undecayed", "table-decayed", "callable"])
+def test_adamw_mask_leaves_the_masked_leaves_undecayed_as_optax(mask):
+  tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.5, mask=mask)
+  params, state = _train(tx, sparse=True, steps=120)
+  params, _ = lars_optax.sparse.catch_up(tx, params, state)
+  want, _ = _train(optax.adamw(SCHEDULE, weight_decay=0.5, mask=mask), sparse=False, steps=120)
+  _assert_close_to(params, want)
+
+
 def test_a_row_away_for_many_steps_moves_as_under_the_dense_step():
   """Without catch_up the lazy table differs from the dense one; with it, it does not."""
   tx = lars_optax.sparse.adam(1e-2)

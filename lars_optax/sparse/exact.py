@@ -231,8 +231,11 @@ def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
   return list(itertools.pairwise(bounds))
 
 
-def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array,
+                 decays: bool) -> dict[str, jax.Array]:
   """Per row: the factors that bring it from step ``s`` to step ``count``.
+
+  ``decays``: whether the leaf takes the decoupled decay (AdamW's ``mask``).
 
   Returns ``m_decay`` (:math:`\\beta_1^n` or :math:`\\mu^n`), ``v_decay``,
   ``w_decay`` (:math:`D`, without the part read from ``log_decay``), and per
@@ -250,7 +253,8 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.A
   kf = k.astype(jnp.float32)
   sf = s.astype(jnp.float32)[:, None]
   lr = jnp.broadcast_to(rule.lr(t - 1), t.shape)
-  if rule.decays:
+  decays = decays and rule.decays
+  if decays:
     assert rule.wd is not None
     dec = jnp.where(valid, 1.0 - lr * rule.wd(t - 1), 1.0)
     d_k = jnp.cumprod(dec, axis=1)
@@ -290,7 +294,7 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.A
     out["e"] = jnp.float32(rule.eps) * jnp.where(w_p > 0, h_p / jnp.where(w_p > 0, w_p, 1.0), 0.0)
     out["m_decay"] = b1 ** n.astype(jnp.float32)
     out["v_decay"] = b2 ** n.astype(jnp.float32)
-  if rule.decays and not rule.tracks_log_decay:
+  if decays and not rule.tracks_log_decay:
     assert rule.wd is not None
     step = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
     out["w_decay"] = jnp.exp(n.astype(jnp.float32) * step)
@@ -299,12 +303,13 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.A
   return out
 
 
-def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array) -> dict[str, jax.Array]:
+def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array,
+                         decays: bool) -> dict[str, jax.Array]:
   """:func:`_row_scalars` over many rows, ``_BLOCK`` rows at a time (bounded memory)."""
   if s.shape[0] <= _BLOCK:
-    return _row_scalars(rule, s, count)
+    return _row_scalars(rule, s, count, decays)
   def one(x):
-    return {k: val[0] for k, val in _row_scalars(rule, x[None], count).items()}
+    return {k: val[0] for k, val in _row_scalars(rule, x[None], count, decays).items()}
   return jax.lax.map(one, s, batch_size=_BLOCK)
 
 
@@ -443,7 +448,7 @@ def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | N
 
   def run(args):
     w, b = args
-    return _catch_up_rows(rule, _row_scalars(rule, s, count), w, b, extra, decays)
+    return _catch_up_rows(rule, _row_scalars(rule, s, count, decays), w, b, extra, decays)
 
   # Rows already brought up to date (catch_up(rows=...) before the forward pass) skip it.
   w1, b1 = jax.lax.cond(jnp.any(s != count), run, lambda args: args, (w0, b0))
@@ -459,7 +464,7 @@ def _catch_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Arr
     p, b = args
     flat = p.ndim == 0
     s = last.reshape(-1)
-    sc = _row_scalars_blocked(rule, s, count)
+    sc = _row_scalars_blocked(rule, s, count, decays)
     extra = None if log_now is None else jnp.exp(log_now - rowlog).reshape(-1)
     w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
                             {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
@@ -855,7 +860,7 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
       w = _rows.gather(p, r)
       b = {f: _rows.gather(x, r) for f, x in leaf_bufs.items()}
       logs = None if log_now is None else _rows.gather(rowlog, r)
-    sc = _row_scalars_blocked(rule, s, count)
+    sc = _row_scalars_blocked(rule, s, count, decay_mask[i])
     extra = None if logs is None else jnp.exp(log_now - logs)
     w1, b1 = _catch_up_rows(rule, sc, w, b, extra, decay_mask[i])
     if r is None:
