@@ -315,7 +315,8 @@ def test_nnx_optimizer_with_catch_up_of_the_batch_rows_trains_as_dense_adam():
   for batch in (ids, (ids + 3) % 50, ids, (ids * 7) % 50):
     catch_up({"embedding": batch})
     optimizer.update(model, sparse_grads(model, batch))
-    dense_optimizer.update(dense, nnx.grad(lambda m: jnp.mean((m(batch) - y) ** 2))(dense))
+    dense_loss = lambda m, batch=batch: jnp.mean((m(batch) - y) ** 2)
+    dense_optimizer.update(dense, nnx.grad(dense_loss)(dense))
   catch_up()
   chex.assert_trees_all_close(nnx.state(model, nnx.Param), nnx.state(dense, nnx.Param),
                               rtol=1e-5, atol=1e-6)

@@ -23,8 +23,8 @@ optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
 ``sgd`` on the dense gradient with zeros on the absent rows, at the cost of a
 lazy step. A model reads the rows too: bring a batch's rows up to date
 before its forward pass (:func:`catch_up` with ``rows=``), and the gradients,
-and so the whole run, are the dense run's. The only extra state is one int32 per row, the step the row was
-last brought up to date (and, for AdamW with a learning-rate or decay
+and so the whole run, are the dense run's. The only extra state is one int32
+per row, the step the row was last brought up to date (and, for AdamW with a learning-rate or decay
 schedule, one float32 per row: the log of the decay applied so far).
 
 How the sum is taken: its terms shrink geometrically (by about
