@@ -92,6 +92,9 @@ CASES = {
     "dcasgd": Case(lambda: lars_optax.mxnet.dcasgd(0.1, momentum=0.9, lamda=0.5)),
     "svrg": Case(lambda: lars_optax.svrg.svrg(lars_optax.lars(0.1, momentum=0.9, eta=1.0,
                                                          skip="flax")), svrg=True),
+    # Every field of the dense-exact state: last steps, the decay log pair and rows.
+    "sparse_adamw": Case(lambda: lars_optax.sparse.adamw(
+        optax.cosine_decay_schedule(0.01, 10), weight_decay=0.1)),
     "skip_nonfinite": Case(lambda: lars_optax.skip_nonfinite(
         lars_optax.lars(0.1, momentum=0.9, eta=1.0, skip="flax")), nan_at=NAN_AT),
 }
