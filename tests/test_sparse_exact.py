@@ -487,6 +487,15 @@ def test_the_docs_toy_recommender_runs_and_dense_exact_matches_dense_adam(capsys
   print(capsys.readouterr().out)
 
 
+def test_the_docs_nnx_recipe_runs():
+  import textwrap
+
+  namespace = {"__name__": "__docs__"}
+  exec(compile(textwrap.dedent(_docs_block("nnx.as_pure")), "docs/sparse.md", "exec"), namespace)
+  state = namespace["optimizer"].opt_state
+  assert set(np.asarray(state.last_step["embedding"][...])[[3, 17]].tolist()) == {0}
+
+
 def test_the_benchmark_quick_run_reports_the_targets():
   import importlib.util
   import pathlib
