@@ -294,20 +294,24 @@ def test_nnx_optimizer_with_catch_up_of_the_batch_rows_trains_as_dense_adam():
 
   y = jnp.array([0.5, -1.0])
 
+  graphdef = nnx.graphdef(Bag(nnx.Rngs(0)))
+  loss = lambda p, ids: jnp.mean((nnx.merge(graphdef, p)(ids) - y) ** 2)
+  grad_fn = jax.jit(lambda p, ids: lars_optax.sparse.value_and_grad(loss, sparse="embedding")(
+      p, ids)[1])
+
   def sparse_grads(model, ids):
-    graphdef, params = nnx.split(model, nnx.Param)
-    loss = lambda p, ids: jnp.mean((nnx.merge(graphdef, p)(ids) - y) ** 2)
-    return lars_optax.sparse.value_and_grad(loss, sparse="embedding")(params, ids)[1]
+    return grad_fn(nnx.state(model, nnx.Param), ids)
 
   model, dense = Bag(nnx.Rngs(0)), Bag(nnx.Rngs(0))
   tx = lars_optax.sparse.adam(0.1)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   dense_optimizer = nnx.Optimizer(dense, optax.adam(0.1), wrt=nnx.Param)
 
+  caught = jax.jit(lambda p, s, rows: lars_optax.sparse.catch_up(tx, p, s, rows=rows))
+
   def catch_up(rows=None):  # nnx keeps the state in variables: catch up their values
     params = nnx.as_pure(nnx.state(model, nnx.Param))
-    params, state = lars_optax.sparse.catch_up(tx, params, nnx.as_pure(optimizer.opt_state),
-                                               rows=rows)
+    params, state = caught(params, nnx.as_pure(optimizer.opt_state), rows)
     nnx.update(model, params)
     nnx.update(optimizer.opt_state, nnx.state(state))
 
