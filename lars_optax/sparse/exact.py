@@ -585,8 +585,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
   touched row is first brought up to date over the steps it skipped (see the
   module doc), then takes ``optax.adam``'s step; the update is row-sparse.
   After :func:`catch_up` the params equal ``optax.adam`` on the dense
-  gradients (zeros on the absent rows). On a dense leaf this is
-  ``optax.adam``'s step.
+  gradients (zeros on the absent rows): within 1.6e-6 of the largest move
+  over 500 Zipfian steps at the default ``poles``. On a dense leaf this is
+  ``optax.adam``'s step. For a model that reads the table, bring a batch's
+  rows up to date before its forward pass (``catch_up(tx, params, state,
+  rows={"table": ids})``): its gradients are then the dense run's too.
 
   Args:
     learning_rate: a float or an optax schedule, as ``optax.adam``'s: the
