@@ -22,6 +22,11 @@ O(rows touched), not O(table). This namespace brings that to JAX with
   is allocated (XLA turns ``params + densified plain BCOO`` into the same
   scatter). :func:`dense_updates` returns it as an array, for
   ``eqx.apply_updates``;
+* :func:`adam`, :func:`adamw` and :func:`sgd` are optax's rules on such
+  gradients with the dense step's numbers at a lazy step's cost: a touched
+  row is first brought along the steps it skipped, and :func:`catch_up`
+  brings every row (or a batch's rows) to the current step
+  (:mod:`lars_optax.sparse.exact`);
 * :func:`value_and_grad` gives such gradients for unchanged models
   (Flax, Haiku, Equinox): it differentiates with respect to the rows a batch
   looks up, never the whole table;
