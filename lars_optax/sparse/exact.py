@@ -85,6 +85,7 @@ import optax
 from optax import GradientTransformationExtraArgs
 
 from lars_optax import _row_wise
+from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import masks
 from lars_optax.sparse import _checks, _rows, _types
@@ -317,6 +318,15 @@ def _bcast(x: jax.Array, ndim: int) -> jax.Array:
   return x.reshape(x.shape + (1,) * (ndim - x.ndim))
 
 
+_BUFFER_DECAY = {"trace": "m_decay", "mu": "m_decay", "nu": "v_decay"}
+
+
+def _decayed(sc: dict[str, jax.Array], bufs: dict[str, Any]) -> dict[str, Any]:
+  """The buffers' rows decayed over the skipped steps (momentum or moments)."""
+  return {f: (_bcast(sc[_BUFFER_DECAY[f]], b.ndim) * b.astype(jnp.float32)).astype(b.dtype)
+          for f, b in bufs.items()}
+
+
 def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: dict[str, Any],
                    extra_decay: jax.Array | None, decays: bool) -> tuple[jax.Array, dict]:
   """Rows of the weight and buffers brought up to date with the per-row scalars ``sc``."""
@@ -325,13 +335,10 @@ def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: di
   if rule.kind == "sgd":
     if "trace" not in bufs:  # plain SGD: an absent row does not move
       return w, bufs
-    b = bufs["trace"].astype(jnp.float32)
-    new_w = w32 - _bcast(sc["h"][:, 0], nd) * b
-    new_b = _bcast(sc["m_decay"], nd) * b
-    return new_w.astype(w.dtype), {"trace": new_b.astype(bufs["trace"].dtype)}
+    new_w = w32 - _bcast(sc["h"][:, 0], nd) * bufs["trace"].astype(jnp.float32)
+    return new_w.astype(w.dtype), _decayed(sc, bufs)
   m = bufs["mu"].astype(jnp.float32)
-  nu = bufs["nu"].astype(jnp.float32)
-  root = jnp.sqrt(nu)
+  root = jnp.sqrt(bufs["nu"].astype(jnp.float32))
   drift = jnp.zeros_like(w32)
   for p in range(sc["h"].shape[1]):
     den = root + _bcast(sc["e"][:, p], nd)
@@ -341,10 +348,7 @@ def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: di
   if decays:
     factor = sc["w_decay"] if extra_decay is None else sc["w_decay"] * extra_decay
     new_w = _bcast(factor, nd) * new_w
-  new_m = _bcast(sc["m_decay"], nd) * m
-  new_nu = _bcast(sc["v_decay"], nd) * nu
-  return new_w.astype(w.dtype), {"mu": new_m.astype(bufs["mu"].dtype),
-                                 "nu": new_nu.astype(bufs["nu"].dtype)}
+  return new_w.astype(w.dtype), _decayed(sc, bufs)
 
 
 # --------------------------------------------------------------------------
@@ -426,20 +430,20 @@ class _Caught(NamedTuple):
   bufs: dict[str, Any]
   last: jax.Array | None  # the gathered last steps and logs (for the write-back)
   logs: jax.Array | None
+  drift: jax.Array | None = None  # a dense leaf: w1 - w0
 
 
-def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-              decays: bool) -> _Caught:
-  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows)."""
-  g, p = leaf.grad, leaf.param
-  if not _rows.is_row_sparse(g):
-    w1, b1 = _catch_up_dense(rule, leaf, count, log_now, decays)
-    return _Caught(None, g, p, w1, b1, None, None)
-  ok = _checks.check_row_sparse(leaf.name, g, p, rule.name)
-  r, values = _rows.combine(g, p.shape[0])
-  r = r + jnp.asarray(ok, r.dtype)
+def _gather_up(rule: _Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
+               log_now: jax.Array | None, decays: bool) -> tuple[Any, ...]:
+  """Rows ``r`` of a leaf, gathered and brought up to date.
+
+  Returns ``(s, logs, w0, w1, b1)``: the rows' last steps and decay logs (for
+  the write-back), the rows as stored, and the rows and buffers brought up to
+  date. Rows already up to date (``catch_up(rows=...)`` before the forward
+  pass) skip the work, in a ``lax.cond`` whose outputs are the rows only.
+  """
   s = _rows.gather(leaf.last, r)
-  w0 = _rows.gather(p, r)
+  w0 = _rows.gather(leaf.param, r)
   b0 = {f: _rows.gather(b, r) for f, b in leaf.bufs.items()}
   logs = extra = None
   if log_now is not None:
@@ -450,35 +454,74 @@ def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | N
     w, b = args
     return _catch_up_rows(rule, _row_scalars(rule, s, count, decays), w, b, extra, decays)
 
-  # Rows already brought up to date (catch_up(rows=...) before the forward pass) skip it.
   w1, b1 = jax.lax.cond(jnp.any(s != count), run, lambda args: args, (w0, b0))
+  return s, logs, w0, w1, b1
+
+
+def _bring_up(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
+              decays: bool) -> _Caught:
+  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows)."""
+  g, p = leaf.grad, leaf.param
+  if not _rows.is_row_sparse(g):
+    return _bring_up_dense(rule, leaf, count, log_now, decays)
+  ok = _checks.check_row_sparse(leaf.name, g, p, rule.name)
+  r, values = _rows.combine(g, p.shape[0])
+  r = r + jnp.asarray(ok, r.dtype)
+  s, logs, w0, w1, b1 = _gather_up(rule, leaf, r, count, log_now, decays)
   return _Caught(r, values, w0, w1, b1, s, logs)
 
 
-def _catch_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-                    decays: bool) -> tuple[jax.Array, dict[str, Any]]:
-  """A dense leaf: every row brought up to date (a no-op branch when none is behind)."""
-  p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
+def _catch_up_all_rows(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
+                       decays: bool) -> tuple[jax.Array, dict[str, Any], dict[str, jax.Array]]:
+  """Every row of a leaf (a 0-d leaf: its one value) brought up to date, and the
+  per-row factors used."""
+  p, b = leaf.param, leaf.bufs
+  flat = p.ndim == 0
+  sc = _row_scalars_blocked(rule, leaf.last.reshape(-1), count, decays)
+  extra = None if log_now is None else jnp.exp(log_now - leaf.rowlog).reshape(-1)
+  w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
+                          {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
+  return (w1[0], {f: x[0] for f, x in b1.items()}, sc) if flat else (w1, b1, sc)
 
-  def run(args):
-    p, b = args
-    flat = p.ndim == 0
-    s = last.reshape(-1)
-    sc = _row_scalars_blocked(rule, s, count, decays)
-    extra = None if log_now is None else jnp.exp(log_now - rowlog).reshape(-1)
-    w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
-                            {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
-    return (w1[0], {f: x[0] for f, x in b1.items()}) if flat else (w1, b1)
 
-  return jax.lax.cond(jnp.any(last != count), run, lambda args: args, (p, leaf.bufs))
+def _bring_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
+                    decays: bool) -> _Caught:
+  """A dense leaf, every row brought up to date: a branch taken only when one is behind
+  (a dense step after sparse ones).
+
+  Only the weights' drift and the row-sized decay factors leave the branch; the
+  buffers are decayed outside it (the identity factors otherwise), in the step's own
+  fused pass. A branch that passed param-sized buffers through would copy them on
+  every step.
+  """
+  p = leaf.param
+  rows = p.shape[0] if p.ndim else 1
+  names = sorted({_BUFFER_DECAY[f] for f in leaf.bufs})
+
+  def behind(p):
+    w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays)
+    return w1.astype(jnp.float32) - p.astype(jnp.float32), {k: sc[k] for k in names}
+
+  def current(p):
+    return jnp.zeros(p.shape, jnp.float32), {k: jnp.ones((rows,), jnp.float32) for k in names}
+
+  drift, factors = jax.lax.cond(jnp.any(leaf.last != count), behind, current, p)
+  if p.ndim == 0:
+    b1 = {f: (x[None] * factors[_BUFFER_DECAY[f]]).astype(x.dtype)[0]
+          for f, x in leaf.bufs.items()}
+  else:
+    b1 = _decayed(factors, leaf.bufs)
+  return _Caught(None, leaf.grad, p, (p.astype(jnp.float32) + drift).astype(p.dtype), b1,
+                 None, None, drift)
 
 
 def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: dict[str, Any],
                 new_count: jax.Array, log_next: jax.Array | None) -> tuple[Any, ...]:
   """A leaf's update (catch-up plus step) and its new buffers, last steps and logs."""
   u = step_update
-  delta = ((caught.w1.astype(jnp.float32) - caught.w0.astype(jnp.float32))
-           + u.astype(jnp.float32)).astype(u.dtype)
+  drift = (caught.w1.astype(jnp.float32) - caught.w0.astype(jnp.float32)
+           if caught.drift is None else caught.drift.astype(jnp.float32))
+  delta = (drift + u.astype(jnp.float32)).astype(u.dtype)
   r = caught.rows
   if r is None:
     rowlog = leaf.rowlog if log_next is None else jnp.full_like(leaf.rowlog, log_next)
@@ -527,9 +570,7 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
                   treedef.flatten_up_to(state.row_log_decay)))]
     return leaves, treedef
 
-  def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+  def step(updates, state, params, extra_args):
     leaves, treedef = leaves_of(updates, state, params)
     decays = _decay_mask(rule, jax.tree.unflatten(treedef, [x.param for x in leaves]), treedef)
     log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
@@ -560,6 +601,11 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     new_state = CatchUpState(new_count, tree(o[1] for o in out), log_decay,
                              tree(o[2] for o in out), inner_state)
     return tree(o[0] for o in out), new_state
+
+  def update_fn(updates, state, params=None, **extra_args):
+    if params is None:
+      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+    return step(updates, state, params, extra_args)
 
   update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
   return GradientTransformationExtraArgs(init_fn, update_fn)
@@ -735,12 +781,12 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
     raise TypeError("catch_up: tx must be lars_optax.sparse.adam, adamw or sgd (the "
                     "transformation itself, not a chain around it; pass the chain's "
                     "state as state).")
-  found = _find(state, CatchUpState)
+  found = utils.find_states(state, CatchUpState)
   if len(found) != 1:
     raise ValueError(f"catch_up: state holds {len(found)} CatchUpState; expected exactly one "
                      f"(the state of {rule.name}).")
-  mp = next((m for m in _find(state, _master_states())
-             if _find(m.inner_state, CatchUpState)), None)
+  mp = next((m for m in utils.find_states(state, _master_states())
+             if utils.find_states(m.inner_state, CatchUpState)), None)
   full = params if mp is None else jax.tree.map(
       lambda p, m: p if isinstance(m, optax.MaskedNode) else m, params, mp.master,
       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
@@ -803,18 +849,6 @@ def _master_states() -> tuple[type, ...]:
                if "master" in fields and "inner_state" in getattr(cls, "_fields", ()))
 
 
-def _find(node: Any, cls: type | tuple[type, ...]) -> list[Any]:
-  if isinstance(node, cls):
-    return [node]
-  if isinstance(node, dict):
-    children = list(node.values())
-  elif isinstance(node, (tuple, list)):
-    children = list(node)
-  else:
-    children = []
-  return [x for c in children for x in _find(c, cls)]
-
-
 def _replace_in(node: Any, replace: Callable[[Any], Any]) -> Any:
   new = replace(node)
   if new is not None:
@@ -830,57 +864,40 @@ def _replace_in(node: Any, replace: Callable[[Any], Any]) -> Any:
 
 def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
                     picked: list[Any]) -> tuple[Any, CatchUpState]:
+  """:func:`catch_up` on the state's own tree: every row of a leaf (``picked`` None) or
+  the rows ``picked`` lists."""
   flat, treedef_ = jax.tree.flatten(params)
   treedef: Any = treedef_
   flat_p = [jnp.asarray(p) for p in flat]
   count = state.count
   decay_mask = _decay_mask(rule, params, treedef)
   bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
-  flat_last = treedef.flatten_up_to(state.last_step)
-  flat_rowlog = treedef.flatten_up_to(state.row_log_decay)
   log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
-  new_p, new_last, new_rowlog = [], [], []
-  new_bufs: dict[str, list] = {f: [] for f in bufs}
-  for i, (p, r) in enumerate(zip(flat_p, picked)):
-    last, rowlog = flat_last[i], flat_rowlog[i]
-    leaf_bufs = {f: bufs[f][i] for f in bufs}
-    if r is not None and (p.ndim == 0 or r.shape[0] == 0):  # nothing asked of this leaf
-      new_p.append(p)
-      new_last.append(last)
-      new_rowlog.append(rowlog)
-      for f in bufs:
-        new_bufs[f].append(leaf_bufs[f])
-      continue
+  leaves = [_Leaf("", None, p, {f: b[i] for f, b in bufs.items()}, last, rowlog)
+            for i, (p, last, rowlog) in enumerate(zip(
+                flat_p, treedef.flatten_up_to(state.last_step),
+                treedef.flatten_up_to(state.row_log_decay)))]
+  out = []
+  for leaf, r, decays in zip(leaves, picked, decay_mask):
+    p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
     if r is None:
-      s = last.reshape(-1)
-      w = p.reshape((s.shape[0], *p.shape[1:]))
-      b = {f: x.reshape((s.shape[0], *x.shape[p.ndim:])) if p.ndim == 0 else x
-           for f, x in leaf_bufs.items()}
-      logs = None if log_now is None else rowlog.reshape(-1)
+      w1, b1, _ = _catch_up_all_rows(rule, leaf, count, log_now, decays)
+      out.append((w1, b1, jnp.full_like(last, count),
+                  rowlog if log_now is None else jnp.full_like(rowlog, log_now)))
+    elif p.ndim == 0 or r.shape[0] == 0:  # nothing asked of this leaf
+      out.append((p, leaf.bufs, last, rowlog))
     else:
       r = _rows.valid_rows(r, p.shape[0])
-      s = _rows.gather(last, r)
-      w = _rows.gather(p, r)
-      b = {f: _rows.gather(x, r) for f, x in leaf_bufs.items()}
-      logs = None if log_now is None else _rows.gather(rowlog, r)
-    sc = _row_scalars_blocked(rule, s, count, decay_mask[i])
-    extra = None if logs is None else jnp.exp(log_now - logs)
-    w1, b1 = _catch_up_rows(rule, sc, w, b, extra, decay_mask[i])
-    if r is None:
-      new_p.append(w1.reshape(p.shape))
-      for f in bufs:
-        new_bufs[f].append(b1[f].reshape(leaf_bufs[f].shape))
-      new_last.append(jnp.full_like(last, count))
-      new_rowlog.append(rowlog if log_now is None else jnp.full_like(rowlog, log_now))
-    else:
-      new_p.append(p.at[r].set(w1, mode="drop"))
-      for f in bufs:
-        new_bufs[f].append(leaf_bufs[f].at[r].set(b1[f], mode="drop"))
-      new_last.append(last.at[r].set(jnp.maximum(s, count), mode="drop"))
-      new_rowlog.append(rowlog if log_now is None or logs is None else rowlog.at[r].set(
-          jnp.where(s <= count, log_now, logs), mode="drop"))
-  inner = _with_buffer_trees(state.inner,
-                             {f: jax.tree.unflatten(treedef, b) for f, b in new_bufs.items()})
-  return jax.tree.unflatten(treedef, new_p), state._replace(
-      last_step=jax.tree.unflatten(treedef, new_last),
-      row_log_decay=jax.tree.unflatten(treedef, new_rowlog), inner=inner)
+      s, logs, _, w1, b1 = _gather_up(rule, leaf, r, count, log_now, decays)
+      if logs is not None and log_now is not None:
+        rowlog = rowlog.at[r].set(jnp.where(s <= count, log_now, logs), mode="drop")
+      out.append((p.at[r].set(w1, mode="drop"),
+                  {f: x.at[r].set(b1[f], mode="drop") for f, x in leaf.bufs.items()},
+                  last.at[r].set(jnp.maximum(s, count), mode="drop"), rowlog))
+
+  def tree(i):
+    return jax.tree.unflatten(treedef, [o[i] for o in out])
+
+  inner = _with_buffer_trees(state.inner, {
+      f: jax.tree.unflatten(treedef, [o[1][f] for o in out]) for f in bufs})
+  return tree(0), state._replace(last_step=tree(2), row_log_decay=tree(3), inner=inner)
