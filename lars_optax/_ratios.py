@@ -104,29 +104,38 @@ def ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale):
   The fallback's test is taken on the squares (a square is > 0, or finite,
   exactly when its root is); see :func:`_guarded_divide`.
   """
-  ok = (w2 > 0) & (g2 > 0) & jnp.isfinite(w2) & jnp.isfinite(g2)
+  ok = _positive_and_finite(w2, g2)
   w_norm, g_norm = jnp.sqrt(w2), jnp.sqrt(g2)
   if not utils.is_const(grad_scale, 1):
     g_norm = g_norm * jnp.abs(utils.cast(grad_scale, g_norm.dtype))
     ok = ok & jnp.isfinite(g_norm)  # the scaled norm may overflow
   dt = w_norm.dtype  # float32 or wider, whatever the hyperparameters' types
   num = utils.cast(eta, dt) * w_norm
-  den = g_norm + utils.cast(weight_decay, dt) * w_norm + utils.cast(epsilon, dt)
+  den = g_norm
+  if not utils.is_const(weight_decay, 0):
+    den = den + utils.cast(weight_decay, dt) * w_norm
+  if not utils.is_const(epsilon, 0):
+    den = den + utils.cast(epsilon, dt)
   return _guarded_divide(ok, num, den)
 
 
-def _guarded_divide(ok: jax.Array, num: jax.Array, den: jax.Array) -> jax.Array:
-  """``num / den`` where ``ok``, else 1.
+def _positive_and_finite(a: jax.Array, b: jax.Array) -> jax.Array:
+  """``0 < a, b < inf`` (False for NaN: XLA's min and max keep a NaN), in
+  fewer operations than four tests: this is per-leaf scalar work."""
+  return (jnp.minimum(a, b) > 0) & (jnp.maximum(a, b) < np.inf)
 
-  The denominator is made safe with a test of its own (so that a masked-out
-  0 / 0 never happens: ``jax_debug_nans`` stays quiet), and the fallback is
-  chosen after the division: XLA then computes the division in one small
-  kernel per leaf and folds the cheap test of ``ok`` into the (large) kernel
-  that applies the ratio, instead of one kernel for ``ok`` and one for the
-  division."""
-  safe = (den > 0) & jnp.isfinite(den)
-  ratio = num / jnp.where(safe, den, jnp.ones_like(den))
-  return jnp.where(ok, ratio, jnp.ones_like(ratio))
+
+def _guarded_divide(ok: jax.Array, num: jax.Array, den: jax.Array) -> jax.Array:
+  """``num / den`` where ``ok``, else 1; ``ok`` must imply a positive, finite ``den``.
+
+  The denominator is 1 where not ``ok`` (so that a masked-out 0 / 0 never
+  happens: ``jax_debug_nans`` stays quiet), and the fallback is chosen after
+  the division: XLA then computes the division in one small kernel per leaf
+  and folds the cheap choice into the (large) kernel that applies the ratio.
+  Plain ``select`` operations: this runs once per leaf, so every operation
+  counts in the step's compile time."""
+  ratio = num / utils.select(ok, den, 1)
+  return utils.select(ok, ratio, 1)
 
 
 def leaf_ratios(flat_p, flat_g, skipped, eta, weight_decays, epsilon, grad_scale,
@@ -272,12 +281,15 @@ def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
   :func:`ratio_from_squares` and :func:`_guarded_divide`).
   """
   dt = jnp.result_type(w2)  # float32 or wider
-  w_pos = w2 > 0
-  if lower_bound is not None:
-    w_pos = w_pos | (utils.cast(lower_bound, dt) > 0)
-  # An infinite norm is finite once bounded above; NaN stays NaN.
-  w_finite = jnp.isfinite(w2) if upper_bound is None else ~jnp.isnan(w2)
-  ok = w_pos & w_finite & (u2 > 0) & jnp.isfinite(u2)
+  if lower_bound is None and upper_bound is None:
+    ok = _positive_and_finite(w2, u2)
+  else:
+    w_pos = w2 > 0
+    if lower_bound is not None:
+      w_pos = w_pos | (utils.cast(lower_bound, dt) > 0)
+    # An infinite norm is finite once bounded above; NaN stays NaN.
+    w_finite = jnp.isfinite(w2) if upper_bound is None else ~jnp.isnan(w2)
+    ok = w_pos & w_finite & (u2 > 0) & (u2 < np.inf)
   w_norm, u_norm = jnp.sqrt(w2), jnp.sqrt(u2)
   if lower_bound is not None:
     w_norm = jnp.maximum(w_norm, utils.cast(lower_bound, dt))
@@ -285,7 +297,7 @@ def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
     w_norm = jnp.minimum(w_norm, utils.cast(upper_bound, dt))
   ratio = _guarded_divide(ok, w_norm, u_norm)
   if max_ratio is not None:
-    ratio = jnp.where(ok, jnp.minimum(ratio, utils.cast(max_ratio, ratio.dtype)), 1)
+    ratio = utils.select(ok, jnp.minimum(ratio, utils.cast(max_ratio, ratio.dtype)), 1)
   return ratio
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 from optax import GradientTransformation
 
@@ -67,13 +68,19 @@ def is_python_number(x: Any) -> bool:
   return type(x) in (int, float)
 
 
-def cast(x: Any, dtype: Any) -> jax.Array:
+def cast(x: Any, dtype: Any) -> jax.Array | np.ndarray:
   """A hyperparameter in ``dtype``, as JAX treats a Python float (weak typing).
 
   A numpy or JAX scalar is not weakly typed: multiplied with a bfloat16 array
   it would make the result (and the state) float32. Every hyperparameter that
   meets a buffer goes through here.
+
+  A Python or numpy number becomes a numpy scalar of ``dtype`` (the same
+  rounding): a literal in the traced step, where a JAX array would be a
+  device constant made at every trace, one per leaf.
   """
+  if type(x) in (int, float) or isinstance(x, (np.number, np.ndarray)):
+    return np.asarray(x, dtype)
   return jnp.asarray(x, dtype)
 
 
@@ -219,7 +226,32 @@ def safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
   freezes the weight.
   """
   zero = denom == 0
-  return jnp.where(zero, 0, x / jnp.where(zero, jnp.ones_like(denom), denom))
+  return select(zero, 0, x / select(zero, 1, denom))
+
+
+def divide_by(x: jax.Array, denom: jax.Array, eps: Any) -> jax.Array:
+  """``x / denom`` for ``denom = sqrt(v) + eps`` (``v >= 0``, float32 or wider).
+
+  With a Python or numpy ``eps`` that is a normal float32 number > 0 the
+  denominator cannot be 0 and the division is plain (fewer operations per
+  leaf); otherwise :func:`safe_divide`.
+  """
+  if isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool) and (
+      eps >= np.finfo(np.float32).tiny):
+    return x / denom
+  return safe_divide(x, denom)
+
+
+def select(cond: jax.Array, x: Any, y: Any) -> jax.Array:
+  """``jnp.where(cond, x, y)`` for an array and a Python number of its dtype, or two
+  arrays of one shape and dtype: one ``select`` in the traced step, where
+  ``jnp.where`` is a nested function (a call to trace, lower and inline, per leaf)."""
+  like = x if isinstance(x, (jax.Array, np.ndarray)) else y
+  x = lax.full_like(like, x) if is_python_number(x) else x
+  y = lax.full_like(like, y) if is_python_number(y) else y
+  if np.shape(cond) == np.shape(x) == np.shape(y) and jnp.result_type(x) == jnp.result_type(y):
+    return lax.select(cond, x, y)
+  return jnp.where(cond, x, y)
 
 
 def varying(aval: Any) -> frozenset:

@@ -110,7 +110,7 @@ def mxnet_momentum(
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
 
     def step(u):
-      return jnp.asarray(lr, u.dtype) * u  # keep the update in the param dtype
+      return utils.cast(lr, u.dtype) * u  # keep the update in the param dtype
 
     if damped:  # PyTorch's dampening: the first step fills the buffer undamped
       keep = jnp.where(state.count == 0, 1.0, 1.0 - jnp.asarray(dampening, jnp.float32))
