@@ -11,7 +11,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _ratios, masks
+from lars_optax import _grouping, _ratios, masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import stacked as stacked_mod
@@ -109,7 +109,7 @@ def scale_by_lamb_adam(
         m, n_ = m / c1, n_ / c2
       if not utils.is_const(eps_root, 0):
         n_ = n_ + utils.cast(eps_root, rt)
-      return utils.safe_divide(m, jnp.sqrt(n_) + utils.cast(eps, rt)).astype(n.dtype)
+      return utils.divide_by(m, jnp.sqrt(n_) + utils.cast(eps, rt), eps).astype(n.dtype)
 
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
@@ -136,6 +136,7 @@ def lamb(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> optax.GradientTransformation:
   r"""LAMB as Apache MXNet implements it (``mx.optimizer.LAMB``); with its defaults, optax.lamb's.
 
@@ -219,6 +220,11 @@ def lamb(
       per-leaf rules; see "Common arguments" in docs/optimizers.md.
     stacked: the leaves that hold a stack of layers, one ratio per layer; see
       "Common arguments" in docs/optimizers.md.
+    group_by_shape: run the step on the leaves stacked by shape (see
+      "Common arguments" in docs/optimizers.md): the same numbers, with a
+      few kernels and operations per group of leaves instead of per leaf, for
+      unrolled models with many leaves. The state holds the moments of each
+      group as one array. Not with ``axis_name``.
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -236,16 +242,23 @@ def lamb(
   masks.check_mask_like(skip, "skip")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
+  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
-  decay = ([] if utils.is_const(wd, 0) else
-           [add_decayed_weights_per_leaf(wd, multipliers=decay_mult, arg_name="wd_mult",
-                                         stacked=stacked)])
+
+  def layer_wise(skip, wd_mult, lr_mult, stacked):
+    decay = ([] if utils.is_const(wd, 0) else
+             [add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
+                                           stacked=stacked)])
+    return [scale_by_lamb_adam(beta1, b2=beta2, eps=epsilon, bias_correction=bias_correction),
+            *decay,
+            scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
+                                      skip=skip, axis_name=axis_name, stacked=stacked),
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+
   parts = [*base.preprocess(rescale_grad, clip_gradient, 0.0, None),
-           scale_by_lamb_adam(beta1, b2=beta2, eps=epsilon, bias_correction=bias_correction),
-           *decay,
-           scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
-                                     skip=skip, axis_name=axis_name, stacked=stacked),
-           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+           *_grouping.maybe_by_shape(
+               group_by_shape, layer_wise, masks_by_arg={"skip": skip},
+               values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked)]
   tx = base.finish(parts, "lamb", multi_precision=multi_precision,
                    complex_params=clip_gradient is None,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],

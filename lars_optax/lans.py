@@ -11,7 +11,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _ratios, masks
+from lars_optax import _grouping, _ratios, masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import stacked as stacked_mod
@@ -229,8 +229,8 @@ def scale_by_lans(
       rate = utils.times(weight_decay, c)
       decay = 0 if utils.is_const(rate, 0) else (
           stacked_mod.per_layer(utils.cast(rate, dt), p) * p.astype(dt))
-      parts.append((utils.safe_divide(m.astype(dt) / c1, d) + decay,
-                    utils.safe_divide(g.astype(dt), d) + decay))
+      parts.append((utils.divide_by(m.astype(dt) / c1, d, eps) + decay,
+                    utils.divide_by(g.astype(dt), d, eps) + decay))
     squares = stacked_mod.layer_sq_norms(
         [None if s else (p, cm, cg) for p, (cm, cg), s in zip(flat_p, parts, skipped)],
         ks, stacked_mod.resolve_axis_names(axis_name, params, ks))
@@ -274,6 +274,7 @@ def lans(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> optax.GradientTransformation:
   r"""LANS as Apache MXNet implements it (``mx.optimizer.LANS``).
 
@@ -339,6 +340,9 @@ def lans(
       per-leaf rules; see "Common arguments" in docs/optimizers.md.
     stacked: the leaves that hold a stack of layers, one ratio per layer; see
       "Common arguments" in docs/optimizers.md.
+    group_by_shape: run the step on the leaves stacked by shape, as
+      :func:`lars_optax.lamb` does (see "Common arguments" in
+      docs/optimizers.md). Not with ``axis_name``.
 
   Returns:
     An :class:`optax.GradientTransformation`.
@@ -355,13 +359,20 @@ def lans(
   masks.check_mask_like(skip, "skip")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
+  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
-  parts = [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
-           *base.preprocess(1.0, clip_gradient, 0.0, None),
-           scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=decay_mult,
-                         lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
-                         axis_name=axis_name, stacked=stacked),
-           base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+
+  def layer_wise(skip, wd_mult, lr_mult, stacked):
+    return [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
+            *base.preprocess(1.0, clip_gradient, 0.0, None),
+            scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=wd_mult,
+                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
+                          axis_name=axis_name, stacked=stacked),
+            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+
+  parts = _grouping.maybe_by_shape(group_by_shape, layer_wise, masks_by_arg={"skip": skip},
+                                   values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult},
+                                   stacked=stacked)
   tx = base.finish(parts, "lans", multi_precision=multi_precision,
                    names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],

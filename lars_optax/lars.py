@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import optax
 
+from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
@@ -38,6 +39,7 @@ def lars(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""MXNet's LARS, not :func:`optax.lars`: its ratio divides by ‖g‖ + wd‖w‖ + ε.
 
@@ -118,6 +120,10 @@ def lars(
       per-leaf rules; see "Common arguments" in docs/optimizers.md.
     stacked: the leaves that hold a stack of layers, one ratio per layer; see
       "Common arguments" in docs/optimizers.md.
+    group_by_shape: run the step on the leaves stacked by shape (see
+      "Common arguments" in docs/optimizers.md): the same numbers with fewer
+      kernels, a win on a GPU; on a CPU the stacking costs more than it
+      saves. Not with ``axis_name``.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -138,19 +144,24 @@ def lars(
   masks.check_mask_like(skip, "skip")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
+  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
-  # The ratio is taken from the rescaled gradient before clipping, so the
-  # rescale is the ratio transformation's own and the rest runs inside it.
-  inner = base.preprocess(1.0, clip_gradient, wd, decay_mult, stacked)
-  ratio = scale_by_lars_trust_ratio(
-      optax.chain(*inner) if inner else None, eta=eta, ratio_weight_decay=wd,
-      epsilon=epsilon, skip=skip, rescale=rescale_grad, wd_mult=decay_mult,
-      axis_name=axis_name, stacked=stacked)
-  tx = base.finish([
-      ratio,
-      *base.lr_mult_part(lr_mult, stacked),
-      mxnet_momentum(learning_rate, momentum=momentum),
-  ], "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
+
+  def layer_wise(skip, wd_mult, lr_mult, stacked):
+    # The ratio is taken from the rescaled gradient before clipping, so the
+    # rescale is the ratio transformation's own and the rest runs inside it.
+    inner = base.preprocess(1.0, clip_gradient, wd, wd_mult, stacked)
+    ratio = scale_by_lars_trust_ratio(
+        optax.chain(*inner) if inner else None, eta=eta, ratio_weight_decay=wd,
+        epsilon=epsilon, skip=skip, rescale=rescale_grad, wd_mult=wd_mult,
+        axis_name=axis_name, stacked=stacked)
+    return [ratio, *base.lr_mult_part(lr_mult, stacked),
+            mxnet_momentum(learning_rate, momentum=momentum)]
+
+  tx = base.finish(_grouping.maybe_by_shape(
+      group_by_shape, layer_wise, masks_by_arg={"skip": skip},
+      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked),
+      "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
@@ -171,6 +182,7 @@ def tf_lars(
     skip: masks.MaskLike = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""LARS as TensorFlow implements it (``tf.contrib.opt.LARSOptimizer``).
 
@@ -220,6 +232,8 @@ def tf_lars(
       per-leaf rules; see "Common arguments" in docs/optimizers.md.
     stacked: the leaves that hold a stack of layers, one ratio per layer; see
       "Common arguments" in docs/optimizers.md.
+    group_by_shape: run the step on the leaves stacked by shape, as
+      :func:`lars_optax.lars` does. Not with ``axis_name``.
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs`.
@@ -267,13 +281,20 @@ def tf_lars(
             "(e.g. 'bias' in a model without biases), pass "
             f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
     names = [("skip_list", skip, hint)]
-  tx = base.finish([
-      scale_by_lars_trust_ratio(
-          utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
-          eta=eeta, ratio_weight_decay=weight_decay, epsilon=epsilon, skip=skip,
-          axis_name=axis_name, stacked=stacked),
-      base.learning_rate_part(learning_rate),
-  ], "tf_lars", names=names, complex_params=True,
-      hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
-                   ("weight_decay", weight_decay, True), ("epsilon", epsilon, True)])
+  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
+
+  def layer_wise(skip, stacked):
+    return [scale_by_lars_trust_ratio(
+                utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
+                eta=eeta, ratio_weight_decay=weight_decay, epsilon=epsilon, skip=skip,
+                axis_name=axis_name, stacked=stacked),
+            base.learning_rate_part(learning_rate)]
+
+  tx = base.finish(_grouping.maybe_by_shape(group_by_shape, layer_wise,
+                                            masks_by_arg={"skip": skip}, values_by_arg={},
+                                            stacked=stacked),
+                   "tf_lars", names=names, complex_params=True,
+                   hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
+                                ("weight_decay", weight_decay, True),
+                                ("epsilon", epsilon, True)])
   return stacked_mod.warn_unstacked(tx, stacked, "tf_lars")

@@ -21,8 +21,9 @@ of each, with a constant rate and with a warm-up schedule):
   ``LARSOptimizer``; :func:`albert_lamb` -- ALBERT's ``LAMBOptimizer``.
 
 Besides the peer's arguments each takes the library's shared keyword-only
-options (``lr_mult``, ``multi_precision``, ``axis_name``, ``stacked``; see
-docs/optimizers.md's common arguments).
+options (``lr_mult``, ``multi_precision``, ``axis_name``, ``stacked``, and
+``group_by_shape`` for the LARS and LAMB ports; see docs/optimizers.md's
+common arguments).
 
 >>> import lars_optax
 >>> tx = lars_optax.porting.timm_optimizer("lars", lr=0.1, weight_decay=1e-4, momentum=0.9)
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -41,6 +42,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
@@ -79,13 +81,14 @@ Shared = dict[str, Any]
 
 
 def _shared(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
-            stacked: Any) -> Shared:
+            stacked: Any, group_by_shape: bool = False) -> Shared:
   """The library's shared options, checked where they enter."""
   masks.check_leaf_values(lr_mult, "lr_mult")
   stacked_mod.check_axis_names(axis_name)
   stacked_mod.check_stacked(stacked)
   return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
-          "multi_precision": v.check_flag("multi_precision", multi_precision)}
+          "multi_precision": v.check_flag("multi_precision", multi_precision),
+          "group_by_shape": _grouping.check_group_by_shape(group_by_shape, axis_name)}
 
 
 def _lr_mult(opts: Shared) -> list:
@@ -105,6 +108,26 @@ def _finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str,
                    leaf_values=[("lr_mult", opts["lr_mult"])],
                    hyperparams=[h for h in hyperparams if h[1] is not None])
   return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
+
+
+def _finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name: str,
+                       opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
+                       exempt: Sequence[tuple[str, Any]] = (),
+                       hyperparams: Sequence[tuple[Any, ...]], with_lr_mult: bool = True,
+                       ) -> GradientTransformationExtraArgs:
+  """:func:`_finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
+  peer's masks by argument name), ``lr_mult`` last unless ``layer_wise`` placed it.
+  With ``group_by_shape`` they run on the leaves stacked by shape, and the
+  ``opts`` and masks they get are the stacks' (``stacked``, ``lr_mult``)."""
+  def build(stacked: Any, lr_mult: Any = None, **chosen: Any) -> list:
+    o = {**opts, "stacked": stacked, "lr_mult": lr_mult}
+    return [*layer_wise(o, chosen), *(_lr_mult(o) if with_lr_mult else [])]
+
+  given = dict(masks_by_arg or {})
+  parts = _grouping.maybe_by_shape(opts["group_by_shape"], build, masks_by_arg=given,
+                                   values_by_arg={"lr_mult": opts["lr_mult"]},
+                                   stacked=opts["stacked"])
+  return _finish(parts, name, opts, exempt=exempt, hyperparams=hyperparams, lr_mult=False)
 
 
 def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:
@@ -182,20 +205,25 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
   check_torch_momentum(momentum, dampening, nesterov)
   trust_clip = v.check_flag("trust_clip", trust_clip)
   always_adapt = v.check_flag("always_adapt", always_adapt)
-  decay_mult = None if no_decay is None else [(no_decay, 0.0)]
-  parts: list = []
-  if always_adapt or not utils.is_const(weight_decay, 0):
-    # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
-    decay = _decay(weight_decay, no_decay, opts, "no_weight_decay")
-    parts.append(scale_by_lars_trust_ratio(
-        optax.chain(*decay) if decay else None, eta=trust_coeff,
-        ratio_weight_decay=weight_decay, epsilon=eps, skip=None if always_adapt else no_decay,
-        wd_mult=decay_mult, axis_name=opts["axis_name"], stacked=opts["stacked"],
-        larc_learning_rate=lr if trust_clip else None))
-  parts += _torch_momentum(lr, momentum, dampening, nesterov)
-  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)],
-                 hyperparams=[("lr", lr), ("weight_decay", weight_decay),
-                              ("trust_coeff", trust_coeff, True), ("eps", eps, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    no_decay = m["no_weight_decay"]
+    decay_mult = None if no_decay is None else [(no_decay, 0.0)]
+    parts: list = []
+    if always_adapt or not utils.is_const(weight_decay, 0):
+      # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
+      decay = _decay(weight_decay, no_decay, o, "no_weight_decay")
+      parts.append(scale_by_lars_trust_ratio(
+          optax.chain(*decay) if decay else None, eta=trust_coeff,
+          ratio_weight_decay=weight_decay, epsilon=eps, skip=None if always_adapt else no_decay,
+          wd_mult=decay_mult, axis_name=o["axis_name"], stacked=o["stacked"],
+          larc_learning_rate=lr if trust_clip else None))
+    return parts + _torch_momentum(lr, momentum, dampening, nesterov)
+
+  return _finish_layer_wise(layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
+                            exempt=[("no_weight_decay", no_decay)],
+                            hyperparams=[("lr", lr), ("weight_decay", weight_decay),
+                                         ("trust_coeff", trust_coeff, True), ("eps", eps, True)])
 
 
 @v.constructor
@@ -214,6 +242,7 @@ def timm_lars(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""timm's ``Lars(params, lr, momentum, ...)``: one parameter group, timm's defaults.
 
@@ -233,8 +262,8 @@ def timm_lars(
   ``lr`` is a scalar or an optax schedule. ``momentum``, ``dampening``,
   ``weight_decay``, ``nesterov``, ``trust_coeff``, ``eps``, ``trust_clip`` and
   ``always_adapt`` are timm's, with timm's defaults; ``lr_mult``,
-  ``multi_precision``, ``axis_name`` and ``stacked`` are the shared options
-  ("Common arguments" in docs/optimizers.md).
+  ``multi_precision``, ``axis_name``, ``stacked`` and ``group_by_shape`` are
+  the shared options ("Common arguments" in docs/optimizers.md).
 
   References:
     timm ``timm.optim.Lars``; You, Gitman and Ginsburg, `Large Batch Training
@@ -243,7 +272,7 @@ def timm_lars(
   return _timm_lars("timm_lars", lr, momentum=momentum, dampening=dampening,
                     weight_decay=weight_decay, nesterov=nesterov, trust_coeff=trust_coeff,
                     eps=eps, trust_clip=trust_clip, always_adapt=always_adapt, no_decay=None,
-                    opts=_shared(lr_mult, multi_precision, axis_name, stacked))
+                    opts=_shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape))
 
 
 def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: Any,
@@ -260,30 +289,38 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
       ("bias_correction", bias_correction), ("grad_averaging", grad_averaging),
       ("trust_clip", trust_clip), ("always_adapt", always_adapt), ("caution", caution),
       ("decoupled_decay", decoupled_decay))}
-  direction: GradientTransformation = scale_by_lamb_adam(
-      b1, b2=b2, eps=eps, bias_correction=flags["bias_correction"],
-      grad_averaging=flags["grad_averaging"])
-  if flags["caution"]:
-    direction = scale_by_caution(direction, stacked=opts["stacked"], axis_name=opts["axis_name"])
   decays = not utils.is_const(weight_decay, 0)
-  step = [direction]
-  if not flags["decoupled_decay"]:
-    step += _decay(weight_decay, no_decay, opts, "no_weight_decay")
-  if flags["always_adapt"] or decays:
-    step.append(scale_by_lamb_trust_ratio(
-        skip=None if flags["always_adapt"] else no_decay, axis_name=opts["axis_name"],
-        stacked=opts["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
-  step += [base.learning_rate_part(lr), *_lr_mult(opts)]
-  parts = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm)]
-  if decays and flags["decoupled_decay"]:
-    parts.append(add_decoupled_weight_decay(
-        optax.chain(*step), learning_rate=lr, weight_decay=weight_decay,
-        wd_mult=None if no_decay is None else [(no_decay, 0.0)], lr_mult=opts["lr_mult"],
-        stacked=opts["stacked"]))
-  else:
-    parts += step
-  return _finish(parts, name, opts, exempt=[("no_weight_decay", no_decay)], lr_mult=False,
-                 hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("eps", eps, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    no_decay = m["no_weight_decay"]
+    direction: GradientTransformation = scale_by_lamb_adam(
+        b1, b2=b2, eps=eps, bias_correction=flags["bias_correction"],
+        grad_averaging=flags["grad_averaging"])
+    if flags["caution"]:
+      direction = scale_by_caution(direction, stacked=o["stacked"], axis_name=o["axis_name"])
+    step = [direction]
+    if not flags["decoupled_decay"]:
+      step += _decay(weight_decay, no_decay, o, "no_weight_decay")
+    if flags["always_adapt"] or decays:
+      step.append(scale_by_lamb_trust_ratio(
+          skip=None if flags["always_adapt"] else no_decay, axis_name=o["axis_name"],
+          stacked=o["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
+    step += [base.learning_rate_part(lr), *_lr_mult(o)]
+    parts = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm)]
+    if decays and flags["decoupled_decay"]:
+      parts.append(add_decoupled_weight_decay(
+          optax.chain(*step), learning_rate=lr, weight_decay=weight_decay,
+          wd_mult=None if no_decay is None else [(no_decay, 0.0)], lr_mult=o["lr_mult"],
+          stacked=o["stacked"]))
+    else:
+      parts += step
+    return parts
+
+  return _finish_layer_wise(layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
+                            exempt=[("no_weight_decay", no_decay)],
+                            with_lr_mult=False,
+                            hyperparams=[("lr", lr), ("weight_decay", weight_decay),
+                                         ("eps", eps, True)])
 
 
 @v.constructor
@@ -304,6 +341,7 @@ def timm_lamb(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""timm's ``Lamb(params, lr, ...)``: one parameter group, timm's defaults.
 
@@ -320,8 +358,8 @@ def timm_lamb(
   ``eps``, ``weight_decay``, ``grad_averaging``, ``max_grad_norm`` (None: no
   global clip), ``trust_clip``, ``always_adapt``, ``caution`` and
   ``decoupled_decay`` are timm's, with timm's defaults; ``lr_mult``,
-  ``multi_precision``, ``axis_name`` and ``stacked`` are the shared options
-  ("Common arguments" in docs/optimizers.md).
+  ``multi_precision``, ``axis_name``, ``stacked`` and ``group_by_shape`` are
+  the shared options ("Common arguments" in docs/optimizers.md).
 
   References:
     timm ``timm.optim.Lamb``; You et al., `Large Batch Optimization for Deep
@@ -333,7 +371,7 @@ def timm_lamb(
                     max_grad_norm=max_grad_norm, trust_clip=trust_clip,
                     always_adapt=always_adapt, caution=caution,
                     decoupled_decay=decoupled_decay, no_decay=None,
-                    opts=_shared(lr_mult, multi_precision, axis_name, stacked))
+                    opts=_shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape))
 
 
 def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
@@ -356,7 +394,8 @@ _TIMM_LARS = {"lars": {}, "larc": {"trust_clip": True}, "nlars": {"nesterov": Tr
 _TIMM_LAMB = {"lamb": {}, "lambc": {"trust_clip": True}, "lambw": {"decoupled_decay": True},
               "clamb": {"caution": True}}
 _TIMM_NAMES = (*_TIMM_LARS, *_TIMM_LAMB, "cadamw")
-_SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked")  # the library's options
+_SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked",
+           "group_by_shape")  # the library's options
 
 
 @v.constructor
@@ -400,7 +439,8 @@ def timm_optimizer(
               if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
   shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
   opts = _shared(shared.get("lr_mult"), shared.get("multi_precision", False),
-                 shared.get("axis_name"), shared.get("stacked", stacked_mod.FROM_METADATA))
+                 shared.get("axis_name"), shared.get("stacked", stacked_mod.FROM_METADATA),
+                 shared.get("group_by_shape", False))
   if opt == "cadamw":
     return _timm_cadamw(lr, weight_decay, no_decay, kwargs, opts)
   family, make, defaults = ((_TIMM_LARS, _timm_lars, timm_lars) if opt in _TIMM_LARS
@@ -420,6 +460,9 @@ def timm_optimizer(
 
 def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,
                  opts: Shared) -> GradientTransformationExtraArgs:
+  if opts["group_by_shape"]:
+    raise ValueError("group_by_shape: timm's 'cadamw' takes no per-leaf norms to group; "
+                     "pass it with a LARS or LAMB opt, or leave it out.")
   """timm's ``AdamW(caution=True)``: optax's AdamW step with a cautious direction."""
   betas = kwargs.pop("betas", (0.9, 0.999))
   eps = kwargs.pop("eps", 1e-8)
@@ -482,6 +525,7 @@ def keras_lamb(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Keras 3's ``keras.optimizers.Lamb(learning_rate, beta_1, beta_2, epsilon, weight_decay)``.
 
@@ -496,7 +540,7 @@ def keras_lamb(
   References:
     Keras 3 ``keras.optimizers.Lamb``.
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
@@ -509,18 +553,24 @@ def keras_lamb(
       raise TypeError("exclude_from_weight_decay: expected a list of names, got the string "
                       f"{exclude_from_weight_decay!r}.")
     exempt = masks.by_substring(*exclude_from_weight_decay).optional()
-  step = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
-          scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
-          base.learning_rate_part(learning_rate), *_lr_mult(opts)]
-  if weight_decay is None or utils.is_const(weight_decay, 0):
-    parts = step
-  else:
-    parts = [add_decoupled_weight_decay(
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    exempt = m["exclude_from_weight_decay"]
+    step = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
+            scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
+            base.learning_rate_part(learning_rate), *_lr_mult(o)]
+    if weight_decay is None or utils.is_const(weight_decay, 0):
+      return step
+    return [add_decoupled_weight_decay(
         optax.chain(*step), learning_rate=learning_rate, weight_decay=weight_decay,
-        wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=lr_mult, stacked=stacked)]
-  return _finish(parts, "keras_lamb", opts, lr_mult=False,
-                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                              ("epsilon", epsilon, True)])
+        wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=o["lr_mult"],
+        stacked=o["stacked"])]
+
+  return _finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False,
+                            masks_by_arg={"exclude_from_weight_decay": exempt},
+                            hyperparams=[("learning_rate", learning_rate),
+                                         ("weight_decay", weight_decay),
+                                         ("epsilon", epsilon, True)])
 
 
 # --------------------------------------------------------------------------
@@ -543,6 +593,7 @@ def optax_lars(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r""":func:`optax.lars`, with optax's arguments, defaults and masks (True = apply).
 
@@ -558,7 +609,7 @@ def optax_lars(
     optax ``optax.lars``; You, Gitman and Ginsburg, `Large Batch Training of
     Convolutional Networks <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
@@ -567,13 +618,21 @@ def optax_lars(
   nesterov = v.check_flag("nesterov", nesterov)
   no_decay = _optax_mask(weight_decay_mask, "weight_decay_mask")
   no_ratio = _optax_mask(trust_ratio_mask, "trust_ratio_mask")
-  parts = [*_decay(weight_decay, no_decay, opts, "weight_decay_mask"),
-           scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps, skip=no_ratio,
-                                     axis_name=axis_name, stacked=stacked),
-           mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
-  return _finish(parts, "optax_lars", opts,
-                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                              ("trust_coefficient", trust_coefficient, True), ("eps", eps, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    return [*_decay(weight_decay, m["weight_decay_mask"], o, "weight_decay_mask"),
+            scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps,
+                                      skip=m["trust_ratio_mask"], axis_name=o["axis_name"],
+                                      stacked=o["stacked"]),
+            mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
+
+  return _finish_layer_wise(layer_wise, "optax_lars", opts,
+                            masks_by_arg={"weight_decay_mask": no_decay,
+                                          "trust_ratio_mask": no_ratio},
+                            hyperparams=[("learning_rate", learning_rate),
+                                         ("weight_decay", weight_decay),
+                                         ("trust_coefficient", trust_coefficient, True),
+                                         ("eps", eps, True)])
 
 
 @v.constructor
@@ -590,6 +649,7 @@ def optax_lamb(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r""":func:`optax.lamb`, with optax's arguments, defaults and mask (True = decay).
 
@@ -603,18 +663,23 @@ def optax_lamb(
     Learning: Training BERT in 76 minutes <https://arxiv.org/abs/1904.00962>`_,
     2019.
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_betas(b1, b2, eps)
   v.check_scalar("eps_root", eps_root, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
-  parts = [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
-           *_decay(weight_decay, _optax_mask(mask, "mask"), opts, "mask"),
-           scale_by_lamb_trust_ratio(axis_name=axis_name, stacked=stacked),
-           base.learning_rate_part(learning_rate)]
-  return _finish(parts, "optax_lamb", opts,
-                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                              ("eps", eps, True), ("eps_root", eps_root, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    return [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
+            *_decay(weight_decay, m["mask"], o, "mask"),
+            scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
+            base.learning_rate_part(learning_rate)]
+
+  return _finish_layer_wise(layer_wise, "optax_lamb", opts,
+                            masks_by_arg={"mask": _optax_mask(mask, "mask")},
+                            hyperparams=[("learning_rate", learning_rate),
+                                         ("weight_decay", weight_decay), ("eps", eps, True),
+                                         ("eps_root", eps_root, True)])
 
 
 # --------------------------------------------------------------------------
@@ -659,6 +724,7 @@ def byol_lars(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""BYOL's ``lars(learning_rate, weight_decay, momentum, eta, *_filter)``.
 
@@ -674,20 +740,26 @@ def byol_lars(
     Grill et al., `Bootstrap Your Own Latent
     <https://arxiv.org/abs/2006.07733>`_, 2020 (``byol/utils/optimizers.py``).
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("eta", eta, low=0.0)
-  parts = [*_decay(weight_decay, _byol_exempt("weight_decay_filter", weight_decay_filter),
-                   opts, "weight_decay_filter"),
-           scale_by_lars_trust_ratio(
-               eta=eta, epsilon=0.0, axis_name=axis_name, stacked=stacked,
-               skip=_byol_exempt("lars_adaptation_filter", lars_adaptation_filter)),
-           *_torch_momentum(learning_rate, momentum, 0.0, False)]
-  return _finish(parts, "byol_lars", opts,
-                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                              ("eta", eta, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    return [*_decay(weight_decay, m["weight_decay_filter"], o, "weight_decay_filter"),
+            scale_by_lars_trust_ratio(eta=eta, epsilon=0.0, axis_name=o["axis_name"],
+                                      stacked=o["stacked"], skip=m["lars_adaptation_filter"]),
+            *_torch_momentum(learning_rate, momentum, 0.0, False)]
+
+  return _finish_layer_wise(
+      layer_wise, "byol_lars", opts,
+      masks_by_arg={
+          "weight_decay_filter": _byol_exempt("weight_decay_filter", weight_decay_filter),
+          "lars_adaptation_filter": _byol_exempt("lars_adaptation_filter",
+                                                 lars_adaptation_filter)},
+      hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
+                   ("eta", eta, True)])
 
 
 @v.constructor
@@ -705,6 +777,7 @@ def simclr_lars(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""SimCLR's ``LARSOptimizer(learning_rate, momentum, ...)``, its TF 2 code.
 
@@ -724,7 +797,7 @@ def simclr_lars(
     Representations <https://arxiv.org/abs/2002.05709>`_, 2020
     (``simclr/tf2/lars_optimizer.py``).
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
@@ -734,17 +807,24 @@ def simclr_lars(
   no_decay = _regexes("exclude_from_weight_decay", exclude_from_weight_decay)
   no_ratio = _regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
   no_ratio = no_decay if no_ratio is None else no_ratio
-  ratio = scale_by_lars_trust_ratio(eta=eeta, epsilon=0.0, skip=no_ratio,
-                                    axis_name=axis_name, stacked=stacked)
-  if classic_momentum:
-    tail = [ratio, mxnet_momentum(learning_rate, momentum=momentum, nesterov=use_nesterov)]
-  else:
-    tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
-            ratio, base.learning_rate_part(learning_rate)]
-  decay = _decay(weight_decay, no_decay, opts, "exclude_from_weight_decay")
-  return _finish([*decay, *tail], "simclr_lars", opts,
-                 hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                              ("eeta", eeta, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    ratio = scale_by_lars_trust_ratio(eta=eeta, epsilon=0.0,
+                                      skip=m["exclude_from_layer_adaptation"],
+                                      axis_name=o["axis_name"], stacked=o["stacked"])
+    if classic_momentum:
+      tail = [ratio, mxnet_momentum(learning_rate, momentum=momentum, nesterov=use_nesterov)]
+    else:
+      tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
+              ratio, base.learning_rate_part(learning_rate)]
+    return [*_decay(weight_decay, m["exclude_from_weight_decay"], o,
+                    "exclude_from_weight_decay"), *tail]
+
+  return _finish_layer_wise(layer_wise, "simclr_lars", opts,
+                            masks_by_arg={"exclude_from_weight_decay": no_decay,
+                                          "exclude_from_layer_adaptation": no_ratio},
+                            hyperparams=[("learning_rate", learning_rate),
+                                         ("weight_decay", weight_decay), ("eeta", eeta, True)])
 
 
 @v.constructor
@@ -761,6 +841,7 @@ def albert_lamb(
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""ALBERT's ``LAMBOptimizer(learning_rate, weight_decay_rate, ...)``.
 
@@ -775,7 +856,7 @@ def albert_lamb(
     Lan et al., `ALBERT <https://arxiv.org/abs/1909.11942>`_, 2019
     (``albert/lamb_optimizer.py``).
   """
-  opts = _shared(lr_mult, multi_precision, axis_name, stacked)
+  opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0)
   v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
@@ -784,10 +865,18 @@ def albert_lamb(
   no_decay = _regexes("exclude_from_weight_decay", exclude_from_weight_decay)
   no_ratio = _regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
   no_ratio = no_decay if no_ratio is None else no_ratio
-  parts = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
-           *_decay(weight_decay_rate, no_decay, opts, "exclude_from_weight_decay"),
-           scale_by_lamb_trust_ratio(skip=no_ratio, axis_name=axis_name, stacked=stacked),
-           base.learning_rate_part(learning_rate)]
-  return _finish(parts, "albert_lamb", opts,
-                 hyperparams=[("learning_rate", learning_rate),
-                              ("weight_decay_rate", weight_decay_rate), ("epsilon", epsilon, True)])
+
+  def layer_wise(o: Shared, m: dict[str, Any]) -> list:
+    return [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
+            *_decay(weight_decay_rate, m["exclude_from_weight_decay"], o,
+                    "exclude_from_weight_decay"),
+            scale_by_lamb_trust_ratio(skip=m["exclude_from_layer_adaptation"],
+                                      axis_name=o["axis_name"], stacked=o["stacked"]),
+            base.learning_rate_part(learning_rate)]
+
+  return _finish_layer_wise(layer_wise, "albert_lamb", opts,
+                            masks_by_arg={"exclude_from_weight_decay": no_decay,
+                                          "exclude_from_layer_adaptation": no_ratio},
+                            hyperparams=[("learning_rate", learning_rate),
+                                         ("weight_decay_rate", weight_decay_rate),
+                                         ("epsilon", epsilon, True)])
