@@ -131,7 +131,10 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
       "porting.timm_lars(dampening, always_adapt)":
           lambda: lars_optax.porting.timm_lars(LR, momentum=0.9, dampening=0.1,
                                                always_adapt=True),
-      "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
+      "lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)":
+        lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
+    "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
+    "lars_optax.tf_lars(group_by_shape=True)": lambda: lars_optax.tf_lars(LR, group_by_shape=True),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
           lambda: lars_optax.tf_lars(LR, use_nesterov=True, skip_list=["bias", "_bn_"]),
       "lars_optax.signum": lambda: lars_optax.signum(LR),
@@ -243,6 +246,25 @@ def make_step(opt: optax.GradientTransformation, steps: int = 1):
   return jax.jit(step if steps == 1 else loop, donate_argnums=(0, 1))
 
 
+def time_in_rotation(runs: dict, grads, rounds: int, steps: int, seed: int = 0) -> None:
+  """Times each run's compiled step (``run["fn"]`` on ``run["p"], run["s"]``,
+  ``steps`` steps per call) ``rounds`` times, appending seconds per step to
+  ``run["times"]``.
+
+  A new order every round: a step that frees large temporaries slows the one
+  after it, and a fixed order would charge that to the same row every time.
+  """
+  names, order = list(runs), random.Random(seed)
+  for _ in range(rounds):
+    order.shuffle(names)
+    for name in names:
+      run = runs[name]
+      t0 = time.perf_counter()
+      run["p"], run["s"] = run["fn"](run["p"], run["s"], grads)
+      jax.block_until_ready((run["p"], run["s"]))
+      run["times"].append((time.perf_counter() - t0) / steps)
+
+
 def compile_time(factory, params, grads, repeats: int, text: bool = False):
   """Median seconds to lower and compile one step; with ``text``, also the compiled HLO."""
   times = []
@@ -290,10 +312,17 @@ SCALING = {
     "optax.lars": lambda: optax.lars(LR),
     "lars_optax.lars(momentum=0.9, skip='flax')":
         lambda: lars_optax.lars(LR, momentum=0.9, skip="flax"),
+    "lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)":
+        lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
     "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
+    "lars_optax.tf_lars(group_by_shape=True)": lambda: lars_optax.tf_lars(LR, group_by_shape=True),
     "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=0.01),
     "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=0.01),
+    "lars_optax.lamb(wd, group_by_shape=True)":
+        lambda: lars_optax.lamb(1e-3, wd=0.01, group_by_shape=True),
     "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=0.01),
+    "lars_optax.lans(wd, group_by_shape=True)":
+        lambda: lars_optax.lans(1e-3, wd=0.01, group_by_shape=True),
 }
 
 # Operations of a compiled step that launch no kernel of their own.
@@ -350,15 +379,7 @@ def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: i
       p, s = compiled(p, s, grads)
       jax.block_until_ready((p, s))
       runs[name] = {"fn": compiled, "p": p, "s": s, "times": []}
-    names, order = list(runs), random.Random(b)
-    for _ in range(rounds):
-      order.shuffle(names)
-      for name in names:
-        run = runs[name]
-        t0 = time.perf_counter()
-        run["p"], run["s"] = run["fn"](run["p"], run["s"], grads)
-        jax.block_until_ready((run["p"], run["s"]))
-        run["times"].append((time.perf_counter() - t0) / steps)
+    time_in_rotation(runs, grads, rounds, steps, seed=b)
     base = statistics.median(runs[next(iter(runs))]["times"])
     for name, run in runs.items():
       del run["p"], run["s"], run["fn"]
@@ -455,18 +476,7 @@ def main(argv: list[str] | None = None) -> dict:
     jax.block_until_ready((p, s))
     runs[name] = {"fn": compiled, "p": p, "s": s, "times": [],
                   "bytes": 2 * tree_bytes(p) + tree_bytes(grads) + 2 * tree_bytes(s)}
-  names, order = list(runs), random.Random(0)
-  for _ in range(args.rounds):
-    # A new order every round: a step that frees large temporaries slows the one
-    # after it, and a fixed order would charge that to the same row every time.
-    order.shuffle(names)
-    for name in names:
-      run = runs[name]
-      t0 = time.perf_counter()
-      p, s = run["fn"](run["p"], run["s"], grads)
-      jax.block_until_ready((p, s))
-      run["times"].append((time.perf_counter() - t0) / args.steps_per_call)
-      run["p"], run["s"] = p, s
+  time_in_rotation(runs, grads, args.rounds, args.steps_per_call, seed=0)
   for run in runs.values():
     del run["p"], run["s"], run["fn"]
   gc.collect()

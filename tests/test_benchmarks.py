@@ -40,6 +40,19 @@ def test_grouped_leaves_quick_run_checks_and_times_the_grouped_step():
   assert "| grouped: LARS, leaf index by binary search |" in report
 
 
+def test_grouped_leaves_by_shape_quick_run_checks_the_stacked_steps_and_counts_kernels():
+  import grouped_leaves
+
+  # The run first checks that the stacked LAMB and LARS steps equal the per-leaf ones.
+  report = grouped_leaves.main(["--by-shape", "--quick"])
+  row = next(line for line in report.splitlines()
+             if line.startswith("| by shape, indexed: lamb(wd) |"))
+  per_leaf = next(line for line in report.splitlines()
+                  if line.startswith("| per leaf: lars_optax.lamb(wd) |"))
+  # Fewer kernels per leaf when the leaves of a shape are one stack.
+  assert float(row.split("|")[2]) < float(per_leaf.split("|")[2])
+
+
 def test_train_step_time_quick_run_times_the_three_optimizers():
   import train_step_time
 
