@@ -28,8 +28,10 @@ blocks: 12 leaves each, hidden size ``--hidden``) of about 100 to 1,600 leaves
 and reports, per optimizer and size, in one run: the compile time (lowering
 included, median of ``--compiles``), the top-level kernels of the compiled
 step per leaf (fusions and other launched operations of the entry
-computation: each is a kernel launch on a GPU) and the step time over
-sgd-momentum's at the same size (rounds interleaved, shuffled).
+computation: each is a kernel launch on a GPU), the step time over
+sgd-momentum's at the same size (rounds interleaved, shuffled), and the
+step's share of the copy rate (the bytes it must move over its time, against
+one elementwise pass over a buffer of the largest tree's size).
 
 Only ratios are meaningful on a shared CPU; absolute times only on a GPU.
 """
@@ -378,7 +380,8 @@ def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: i
       compiled = make_step(opt, steps).lower(p, s, grads).compile()
       p, s = compiled(p, s, grads)
       jax.block_until_ready((p, s))
-      runs[name] = {"fn": compiled, "p": p, "s": s, "times": []}
+      runs[name] = {"fn": compiled, "p": p, "s": s, "times": [],
+                    "bytes": 2 * tree_bytes(p) + tree_bytes(grads) + 2 * tree_bytes(s)}
     time_in_rotation(runs, grads, rounds, steps, seed=b)
     base = statistics.median(runs[next(iter(runs))]["times"])
     for name, run in runs.items():
@@ -387,12 +390,15 @@ def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: i
       seconds, text = compile_time(facs[name], params, grads, compiles, text=True)
       rows.append({"optimizer": name, "leaves": len(params), "step_ms": step * 1e3,
                    "step_ratio": step / base, "launches_per_leaf": launches(text) / len(params),
-                   "compile_s": seconds})
+                   "compile_s": seconds, "bytes": run["bytes"]})
     gc.collect()
   device = jax.devices()[0]
+  # The copy rate over a buffer as large as the largest tree's params, grads and state.
+  largest = max(r["bytes"] for r in rows)
   return {"device": f"{device.platform}: {device.device_kind}", "jax": jax.__version__,
           "optax": optax.__version__, "hidden": hidden, "rounds": rounds,
-          "steps_per_call": steps, "rows": rows}
+          "steps_per_call": steps, "rows": rows,
+          "copy_GBps": copy_rate(max(largest, 1 << 20), max(rounds, 5), steps) / 1e9}
 
 
 def format_scaling(result: dict) -> str:
@@ -404,15 +410,19 @@ def format_scaling(result: dict) -> str:
        f"{result['device']}; jax {result['jax']}, optax {result['optax']}; step: median of "
        f"{result['rounds']} calls of {result['steps_per_call']} steps, over sgd-momentum's "
        "in the same run; compile: lowering and XLA compile; kernels: top-level operations "
-       "of the compiled step that launch, per leaf."), "",
+       "of the compiled step that launch, per leaf; of copy rate: the bytes a step must move "
+       "(2 x params + grads + 2 x state) over its time, as a fraction of "
+       f"{result['copy_GBps']:.0f} GB/s (read + written), the rate of one elementwise pass "
+       "in the same run."), "",
       ("| optimizer | leaves | kernels / leaf | compile (s) | compile / sgd-m | step (ms) "
-       "| step / sgd-m |"),
-      "|---|---:|---:|---:|---:|---:|---:|"]
+       "| step / sgd-m | of copy rate |"),
+      "|---|---:|---:|---:|---:|---:|---:|---:|"]
   for r in result["rows"]:
     c0 = by[(base, r["leaves"])]["compile_s"]
+    share = r["bytes"] / (r["step_ms"] / 1e3) / (result["copy_GBps"] * 1e9)
     lines.append(f"| `{r['optimizer']}` | {r['leaves']:,} | {r['launches_per_leaf']:.2f} | "
                  f"{r['compile_s']:.2f} | {r['compile_s'] / c0:.1f} | {r['step_ms']:.3f} | "
-                 f"{r['step_ratio']:.2f} |")
+                 f"{r['step_ratio']:.2f} | {share:.0%} |")
   return "\n".join(lines)
 
 

@@ -84,7 +84,12 @@ def test_step_time_scaling_quick_run_counts_kernels_per_leaf():
   assert sgd["launches_per_leaf"] >= 1 and sgd["step_ratio"] == 1.0
   # The per-leaf scalar work is folded into few kernels: fewer launches than optax's.
   assert ours["launches_per_leaf"] < peer["launches_per_leaf"]
-  assert "| kernels / leaf |" in step_time.format_scaling(result)
+  # Stacked by shape: fewer launches again.
+  stacked = rows[("lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)", 24)]
+  assert stacked["launches_per_leaf"] < ours["launches_per_leaf"]
+  assert result["copy_GBps"] > 0 and all(r["bytes"] > 0 for r in result["rows"])
+  table = step_time.format_scaling(result)
+  assert "| kernels / leaf |" in table and "| of copy rate |" in table
 
 
 def test_launches_counts_the_entry_computation_and_what_it_calls():
