@@ -42,16 +42,15 @@ class ByShapeState(NamedTuple):
     trust_ratio: the per-leaf ratios of the last step, as in
       :class:`lars_optax.ScaleByLarsTrustRatioState` (read them with
       :func:`lars_optax.trust_ratios`).
-    layer_trust_ratio: the per-layer ratios of stacked leaves, as there.
+    layer_trust_ratio: the per-layer ratios of stacked leaves, as there (their
+      shapes also keep the leaves' layer axes for ``update``).
     positions: per group of leaves, each member's position in its stack (int32).
-    layers: the leaves' layer axes, as :func:`lars_optax.stacked.layer_markers` keeps them.
     inner: the optimizer's state for the stacks (one leaf per group).
   """
 
   trust_ratio: jax.Array
   layer_trust_ratio: tuple[Any, ...]
   positions: tuple[tuple[jax.Array, ...], ...]
-  layers: tuple[Any, ...]
   inner: optax.OptState
 
 
@@ -161,15 +160,14 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
                       for idx in plan.groups)
     return ByShapeState(trust_ratio=_ratios.ratio_vector(params),
                         layer_trust_ratio=_ratios.layer_ratios(params, ks),
-                        positions=positions, layers=stacked_mod.layer_markers(params, ks),
-                        inner=inner)
+                        positions=positions, inner=inner)
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError("params: group_by_shape needs the params in update "
                        "(tx.update(grads, state, params)).")
     flat, treedef = jax.tree.flatten(updates)
-    ks = stacked_mod.axes_from_markers(state.layers, len(flat))
+    ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     plan = _plan(params, ks, masks_by_arg, values_by_arg)
     stacked_u, inner = inner_tx(plan).update(_stack(updates, plan), state.inner,
                                              _stack(params, plan))

@@ -285,3 +285,18 @@ def test_nnx_optimizer():
   chex.assert_trees_all_close(
       train(lars_optax.lamb(1e-2, wd=0.01, skip="flax", group_by_shape=True)),
       train(lars_optax.lamb(1e-2, wd=0.01, skip="flax")), rtol=1e-6, atol=1e-7)
+
+
+def test_a_nan_gradient_shows_in_its_leaf_as_without_grouping():
+  params = _unrolled()
+  grads = jax.tree.map(lambda x: jnp.full_like(x, 0.1), params)
+  grads["block_1"]["attn"]["kernel"] = grads["block_1"]["attn"]["kernel"].at[0, 0].set(jnp.nan)
+  for make in (CASES["lamb"], CASES["lars"]):
+    expected = make().update(grads, make().init(params), params)[0]
+    tx = make(group_by_shape=True)
+    got = tx.update(grads, tx.init(params), params)[0]
+    assert np.isnan(got["block_1"]["attn"]["kernel"]).any()
+    # Its stack-mates take their own steps, as per leaf.
+    assert np.isfinite(got["block_0"]["attn"]["kernel"]).all()
+    chex.assert_trees_all_close(jax.tree.map(jnp.nan_to_num, got),
+                                jax.tree.map(jnp.nan_to_num, expected), rtol=1e-6, atol=1e-7)
