@@ -135,6 +135,7 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
                                                always_adapt=True),
       "lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)":
         lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
+    "hand-written LARS step (the floor)": lambda: hand_written_lars(LR),
     "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
     "lars_optax.tf_lars(group_by_shape=True)": lambda: lars_optax.tf_lars(LR, group_by_shape=True),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
@@ -316,6 +317,7 @@ SCALING = {
         lambda: lars_optax.lars(LR, momentum=0.9, skip="flax"),
     "lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)":
         lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
+    "hand-written LARS step (the floor)": lambda: hand_written_lars(LR),
     "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
     "lars_optax.tf_lars(group_by_shape=True)": lambda: lars_optax.tf_lars(LR, group_by_shape=True),
     "optax.lamb": lambda: optax.lamb(1e-3, weight_decay=0.01),

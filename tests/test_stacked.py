@@ -448,3 +448,86 @@ def test_ordinary_models_do_not_look_stacked():
       warnings.simplefilter("always")
       lars_optax.lamb(1e-3).init(params)
     assert not [str(w.message) for w in record if "stacked" in str(w.message)], name
+
+
+# Run here (8 virtual devices: small leaves' norms over a stack) and in a fresh
+# process with one CPU device (one variadic reduction per small leaf).
+_SMALL_LEAVES_RUN = r'''
+import re
+import jax, jax.numpy as jnp, numpy as np, optax, lars_optax
+
+def _params():
+  rng = np.random.default_rng(0)
+  shapes = {"w": (16, 32), "b": (128,), "scale": (128,), "big": (64, 128)}
+  p = {k: jnp.asarray(rng.normal(size=s) * 0.5, jnp.float32) for k, s in shapes.items()}
+  p["b"] = jnp.zeros((128,), jnp.float32)  # a zero norm: ratio 1 at the first step
+  p["stack"] = {"kernel": jnp.asarray(rng.normal(size=(3, 16, 16)), jnp.float32)}
+  return p
+
+OPTIMIZERS = {
+    "lamb": lambda: lars_optax.lamb(1e-2, wd=0.01, stacked={"stack/kernel": 1}),
+    "lamb_by_shape": lambda: lars_optax.lamb(1e-2, wd=0.01, group_by_shape=True),
+    "lans": lambda: lars_optax.lans(1e-2, wd=0.01),
+    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-4, stacked={"stack/kernel": 1}),
+    "tf_lars": lambda: lars_optax.tf_lars(0.1),
+}
+
+def kernels(tx, params):
+  def step(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+  text = jax.jit(step).lower(params, tx.init(params), params).compile().as_text()
+  entry = text[text.index("ENTRY"):].split("\n}")[0]
+  ops = re.findall(r"\n\s*(?:ROOT )?%\S+ = .*? ([\w\-]+)\(", entry)
+  return sum(op not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+             for op in ops)
+
+def run():
+  out = {"devices": jax.device_count(), "kernels": kernels(OPTIMIZERS["lamb"](), _params())}
+  for name, make in OPTIMIZERS.items():
+    tx, p = make(), _params()
+    s = tx.init(p)
+
+    @jax.jit
+    def step(p, s, i):
+      g = jax.tree.map(lambda x: jnp.sin(x * (i + 1.0)) + 0.01, p)
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    for i in range(3):
+      p, s = step(p, s, i)
+    out[name] = {"params": {k: np.asarray(v).tolist() for k, v in
+                            lars_optax.named_leaves(p)},
+                 "ratios": {k: np.asarray(v).tolist() for k, v in
+                            lars_optax.trust_ratios(s, p).items()}}
+  return out
+'''
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a path of the CPU backend")
+def test_one_cpu_device_sums_small_leaves_in_one_reduction_with_the_same_numbers():
+  """On one CPU device, a small leaf's two norms are one variadic reduction (one
+  kernel where a stack's costs three); on several devices, or another backend,
+  they are reduced over a stack (the SPMD partitioner would all-gather a
+  variadic reduction's operands). Both give the same steps and ratios."""
+  import json
+  import os
+  import subprocess
+  import sys
+
+  namespace: dict = {}
+  exec(_SMALL_LEAVES_RUN, namespace)  # noqa: S102  (the same code as the child's)
+  here = namespace["run"]()
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_PLATFORMS"] = "cpu"
+  child = subprocess.run(
+      [sys.executable, "-c", _SMALL_LEAVES_RUN + "\nimport json\nprint(json.dumps(run()))"],
+      env=env, capture_output=True, text=True, timeout=600, check=True)
+  there = json.loads(child.stdout.strip().splitlines()[-1])
+  assert here["devices"] > 1 and there["devices"] == 1
+  assert there["kernels"] < here["kernels"], (there["kernels"], here["kernels"])
+  for name in namespace["OPTIMIZERS"]:
+    for part in ("params", "ratios"):
+      for leaf, value in here[name][part].items():
+        np.testing.assert_allclose(there[name][part][leaf], value, rtol=2e-6, atol=1e-7,
+                                   err_msg=f"{name} {part} {leaf}")
