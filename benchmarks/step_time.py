@@ -134,10 +134,10 @@ def optimizers() -> dict[str, Callable[[], optax.GradientTransformation]]:
           lambda: lars_optax.porting.timm_lars(LR, momentum=0.9, dampening=0.1,
                                                always_adapt=True),
       "lars_optax.lars(momentum=0.9, skip='flax', group_by_shape=True)":
-        lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
-    "hand-written LARS step (the floor)": lambda: hand_written_lars(LR),
-    "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
-    "lars_optax.tf_lars(group_by_shape=True)": lambda: lars_optax.tf_lars(LR, group_by_shape=True),
+          lambda: lars_optax.lars(LR, momentum=0.9, skip="flax", group_by_shape=True),
+      "lars_optax.tf_lars": lambda: lars_optax.tf_lars(LR),
+      "lars_optax.tf_lars(group_by_shape=True)":
+          lambda: lars_optax.tf_lars(LR, group_by_shape=True),
       "lars_optax.tf_lars(use_nesterov, skip_list)":
           lambda: lars_optax.tf_lars(LR, use_nesterov=True, skip_list=["bias", "_bn_"]),
       "lars_optax.signum": lambda: lars_optax.signum(LR),

@@ -518,7 +518,7 @@ def test_one_cpu_device_sums_small_leaves_in_one_reduction_with_the_same_numbers
   import sys
 
   namespace: dict = {}
-  exec(_SMALL_LEAVES_RUN, namespace)  # noqa: S102  (the same code as the child's)
+  exec(_SMALL_LEAVES_RUN, namespace)  # the same code as the child's
   here = namespace["run"]()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env["JAX_PLATFORMS"] = "cpu"
