@@ -10,6 +10,10 @@ asserts the parameters agree to float32 noise. Framework tests (Flax linen
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
 
 import chex
@@ -512,15 +516,10 @@ def test_one_cpu_device_sums_small_leaves_in_one_reduction_with_the_same_numbers
   stack (the SPMD partitioner would all-gather a variadic reduction's
   operands), so a fresh one-device process runs the same steps: the same
   params and ratios, with fewer kernels."""
-  import json
-  import os
-  import subprocess
-  import sys
-
   namespace: dict = {}
   exec(_SMALL_LEAVES_RUN, namespace)  # the same code as the child's
   here = namespace["run"]()
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
   env["JAX_PLATFORMS"] = "cpu"
   child = subprocess.run(
       [sys.executable, "-c", _SMALL_LEAVES_RUN + "\nimport json\nprint(json.dumps(run()))"],
