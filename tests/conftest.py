@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 
@@ -93,6 +94,15 @@ def as_row_sparse(g, dtype=np.float32):
   padded = np.full(n, n, np.int32)
   padded[:len(rows)] = rows
   return BCOO((jnp.asarray(values), jnp.asarray(padded)[:, None]), shape=g.shape)
+
+
+def launched_kernels(hlo: str) -> int:
+  """Operations of a compiled HLO module's entry computation that launch a
+  kernel (fusions, copies, library calls), from ``compiled.as_text()``."""
+  entry = hlo[hlo.index("ENTRY"):].split("\n}", maxsplit=1)[0]
+  ops = re.findall(r"\n\s*(?:ROOT )?%\S+ = .*? ([\w\-]+)\(", entry)
+  return sum(op not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                        "optimization-barrier") for op in ops)
 
 
 def public(name):

@@ -1,8 +1,6 @@
 """``group_by_shape=True`` (lars_optax/_grouping.py): the layer-wise step on leaves
 stacked by shape gives the per-leaf step's numbers with fewer kernels."""
 
-import re
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +9,7 @@ import optax
 import pytest
 
 import lars_optax
+from conftest import launched_kernels
 
 KEY = jax.random.PRNGKey(0)
 
@@ -148,17 +147,13 @@ def test_master_weights_bfloat16():
 
 
 def _kernels(tx, params) -> int:
-  """Operations of the compiled step's entry computation that launch a kernel."""
+  """The kernels one compiled step launches."""
   def step(p, s, g):
     u, s = tx.update(g, s, p)
     return optax.apply_updates(p, u), s
 
-  text = jax.jit(step, donate_argnums=(0, 1)).lower(
-      params, jax.eval_shape(tx.init, params), params).compile().as_text()
-  entry = text[text.index("ENTRY"):]
-  ops = re.findall(r"\n\s*(?:ROOT )?%\S+ = .*? ([\w\-]+)\(", entry)
-  return sum(op not in ("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
-                        "optimization-barrier") for op in ops)
+  return launched_kernels(jax.jit(step, donate_argnums=(0, 1)).lower(
+      params, jax.eval_shape(tx.init, params), params).compile().as_text())
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="kernel counts of the CPU backend")
