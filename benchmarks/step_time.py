@@ -33,6 +33,13 @@ sgd-momentum's at the same size (rounds interleaved, shuffled), and the
 step's share of the copy rate (the bytes it must move over its time, against
 one elementwise pass over a buffer of the largest tree's size).
 
+``--scaling --tpu TOPOLOGY`` (e.g. ``v5e:2x2``) compiles the same steps for
+one chip of a TPU topology instead, without a TPU (``libtpu``'s compiler,
+``pip install ".[tpu-cost-model]"``, see ``tpu_cost_model.py``), and reports
+per optimizer and size the compile time, the top-level fusions per leaf and
+the sum of XLA's ``estimated_cycles`` over sgd-momentum's: cost-model
+estimates, nothing runs on a TPU.
+
 Only ratios are meaningful on a shared CPU; absolute times only on a GPU.
 """
 
@@ -108,6 +115,39 @@ def hand_written_lars(learning_rate: float, momentum: float = 0.9, eta: float = 
 
     new = jax.tree.map(leaf, grads, bufs, params)
     return new, new
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def hand_written_lamb(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
+                      epsilon: float = 1e-6, wd: float = 0.01) -> optax.GradientTransformation:
+  """The floor of a per-leaf LAMB step: ``lars_optax.lamb(learning_rate, wd=wd)``'s
+  rule written directly, with a moment buffer per leaf as optax keeps them.
+
+  Per leaf: the two moments, the bias-corrected Adam direction plus the decay,
+  the two norms, the ratio (1 where a norm is 0) and the step. No checks,
+  masks, bounds, logging or dtype handling: what any per-leaf LAMB must
+  compile and run.
+  """
+
+  def init_fn(params):
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    return jnp.zeros([], jnp.int32), zeros, zeros
+
+  def update_fn(grads, state, params=None):
+    count, mu, nu = state
+    count = count + 1
+    t = count.astype(jnp.float32)
+    c1, c2 = 1 - b1**t, 1 - b2**t
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, nu, grads)
+
+    def leaf(m, v, w):
+      d = (m / c1) / (jnp.sqrt(v / c2) + epsilon) + wd * w
+      wn, dn = jnp.sqrt(jnp.sum(w * w)), jnp.sqrt(jnp.sum(d * d))
+      return -learning_rate * jnp.where((wn > 0) & (dn > 0), wn / dn, 1.0) * d
+
+    return jax.tree.map(leaf, mu, nu, params), (count, mu, nu)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -324,6 +364,7 @@ SCALING = {
     "lars_optax.lamb(wd)": lambda: lars_optax.lamb(1e-3, wd=0.01),
     "lars_optax.lamb(wd, group_by_shape=True)":
         lambda: lars_optax.lamb(1e-3, wd=0.01, group_by_shape=True),
+    "hand-written LAMB step (the floor)": lambda: hand_written_lamb(1e-3, wd=0.01),
     "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=0.01),
     "lars_optax.lans(wd, group_by_shape=True)":
         lambda: lars_optax.lans(1e-3, wd=0.01, group_by_shape=True),
@@ -403,6 +444,70 @@ def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: i
           "copy_GBps": copy_rate(max(largest, 1 << 20), max(rounds, 5), steps) / 1e9}
 
 
+def entry_fusions(compiled_text: str) -> int:
+  """The fusions of a compiled program's entry computation (a TPU program's kernels)."""
+  entry = compiled_text[compiled_text.index("\nENTRY "):]
+  entry = entry[:entry.index("\n}")]
+  return len(re.findall(r" = [^\n]*? fusion\(", entry))
+
+
+def scaling_tpu(blocks: list[int], hidden: int, topology: str, compiles: int,
+                only: list[str] | None) -> dict:
+  """The scaling table compiled for one chip of a TPU ``topology`` (XLA's cost model)."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  from tpu_cost_model import estimated_cycles, tpu_devices
+
+  devices = tpu_devices(topology)
+  one_chip = NamedSharding(Mesh(devices[:1], ("data",)), PartitionSpec())
+  placed = lambda tree: jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one_chip), tree)
+  facs = {k: f for k, f in SCALING.items()
+          if not only or k == next(iter(SCALING)) or any(s in k for s in only)}
+  rows, warm = [], False
+  for b in blocks:
+    params = placed(jax.eval_shape(lambda b=b: transformer_tree(b, hidden)))
+    for name, fac in facs.items():
+      state = placed(jax.eval_shape(fac().init, params))
+      if not warm:  # the first compile of a process also starts the compiler
+        make_step(fac()).lower(params, state, params).compile()
+        warm = True
+      times = []
+      for _ in range(compiles):
+        jax.clear_caches()
+        t0 = time.perf_counter()
+        compiled = make_step(fac()).lower(params, state, params).compile()
+        times.append(time.perf_counter() - t0)
+      leaves = len(jax.tree.leaves(params))
+      rows.append({"optimizer": name, "leaves": leaves, "compile_s": statistics.median(times),
+                   "cycles": estimated_cycles(compiled),
+                   "fusions_per_leaf": entry_fusions(compiled.as_text()) / leaves})
+      print(f"{name}, {leaves} leaves: compiled in {rows[-1]['compile_s']:.1f} s",
+            file=sys.stderr, flush=True)
+  return {"device": f"TPU {topology} (one chip, cost model)", "jax": jax.__version__,
+          "optax": optax.__version__, "hidden": hidden, "compiles": compiles, "rows": rows}
+
+
+def format_scaling_tpu(result: dict) -> str:
+  """The TPU scaling table as markdown: one row per optimizer and size."""
+  by = {(r["optimizer"], r["leaves"]): r for r in result["rows"]}
+  base = result["rows"][0]["optimizer"]
+  lines = [
+      (f"Unrolled transformer-like tree (12 leaves a block, hidden size {result['hidden']}); "
+       f"{result['device']}; jax {result['jax']}, optax {result['optax']}; compile: "
+       f"lowering and libtpu's compile on the host, median of {result['compiles']}; "
+       "fusions: top-level fusions of the compiled program, per leaf; cycles: the sum of "
+       "XLA's estimated_cycles over sgd-momentum's (a cost-model estimate, not a "
+       "measurement)."), "",
+      "| optimizer | leaves | fusions / leaf | compile (s) | compile / sgd-m | cycles / sgd-m |",
+      "|---|---:|---:|---:|---:|---:|"]
+  for r in result["rows"]:
+    b = by[(base, r["leaves"])]
+    lines.append(f"| `{r['optimizer']}` | {r['leaves']:,} | {r['fusions_per_leaf']:.2f} | "
+                 f"{r['compile_s']:.2f} | {r['compile_s'] / b['compile_s']:.1f} | "
+                 f"{r['cycles'] / b['cycles']:.2f} |")
+  return "\n".join(lines)
+
+
 def format_scaling(result: dict) -> str:
   """The scaling table as markdown: one row per optimizer and size."""
   by = {(r["optimizer"], r["leaves"]): r for r in result["rows"]}
@@ -451,16 +556,26 @@ def main(argv: list[str] | None = None) -> dict:
                   help="--scaling: tree sizes in blocks of 12 leaves (default: %(default)s)")
   ap.add_argument("--hidden", type=int, default=128,
                   help="--scaling: the blocks' hidden size (default: %(default)s)")
+  ap.add_argument("--tpu", metavar="TOPOLOGY",
+                  help="--scaling: compile for one chip of this TPU topology (e.g. v5e:2x2) "
+                       "and report XLA's cost model instead of timing on this machine "
+                       "(needs libtpu)")
   first = ap.parse_args(argv)
   if first.quick:  # small defaults; explicit options still win
     ap.set_defaults(rounds=3, compiles=1, steps_per_call=2, copy_mib=64,
                     only=["lars_optax.lars(momentum=0.9)", "optax.lars"], blocks=[1, 2],
                     hidden=16)
   args = ap.parse_args(argv)
+  if args.tpu and not args.scaling:
+    ap.error("--tpu: only with --scaling (tpu_cost_model.py gives the ResNet-50 figures)")
   if args.scaling:
-    result = scaling(args.blocks, args.hidden, args.rounds, args.compiles,
-                     args.steps_per_call, args.only)
-    print(format_scaling(result))
+    if args.tpu:
+      result = scaling_tpu(args.blocks, args.hidden, args.tpu, args.compiles, args.only)
+      print(format_scaling_tpu(result))
+    else:
+      result = scaling(args.blocks, args.hidden, args.rounds, args.compiles,
+                       args.steps_per_call, args.only)
+      print(format_scaling(result))
     if args.json:
       with open(args.json, "w") as f:
         json.dump(result, f, indent=2)

@@ -92,6 +92,62 @@ def test_step_time_scaling_quick_run_counts_kernels_per_leaf():
   assert "| kernels / leaf |" in table and "| of copy rate |" in table
 
 
+@pytest.mark.parametrize("floor, ours", [
+    ("hand_written_lars", "lars_optax.lars(momentum=0.9, skip='flax')"),
+    ("hand_written_lamb", "lars_optax.lamb(wd)"),
+])
+def test_hand_written_floors_take_the_steps_of_the_rows_they_bound(floor, ours):
+  """A floor is a bound only if it computes what our row computes."""
+  import jax
+  import numpy as np
+  import optax
+  import step_time
+
+  params = step_time.transformer_tree(1, 16)
+  grads = jax.tree.map(lambda p: 0.3 * p + 0.01, params)
+  lr = 0.1 if "lars" in floor else 1e-3
+  after = []
+  for tx in (step_time.SCALING[ours](), getattr(step_time, floor)(lr)):
+    p, state = params, tx.init(params)
+    for _ in range(3):
+      updates, state = tx.update(grads, state, p)
+      p = optax.apply_updates(p, updates)
+    after.append(p)
+  for name in params:
+    np.testing.assert_allclose(after[1][name], after[0][name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_tpu_scaling_table_counts_entry_fusions_and_gives_ratios_to_sgd():
+  import step_time
+
+  hlo = """HloModule m
+
+%fused_computation (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %inner = f32[4]{0} fusion(%p), kind=kLoop, calls=%other
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %cs = (f32[4]{0}, f32[4]{0}, u32[]) copy-start(%a)
+  %f1 = f32[4]{0} fusion(%a), kind=kLoop, calls=%fused_computation
+  ROOT %f2 = f32[4]{0} fusion(%f1), kind=kLoop, calls=%fused_computation
+}
+"""
+  assert step_time.entry_fusions(hlo) == 2
+  rows = [{"optimizer": "optax.sgd(momentum=0.9)", "leaves": 12, "compile_s": 0.5,
+           "cycles": 1000, "fusions_per_leaf": 2.0},
+          {"optimizer": "lars_optax.lamb(wd)", "leaves": 12, "compile_s": 1.5,
+           "cycles": 2500, "fusions_per_leaf": 6.25}]
+  table = step_time.format_scaling_tpu({"device": "TPU v5e:2x2 (one chip, cost model)",
+                                        "jax": "0", "optax": "0", "hidden": 16, "compiles": 1,
+                                        "rows": rows})
+  assert "| `lars_optax.lamb(wd)` | 12 | 6.25 | 1.50 | 3.0 | 2.50 |" in table
+  with pytest.raises(SystemExit):  # --tpu belongs to the scaling table
+    step_time.main(["--tpu", "v5e:2x2"])
+
+
 def test_launches_counts_the_entry_computation_and_what_it_calls():
   import step_time
 

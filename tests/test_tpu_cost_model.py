@@ -12,7 +12,9 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.mark.quick
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is not None, reason="libtpu is installed")
 @pytest.mark.parametrize("script, argv", [("tpu_cost_model", ["--skip-train-step"]),
-                                          ("sparse_tpu_cost_model", ["--widths", "128"])])
+                                          ("sparse_tpu_cost_model", ["--widths", "128"]),
+                                          ("step_time", ["--scaling", "--tpu", "v5e:2x2",
+                                                         "--blocks", "1"])])
 def test_without_libtpu_it_exits_naming_the_extra(monkeypatch, script, argv):
   monkeypatch.syspath_prepend(str(BENCHMARKS))
   sys.modules.pop(script, None)
