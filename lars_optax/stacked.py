@@ -49,7 +49,7 @@ from __future__ import annotations
 import difflib
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -472,31 +472,39 @@ def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | N
   return [None if f is False else f for f in found]
 
 
-# Below this many elements, XLA's CPU backend reduces an array in up to three
-# kernels (a multiply, a windowed partial sum, the final sum), and an array
-# stacked from several the same; at or above it, in one. A small leaf's arrays
-# (the weight and its update) are therefore reduced together: over their stack,
-# or, on one CPU device and up to _ONE_PASS elements a layer, in one variadic
-# reduction (one kernel). That one adds in a single pass: measured, its
-# relative error is 1.1e-6 of the squared norm at 1,024 elements and 2.5e-6 at
-# 4,095, against 9e-8 for the stack's windowed sum. Not on several devices:
-# XLA's SPMD partitioner all-gathers the operands of a variadic reduction (a
-# sharded bias, in tests/test_distributed.py), where it all-reduces a plain
-# sum's partial results. Other backends keep the stack (the gain was measured on
-# a CPU only).
+# How a small leaf's arrays (the weight and its update) are best reduced
+# depends on the platform the step is lowered for, so the choice is made there
+# (``lax.platform_dependent``: an ahead-of-time compile for a TPU from a CPU
+# host, or an export, gets the TPU's code):
+#
+# * CPU. Below _SMALL elements XLA's CPU backend reduces an array in up to
+#   three kernels (a multiply, a windowed partial sum, the final sum), and an
+#   array stacked from several the same; at or above it, in one. So a small
+#   leaf's arrays are reduced together: over their stack, or, in a process with
+#   one device and up to _ONE_PASS elements a layer, in one variadic reduction
+#   (one kernel). That one adds in a single pass: measured, its relative error
+#   is 1.1e-6 of the squared norm at 1,024 elements and 2.5e-6 at 4,095, against
+#   9e-8 for the stack's windowed sum. Not with several devices: XLA's SPMD
+#   partitioner all-gathers the operands of a variadic reduction (a sharded
+#   bias, in tests/test_distributed.py), where it all-reduces a plain sum's
+#   partial results.
+# * TPU. Each array on its own: XLA's TPU backend fuses a leaf's two sums with
+#   the moments that produce the update into one multi-output fusion. A stack
+#   costs LAMB's step a third more estimated cycles, one more fusion a leaf
+#   (``step_time.py --scaling --tpu``).
+# * Other platforms (GPUs) keep the stack: the H200 figures of docs/speed.md
+#   were measured with it, and the other ways were not.
 _SMALL = 4096
 _ONE_PASS = 1024
 
 
-def _sq_norms(arrays: Sequence[jax.Array], k: int) -> tuple[jax.Array, ...]:
+def _sq_norms(arrays: Sequence[jax.Array], k: int, platform: str) -> tuple[jax.Array, ...]:
   """:func:`sq_norm` of each of one leaf's arrays; small ones of one shape and
-  dtype in one reduction (see ``_SMALL``)."""
+  dtype together, as suits ``platform`` ("cpu", "tpu" or another, see ``_SMALL``)."""
   first = arrays[0]
-  if len(arrays) > 1 and np.size(first) < _SMALL and all(
-      np.shape(x) == np.shape(first) and jnp.result_type(x) == jnp.result_type(first)
-      and utils.vma(x) == utils.vma(first) for x in arrays[1:]):
-    if (np.prod(np.shape(first)[k:], dtype=np.int64) <= _ONE_PASS
-        and jax.default_backend() == "cpu" and jax.device_count() == 1):
+  if platform != "tpu" and _reduced_together(arrays):
+    if (platform == "cpu" and jax.device_count() == 1
+        and np.prod(np.shape(first)[k:], dtype=np.int64) <= _ONE_PASS):
       squares = tuple(utils.abs_sq(x.astype(utils.norm_dtype(x.dtype))) for x in arrays)
       zero = np.zeros((), squares[0].dtype)
       return tuple(jax.lax.reduce(squares, (zero,) * len(squares), _add_each,
@@ -504,6 +512,27 @@ def _sq_norms(arrays: Sequence[jax.Array], k: int) -> tuple[jax.Array, ...]:
     sums = sq_norm(jnp.stack(arrays), k + 1)
     return tuple(sums[j] for j in range(len(arrays)))
   return tuple(sq_norm(x, k) for x in arrays)
+
+
+def _reduced_together(arrays: Sequence[jax.Array]) -> bool:
+  """Whether a leaf's arrays are small and alike enough to be reduced together."""
+  first = arrays[0]
+  return len(arrays) > 1 and np.size(first) < _SMALL and all(
+      np.shape(x) == np.shape(first) and jnp.result_type(x) == jnp.result_type(first)
+      and utils.vma(x) == utils.vma(first) for x in arrays[1:])
+
+
+def _all_sq_norms(groups: Sequence[Sequence[jax.Array] | None],
+                  ks: Sequence[int]) -> list[Any]:
+  """:func:`_sq_norms` of every leaf's group, the way the lowering platform sums best."""
+  def on(platform: str) -> Callable[[Any], list[Any]]:
+    return lambda gs: [None if g is None else _sq_norms(g, k, platform)
+                       for g, k in zip(gs, ks)]
+
+  if not any(g is not None and _reduced_together(g) for g in groups):
+    return on("any")(groups)  # every platform sums each array on its own
+  return jax.lax.platform_dependent(list(groups), cpu=on("cpu"), tpu=on("tpu"),
+                                    default=on("other"))
 
 
 def _add_each(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
@@ -526,7 +555,7 @@ def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[in
   This is the one place the layer-wise rules (LARS, TF LARS, LAMB, LANS and
   :func:`~lars_optax.normalize_per_leaf`) take their norms.
   """
-  squares = [None if g is None else _sq_norms(g, k) for g, k in zip(groups, ks)]
+  squares = _all_sq_norms(groups, ks)
   if axis_name is None or isinstance(axis_name, str):
     return utils.psum(squares, axis_name)
   # Per leaf (from resolve_axis_names): one collective per mesh axis, over its leaves.

@@ -529,3 +529,35 @@ def test_one_cpu_device_sums_small_leaves_in_one_reduction_with_the_same_numbers
       for leaf, value in here[name][part].items():
         np.testing.assert_allclose(there[name][part][leaf], value, rtol=2e-6, atol=1e-7,
                                    err_msg=f"{name} {part} {leaf}")
+
+
+@pytest.mark.parametrize("make", [lambda: lars_optax.lamb(1e-3, wd=0.01),
+                                  lambda: lars_optax.lans(1e-3, wd=0.01),
+                                  lambda: lars_optax.tf_lars(0.1)],
+                         ids=["lamb", "lans", "tf_lars"])
+def test_small_leaves_norms_are_chosen_for_the_platform_the_step_is_lowered_for(make):
+  """A small leaf's two norms: a stack for GPUs (and for this 8-device CPU
+  process), each on its own for a TPU, where XLA fuses both sums with the
+  moments. The choice follows the lowering platform, not this process's
+  backend: an ahead-of-time compile for a TPU from a CPU host gets the TPU's."""
+  import re
+
+  tx = make()
+  params = {"w": jnp.ones((64, 96)), "b": jnp.full((128,), 0.5)}  # 6,144 and 128 elements
+  state = tx.init(params)
+
+  def step(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  def lowered(platform):
+    text = jax.jit(step).trace(params, state, params).lower(
+        lowering_platforms=(platform,)).as_text()
+    stacks = re.findall(r"tensor<[23]x128xf32>", text)  # the bias's arrays (lans: 3)
+    return len(stacks), len(re.findall(r"stablehlo\.reduce\(", text))
+
+  stacked, _ = lowered("cuda")
+  assert stacked > 0
+  assert lowered("cpu")[0] == (stacked if jax.device_count() > 1 else 0)
+  on_tpu, sums = lowered("tpu")
+  assert on_tpu == 0 and sums > lowered("cuda")[1]  # the bias's sums, each on its own
