@@ -14,7 +14,9 @@ Each leaf's update is read back from its stack: on a CPU with an index kept
 in the state (``dynamic_index_in_dim``), so that every leaf's kernel is the
 same one and XLA compiles it once (a constant slice per leaf compiles one
 kernel per leaf); elsewhere with a constant slice, which XLA's GPU backend
-fuses into few kernels (``benchmarks/grouped_leaves.py --by-shape``).
+fuses into few kernels (``benchmarks/grouped_leaves.py --by-shape``) and its
+TPU backend compiles faster. The platform the step is lowered for decides
+(``lax.platform_dependent``), not the process's backend.
 """
 
 from __future__ import annotations
@@ -136,6 +138,23 @@ def _per_leaf_ratios(inner: Any, plan: _Plan, params: Any) -> tuple[jax.Array, t
   return table[index], _ratios.layer_ratios(params, plan.ks, layer)
 
 
+def _read_back(stacked_u: dict[str, jax.Array], plan: _Plan,
+               positions: tuple[tuple[jax.Array, ...], ...]) -> list[jax.Array]:
+  """The members' updates from their stacks, group by group: by index on a CPU,
+  by constant slices elsewhere (see the module docstring), as the platform the
+  step is lowered for decides (an ahead-of-time compile for a GPU or TPU from a
+  CPU host gets the slices)."""
+  def by_index(u_by_name, pos_by_group):
+    return [jax.lax.dynamic_index_in_dim(u_by_name[name], p, keepdims=False)
+            for name, ps in zip(plan.names, pos_by_group) for p in ps]
+
+  def by_slices(u_by_name, pos_by_group):
+    return [u_by_name[name][j] for name, ps in zip(plan.names, pos_by_group)
+            for j in range(len(ps))]
+
+  return jax.lax.platform_dependent(stacked_u, positions, cpu=by_index, default=by_slices)
+
+
 def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
              masks_by_arg: Mapping[str, masks.MaskLike],
              values_by_arg: Mapping[str, masks.LeafValues],
@@ -171,13 +190,10 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
     plan = _plan(params, ks, masks_by_arg, values_by_arg)
     stacked_u, inner = inner_tx(plan).update(_stack(updates, plan), state.inner,
                                              _stack(params, plan))
-    indexed = jax.default_backend() == "cpu"
     out: list[Any] = [None] * len(flat)
-    for name, idx, positions in zip(plan.names, plan.groups, state.positions):
-      u = stacked_u[name]
-      for pos, i in enumerate(idx):
-        out[i] = (jax.lax.dynamic_index_in_dim(u, positions[pos], keepdims=False) if indexed
-                  else u[pos])
+    for i, leaf in zip([i for idx in plan.groups for i in idx],
+                       _read_back(stacked_u, plan, state.positions)):
+      out[i] = leaf
     vector, layer = _per_leaf_ratios(inner, plan, params)
     return jax.tree.unflatten(treedef, out), state._replace(
         trust_ratio=vector, layer_trust_ratio=layer, inner=inner)

@@ -294,3 +294,25 @@ def test_a_nan_gradient_shows_in_its_leaf_as_without_grouping():
     assert np.isfinite(got["block_0"]["attn"]["kernel"]).all()
     chex.assert_trees_all_close(jax.tree.map(jnp.nan_to_num, got),
                                 jax.tree.map(jnp.nan_to_num, expected), rtol=1e-6, atol=1e-7)
+
+
+def test_updates_are_read_back_as_the_lowering_platform_compiles_best():
+  """By index on a CPU (one kernel for all members), by constant slices for a
+  GPU or TPU (fused there); the platform the step is lowered for decides, so an
+  ahead-of-time compile for a GPU from this CPU process gets the slices."""
+  tx = lars_optax.lamb(1e-3, wd=0.01, group_by_shape=True)
+  params = {f"block_{i}": {"kernel": jnp.ones((8, 16)), "bias": jnp.zeros((16,))}
+            for i in range(3)}
+  state = tx.init(params)
+
+  def step(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  def reads_by_index(platform):
+    text = jax.jit(step).trace(params, state, params).lower(
+        lowering_platforms=(platform,)).as_text()
+    return "stablehlo.dynamic_slice" in text
+
+  assert reads_by_index("cpu")
+  assert not reads_by_index("cuda") and not reads_by_index("tpu")
