@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import platform
 import random
@@ -130,9 +131,9 @@ def hand_written_lamb(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
   compile and run.
   """
 
-  def init_fn(params):
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return jnp.zeros([], jnp.int32), zeros, zeros
+  def init_fn(params):  # two buffers, not one tree twice: the step donates the state
+    return (jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+            jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(grads, state, params=None):
     count, mu, nu = state
@@ -484,7 +485,8 @@ def scaling_tpu(blocks: list[int], hidden: int, topology: str, compiles: int,
       print(f"{name}, {leaves} leaves: compiled in {rows[-1]['compile_s']:.1f} s",
             file=sys.stderr, flush=True)
   return {"device": f"TPU {topology} (one chip, cost model)", "jax": jax.__version__,
-          "optax": optax.__version__, "hidden": hidden, "compiles": compiles, "rows": rows}
+          "libtpu": importlib.metadata.version("libtpu"), "optax": optax.__version__,
+          "hidden": hidden, "compiles": compiles, "rows": rows}
 
 
 def format_scaling_tpu(result: dict) -> str:
@@ -493,7 +495,8 @@ def format_scaling_tpu(result: dict) -> str:
   base = result["rows"][0]["optimizer"]
   lines = [
       (f"Unrolled transformer-like tree (12 leaves a block, hidden size {result['hidden']}); "
-       f"{result['device']}; jax {result['jax']}, optax {result['optax']}; compile: "
+       f"{result['device']}; jax {result['jax']}, libtpu {result.get('libtpu', '?')}, "
+       f"optax {result['optax']}; compile: "
        f"lowering and libtpu's compile on the host, median of {result['compiles']}; "
        "fusions: top-level fusions of the compiled program, per leaf; cycles: the sum of "
        "XLA's estimated_cycles over sgd-momentum's (a cost-model estimate, not a "
