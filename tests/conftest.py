@@ -105,6 +105,20 @@ def launched_kernels(hlo: str) -> int:
                         "optimization-barrier") for op in ops)
 
 
+def step_lowered_for(tx, params, platform: str) -> str:
+  """The StableHLO of one jitted step (``update`` + ``apply_updates``) of ``tx``
+  on ``params`` (its own gradients), lowered for ``platform`` ("cpu", "cuda",
+  "tpu"; no such device needed)."""
+  import optax
+
+  def step(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  return jax.jit(step).trace(params, tx.init(params), params).lower(
+      lowering_platforms=(platform,)).as_text()
+
+
 def public(name):
   """A public name of the library: the top level first, then ``lars_optax.mxnet``."""
   for namespace in (lars_optax, lars_optax.mxnet):

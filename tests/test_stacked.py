@@ -24,7 +24,7 @@ import optax
 import pytest
 
 import lars_optax
-from conftest import launched_kernels
+from conftest import launched_kernels, step_lowered_for
 from lars_optax import masks
 
 L, D, STEPS = 4, 8, 6
@@ -544,15 +544,9 @@ def test_small_leaves_norms_are_chosen_for_the_platform_the_step_is_lowered_for(
 
   tx = make()
   params = {"w": jnp.ones((64, 96)), "b": jnp.full((128,), 0.5)}  # 6,144 and 128 elements
-  state = tx.init(params)
-
-  def step(p, s, g):
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
 
   def lowered(platform):
-    text = jax.jit(step).trace(params, state, params).lower(
-        lowering_platforms=(platform,)).as_text()
+    text = step_lowered_for(tx, params, platform)
     stacks = re.findall(r"tensor<[23]x128xf32>", text)  # the bias's arrays (lans: 3)
     return len(stacks), len(re.findall(r"stablehlo\.reduce\(", text))
 
