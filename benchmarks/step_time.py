@@ -407,11 +407,18 @@ def launches(compiled_text: str) -> int:
   return count
 
 
+def scaling_factories(
+    only: list[str] | None) -> dict[str, Callable[[], optax.GradientTransformation]]:
+  """The scaling table's rows that ``only``'s substrings select; sgd-momentum (the baseline)
+  always."""
+  return {k: f for k, f in SCALING.items()
+          if not only or k == next(iter(SCALING)) or any(s in k for s in only)}
+
+
 def scaling(blocks: list[int], hidden: int, rounds: int, compiles: int, steps: int,
             only: list[str] | None) -> dict:
   """The scaling table's measurements (see the module docstring)."""
-  facs = {k: f for k, f in SCALING.items()
-          if not only or k == next(iter(SCALING)) or any(s in k for s in only)}
+  facs = scaling_factories(only)
   rows = []
   for b in blocks:
     params = transformer_tree(b, hidden)
@@ -462,8 +469,7 @@ def scaling_tpu(blocks: list[int], hidden: int, topology: str, compiles: int,
   one_chip = NamedSharding(Mesh(devices[:1], ("data",)), PartitionSpec())
   placed = lambda tree: jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one_chip), tree)
-  facs = {k: f for k, f in SCALING.items()
-          if not only or k == next(iter(SCALING)) or any(s in k for s in only)}
+  facs = scaling_factories(only)
   rows, warm = [], False
   for b in blocks:
     params = placed(jax.eval_shape(lambda b=b: transformer_tree(b, hidden)))
