@@ -8,7 +8,9 @@ one shape, dtype, layer axes and per-leaf settings (masks, multipliers) into
 one array with a leading axis, and runs the rule on the stacks as on a
 scanned model (one norm and one ratio per slice, see
 :mod:`lars_optax.stacked`): the same numbers, computed per group instead of
-per leaf. Its state holds the rule's state for the stacks.
+per leaf. Its state holds the rule's state for the stacks. Where a leaf's
+sharding is part of its type (explicit mesh axes), leaves split differently
+get stacks of their own: a stack of them would be a type error.
 
 Each leaf's update is read back from its stack: on a CPU with an index kept
 in the state (``dynamic_index_in_dim``), so that every leaf's kernel is the
@@ -66,6 +68,29 @@ def _key(value: Any, i: int) -> Any:
   return ("own", i)
 
 
+def _typed_sharding(leaf: Any) -> tuple[Any, ...] | None:
+  """A leaf's sharding where it is part of its type (mesh axes of type
+  ``Explicit``): per axis, the explicit mesh axes it is split over; None where
+  none are (auto axes are the compiler's to choose, and a traced leaf does not
+  show them)."""
+  try:
+    sharding = jax.typeof(leaf).sharding
+    names, types = sharding.mesh.axis_names, sharding.mesh.axis_types
+    spec = tuple(sharding.spec)
+  except (AttributeError, TypeError):
+    return None
+  explicit = {n for n, t in zip(names, types) if t == jax.sharding.AxisType.Explicit}
+
+  def split(entry: Any) -> tuple[str, ...]:
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    return tuple(a for a in axes if a in explicit)
+
+  per_axis = [split(entry) for entry in spec]
+  while per_axis and not per_axis[-1]:  # P("x") and P("x", None) split alike
+    per_axis.pop()
+  return tuple(per_axis) or None
+
+
 class _Plan(NamedTuple):
   groups: list[list[int]]  # leaf positions (in jax.tree.leaves order), per group
   names: list[str]  # a group's name in the stacked tree: its first leaf's
@@ -82,7 +107,7 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
             for arg, spec in value_specs.items()}
   by_key: dict[Any, list[int]] = {}
   for i, leaf in enumerate(flat):
-    key = (np.shape(leaf), jnp.dtype(leaf.dtype), ks[i],
+    key = (np.shape(leaf), jnp.dtype(leaf.dtype), ks[i], _typed_sharding(leaf),
            *(decided[arg][i] for arg in decided), *(_key(valued[arg][i], i) for arg in valued))
     by_key.setdefault(key, []).append(i)
   groups = list(by_key.values())

@@ -185,6 +185,61 @@ def test_sharded_update_gathers_no_parameter(name):
   assert "all-gather" not in hlo and "all-to-all" not in hlo
 
 
+def _explicit_mesh():
+  """The mesh of ``_mesh`` with explicit axes: shardings are part of the types."""
+  return jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 2,
+                       devices=jax.devices()[:8])
+
+
+def _use_mesh(mesh):
+  set_mesh = getattr(jax, "set_mesh", None)  # jax < 0.7.1: jax.sharding.use_mesh
+  return set_mesh(mesh) if set_mesh is not None else jax.sharding.use_mesh(mesh)
+
+
+def _explicit_loss(p, batch):
+  """``_loss`` with the output sharding of its one sharded contraction given, as
+  typed shardings ask for it."""
+  x, y = batch
+  h = jnp.tanh(x @ p["fc1_weight"] + p["fc1_bias"]) * p["bn1_gamma"]
+  out = jnp.matmul(h, p["fc2_weight"], out_sharding=P("data", None))
+  return jnp.mean((out + p["fc2_bias"] - y) ** 2)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_explicitly_sharded_params_under_jit(name):
+  """With explicit mesh axes ("sharding in types") the step runs, equals one device
+  and keeps every param's sharding. fc1_bias (split) and bn1_gamma (replicated)
+  have one shape: ``group_by_shape`` must not stack them (a stack of differently
+  sharded arrays is a type error there)."""
+  tx = OPTIMIZERS[name]()
+  expected_params, _ = _single_device_run(tx)
+  mesh = _explicit_mesh()
+  with _use_mesh(mesh):
+    # Typed shardings must agree where the model contracts them: fc2_weight is
+    # split along its input axis here, as fc1's output is.
+    specs = {**_param_specs(), "fc2_weight": P("model", None)}
+    shardings = {k: NamedSharding(mesh, s) for k, s in specs.items()}
+    params = jax.device_put(_params(), shardings)
+    state = tx.init(params)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, state, batch):
+      grads = jax.grad(_explicit_loss)(params, batch)
+      # jax 0.7 gives bn1_gamma's gradient the split of its cotangent; later
+      # versions the param's (then this is a no-op).
+      grads = {k: jax.sharding.reshard(g, specs[k]) for k, g in grads.items()}
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    for k in range(4):
+      batch = jax.device_put(_data(seed=k), NamedSharding(mesh, P("data")))
+      params, state = step(params, state, batch)
+  for key, sh in shardings.items():
+    assert params[key].sharding.is_equivalent_to(sh, params[key].ndim), key
+  chex.assert_trees_all_close(params, expected_params, rtol=2e-5, atol=2e-6)
+
+
 # --------------------------------------------------------------------------
 # 3. Manual partitioning: shard_map with axis_name
 # --------------------------------------------------------------------------

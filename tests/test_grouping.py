@@ -121,6 +121,32 @@ def test_leaves_share_a_stack_only_when_shape_and_settings_agree():
                               rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 devices (see conftest.py)")
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+def test_leaves_split_differently_share_a_stack_only_where_shardings_are_not_typed(axis_type):
+  """With explicit mesh axes a leaf's sharding is part of its type, and a stack
+  of differently split leaves a type error: those stacks follow the sharding.
+  With auto axes a traced leaf does not show it, and leaves of one shape share
+  a stack (XLA moves one of them to the stack's sharding)."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(getattr(jax.sharding.AxisType, axis_type),),
+                       devices=jax.devices()[:2])
+  specs = {"a": P("x", None), "b": P(None, "x"), "c": P("x", None)}
+  params = {k: jax.device_put(jax.random.normal(jax.random.fold_in(KEY, i), (8, 8)),
+                              NamedSharding(mesh, spec))
+            for i, (k, spec) in enumerate(specs.items())}
+  grouped = lars_optax.lamb(1e-2, wd=0.01, group_by_shape=True)
+  state = grouped.init(params)
+  stacks = {k: v.shape[0] for k, v in state[-1].inner[0].mu.items()}
+  assert stacks == ({"a": 2, "b": 1} if axis_type == "Explicit" else {"a": 3})
+  step = jax.jit(lambda p, s: grouped.update(p, s, p))
+  updates, _ = step(params, state)
+  expected, _ = lars_optax.lamb(1e-2, wd=0.01).update(params, lars_optax.lamb(
+      1e-2, wd=0.01).init(params), params)
+  chex.assert_trees_all_close(updates, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_stacked_leaves_and_per_layer_multipliers():
   params = {"blocks": {"kernel": jax.random.normal(KEY, (4, 8, 8)), "bias": jnp.zeros((4, 8))},
             "blocks2": {"kernel": jax.random.normal(jax.random.fold_in(KEY, 1), (4, 8, 8))},
