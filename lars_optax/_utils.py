@@ -254,6 +254,13 @@ def select(cond: jax.Array, x: Any, y: Any) -> jax.Array:
   return jnp.where(cond, x, y)
 
 
+def full(struct: Any, value: Any) -> jax.Array:
+  """An array of ``struct``'s shape and dtype (e.g. from ``jax.eval_shape``) filled
+  with ``value``, and of its sharding where that is part of its type (explicit
+  mesh axes): a ``lax.cond`` branch built of it has its other branch's type."""
+  return lax.full(struct.shape, value, struct.dtype, sharding=getattr(struct, "sharding", None))
+
+
 def varying(aval: Any) -> frozenset:
   """The mesh axes along which a value of this type varies inside ``shard_map``.
 

@@ -170,7 +170,7 @@ def skip_nonfinite(
     def reject_update(_):
       # -0.0, not +0.0: w + (-0.0) is w bit for bit, also for w = -0.0
       # (-0.0 + +0.0 is +0.0, which jit's simplification hides but eager mode shows).
-      zeros = jax.tree.map(lambda s: jnp.full(s.shape, -0.0, s.dtype), out_shapes)
+      zeros = jax.tree.map(lambda s: utils.full(s, -0.0), out_shapes)
       return zeros, inner_state
 
     new_updates, new_inner_state = jax.lax.cond(apply, do_update, reject_update, None)

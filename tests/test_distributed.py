@@ -39,6 +39,8 @@ OPTIMIZERS = {
                                              group_by_shape=True),
     "lamb_by_shape": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet",
                                              group_by_shape=True),
+    "skip_nonfinite": lambda: lars_optax.skip_nonfinite(lars_optax.lamb(0.01, wd=1e-3)),
+    "sparse_adamw": lambda: lars_optax.sparse.adamw(0.01, weight_decay=1e-3),
 }
 
 

@@ -495,15 +495,18 @@ def _bring_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Arr
   every step.
   """
   p = leaf.param
-  rows = p.shape[0] if p.ndim else 1
   names = sorted({_BUFFER_DECAY[f] for f in leaf.bufs})
 
   def behind(p):
     w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays)
     return w1.astype(jnp.float32) - p.astype(jnp.float32), {k: sc[k] for k in names}
 
+  # behind's types, shardings included where they are typed (explicit mesh axes)
+  drift_type, factor_types = jax.eval_shape(behind, p)
+
   def current(p):
-    return jnp.zeros(p.shape, jnp.float32), {k: jnp.ones((rows,), jnp.float32) for k in names}
+    del p
+    return utils.full(drift_type, 0), {k: utils.full(f, 1) for k, f in factor_types.items()}
 
   drift, factors = jax.lax.cond(jnp.any(leaf.last != count), behind, current, p)
   if p.ndim == 0:
