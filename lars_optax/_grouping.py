@@ -68,29 +68,6 @@ def _key(value: Any, i: int) -> Any:
   return ("own", i)
 
 
-def _typed_sharding(leaf: Any) -> tuple[Any, ...] | None:
-  """A leaf's sharding where it is part of its type (mesh axes of type
-  ``Explicit``): per axis, the explicit mesh axes it is split over; None where
-  none are (auto axes are the compiler's to choose, and a traced leaf does not
-  show them)."""
-  try:
-    sharding = jax.typeof(leaf).sharding
-    names, types = sharding.mesh.axis_names, sharding.mesh.axis_types
-    spec = tuple(sharding.spec)
-  except (AttributeError, TypeError):
-    return None
-  explicit = {n for n, t in zip(names, types) if t == jax.sharding.AxisType.Explicit}
-
-  def split(entry: Any) -> tuple[str, ...]:
-    axes = entry if isinstance(entry, tuple) else (entry,)
-    return tuple(a for a in axes if a in explicit)
-
-  per_axis = [split(entry) for entry in spec]
-  while per_axis and not per_axis[-1]:  # P("x") and P("x", None) split alike
-    per_axis.pop()
-  return tuple(per_axis) or None
-
-
 class _Plan(NamedTuple):
   groups: list[list[int]]  # leaf positions (in jax.tree.leaves order), per group
   names: list[str]  # a group's name in the stacked tree: its first leaf's
@@ -107,7 +84,7 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
             for arg, spec in value_specs.items()}
   by_key: dict[Any, list[int]] = {}
   for i, leaf in enumerate(flat):
-    key = (np.shape(leaf), jnp.dtype(leaf.dtype), ks[i], _typed_sharding(leaf),
+    key = (np.shape(leaf), jnp.dtype(leaf.dtype), ks[i], utils.typed_sharding(leaf),
            *(decided[arg][i] for arg in decided), *(_key(valued[arg][i], i) for arg in valued))
     by_key.setdefault(key, []).append(i)
   groups = list(by_key.values())

@@ -70,7 +70,10 @@ def packed_map(fn: Any, squares: Sequence[Any], *leaf_args: Sequence[Any]) -> An
     # small leaf's are one reduction's output already: stacked.layer_sq_norms),
     # read back with a stride; nested concatenations would cost a kernel a leaf.
     arity_in = len(squares[idx[0]])
-    flat = jnp.concatenate([jnp.ravel(jnp.stack(squares[i], axis=-1)) for i in idx])
+    # (A stacked leaf's per-layer norms, split with its layers over explicit
+    # mesh axes, are replicated first: a concatenation's operands must agree.)
+    flat = jnp.concatenate([jnp.ravel(jnp.stack([utils.replicated(x) for x in squares[i]], -1))
+                            for i in idx])
     cols = [flat[j::arity_in] for j in range(arity_in)]
     args = []
     for values in leaf_args:

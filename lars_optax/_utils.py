@@ -261,6 +261,39 @@ def full(struct: Any, value: Any) -> jax.Array:
   return lax.full(struct.shape, value, struct.dtype, sharding=getattr(struct, "sharding", None))
 
 
+def typed_sharding(x: Any) -> tuple[tuple[str, ...], ...] | None:
+  """``x``'s sharding where it is part of its type (mesh axes of type
+  ``Explicit``): per axis, the explicit mesh axes it is split over, None where
+  none are (auto axes are the compiler's to choose, and a traced value does not
+  show them)."""
+  try:
+    sharding = jax.typeof(x).sharding
+    names, types = sharding.mesh.axis_names, sharding.mesh.axis_types
+    spec = tuple(sharding.spec)
+  except (AttributeError, TypeError):
+    return None
+  explicit = {n for n, t in zip(names, types) if t == jax.sharding.AxisType.Explicit}
+
+  def split(entry: Any) -> tuple[str, ...]:
+    axes = entry if isinstance(entry, tuple) else (entry,)
+    return tuple(a for a in axes if a in explicit)
+
+  per_axis = [split(entry) for entry in spec]
+  while per_axis and not per_axis[-1]:  # P("x") and P("x", None) split alike
+    per_axis.pop()
+  return tuple(per_axis) or None
+
+
+def replicated(x: jax.Array) -> jax.Array:
+  """``x`` replicated where its type splits it over explicit mesh axes (else
+  ``x`` itself): for small per-layer vectors (norms, ratios) that are
+  concatenated with others, which typed shardings allow only when they agree."""
+  if typed_sharding(x) is None:
+    return x
+  mesh = jax.typeof(x).sharding.mesh
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
 def varying(aval: Any) -> frozenset:
   """The mesh axes along which a value of this type varies inside ``shard_map``.
 

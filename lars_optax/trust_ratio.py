@@ -478,7 +478,8 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   if params is None:
     if not any(x is not None for x in layers):
       return vec
-    return jnp.concatenate([vec[i:i + 1] if x is None else jnp.ravel(x).astype(vec.dtype)
+    return jnp.concatenate([vec[i:i + 1] if x is None
+                            else jnp.ravel(utils.replicated(x)).astype(vec.dtype)
                             for i, x in enumerate(layers)])
   masks.check_unique_names(params)
   named = masks.named_leaves(params)

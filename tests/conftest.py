@@ -119,6 +119,19 @@ def step_lowered_for(tx, params, platform: str) -> str:
       lowering_platforms=(platform,)).as_text()
 
 
+def explicit_mesh(shape: tuple[int, ...], names: tuple[str, ...]):
+  """A mesh of the first devices whose axes are all ``Explicit``: shardings are
+  part of the arrays' types ("sharding in types")."""
+  return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Explicit,) * len(names),
+                       devices=jax.devices()[:int(np.prod(shape))])
+
+
+def use_mesh(mesh):
+  """``jax.set_mesh(mesh)`` (``jax.sharding.use_mesh`` before jax 0.7.1)."""
+  set_mesh = getattr(jax, "set_mesh", None)
+  return set_mesh(mesh) if set_mesh is not None else jax.sharding.use_mesh(mesh)
+
+
 def public(name):
   """A public name of the library: the top level first, then ``lars_optax.mxnet``."""
   for namespace in (lars_optax, lars_optax.mxnet):

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lars_optax
+from conftest import explicit_mesh, use_mesh
 
 N_DEV = jax.device_count()
 pytestmark = pytest.mark.skipif(N_DEV < 8, reason="needs 8 devices (see conftest.py)")
@@ -187,18 +188,6 @@ def test_sharded_update_gathers_no_parameter(name):
   assert "all-gather" not in hlo and "all-to-all" not in hlo
 
 
-def _explicit_mesh():
-  """The mesh of ``_mesh`` with explicit axes: shardings are part of the types."""
-  return jax.make_mesh((4, 2), ("data", "model"),
-                       axis_types=(jax.sharding.AxisType.Explicit,) * 2,
-                       devices=jax.devices()[:8])
-
-
-def _use_mesh(mesh):
-  set_mesh = getattr(jax, "set_mesh", None)  # jax < 0.7.1: jax.sharding.use_mesh
-  return set_mesh(mesh) if set_mesh is not None else jax.sharding.use_mesh(mesh)
-
-
 def _explicit_loss(p, batch):
   """``_loss`` with the output sharding of its one sharded contraction given, as
   typed shardings ask for it."""
@@ -216,8 +205,8 @@ def test_explicitly_sharded_params_under_jit(name):
   sharded arrays is a type error there)."""
   tx = OPTIMIZERS[name]()
   expected_params, _ = _single_device_run(tx)
-  mesh = _explicit_mesh()
-  with _use_mesh(mesh):
+  mesh = explicit_mesh((4, 2), ("data", "model"))
+  with use_mesh(mesh):
     # Typed shardings must agree where the model contracts them: fc2_weight is
     # split along its input axis here, as fc1's output is.
     specs = {**_param_specs(), "fc2_weight": P("model", None)}

@@ -11,6 +11,7 @@ initial values; the parameters must agree to float32 noise.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -23,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lars_optax
+from conftest import explicit_mesh, use_mesh
 from lars_optax import masks
 
 L, D, STEPS = 4, 8, 5
@@ -392,18 +394,27 @@ STACK = masks.by_regex(r"^blocks/")
 
 
 @_needs_8
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", [*sorted(OPTIMIZERS), "lamb_by_shape"])
 @pytest.mark.parametrize("split", ["feature", "layer"])
-def test_jit_with_a_sharded_stack_equals_one_device(name, split):
-  mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+@pytest.mark.parametrize("axes", ["auto", "explicit"])
+def test_jit_with_a_sharded_stack_equals_one_device(name, split, axes):
+  """Also with explicit mesh axes, where the per-layer norms of a stack split by
+  layers are typed as split, and are replicated before they meet the others."""
+  mesh = (Mesh(np.array(jax.devices()[:8]), ("x",)) if axes == "auto"
+          else explicit_mesh((8,), ("x",)))
   spec = {"blocks": {"kernel": P(None, None, "x") if split == "feature" else P("x"),
-                     "bias": P(None, "x") if split == "feature" else P("x")}}
-  params = _sharded_params()
-  tx = OPTIMIZERS[name](stacked=STACK)
-  want, _ = tx.update(_grads(params), tx.init(params), params)
+                     "bias": P(None, "x") if split == "feature" else P("x")},
+          "head": P()}
+  params = {**_sharded_params(), "head": jax.random.normal(jax.random.key(4), (D, 3))}
+  tx = (OPTIMIZERS[name](stacked=STACK) if name in OPTIMIZERS
+        else OPTIMIZERS["lamb"](stacked=STACK, group_by_shape=True))
+  want, want_state = tx.update(_grads(params), tx.init(params), params)
   sharded = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s), spec))
-  got, _ = jax.jit(lambda p: tx.update(_grads(p), tx.init(p), p))(sharded)
+  with use_mesh(mesh) if axes == "explicit" else contextlib.nullcontext():
+    got, state = jax.jit(lambda p: tx.update(_grads(p), tx.init(p), p))(sharded)
   assert_close(got, want)
+  np.testing.assert_allclose(lars_optax.trust_ratios(state), lars_optax.trust_ratios(want_state),
+                             rtol=1e-5)
 
 
 @_needs_8
