@@ -90,8 +90,10 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
   groups = list(by_key.values())
   names = [named[idx[0]][0] for idx in groups]
   settings: dict[str, Any] = {}
-  for arg in decided:
-    settings[arg] = {n: decided[arg][idx[0]] for n, idx in zip(names, groups)}
+  for arg in decided:  # by name: the stacks may be in Flax boxes (see _boxed)
+    chosen = frozenset(n for n, idx in zip(names, groups) if decided[arg][idx[0]])
+    settings[arg] = masks.by_predicate(lambda name, _, chosen=chosen: name in chosen,
+                                       description=f"{arg} of the stacks")
   for arg in valued:
     settings[arg] = {n: (valued[arg][idx[0]][None] if isinstance(valued[arg][idx[0]], np.ndarray)
                          and valued[arg][idx[0]].ndim else valued[arg][idx[0]])
@@ -100,12 +102,34 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
   return _Plan(groups, names, list(ks), settings)
 
 
-def _stack(tree: Any, plan: _Plan) -> dict[str, jax.Array]:
+def _is_linen_box(x: Any) -> bool:
+  return any(c.__name__ == "AxisMetadata" and c.__module__.startswith("flax")
+             for c in type(x).__mro__)
+
+
+def _boxed(stack: jax.Array, members: list[Any]) -> Any:
+  """A stack in its members' Flax linen box (``nn.Partitioned``, ...), its new
+  leading axis unnamed, when they share one box with the same names: then the
+  state's stacks keep partition names (``nn.get_partition_spec(state)``), as a
+  per-leaf state's buffers keep their params'. Otherwise the bare stack."""
+  first = members[0]
+  if not _is_linen_box(first) or any(
+      type(m) is not type(first) or m.replace_boxed(0) != first.replace_boxed(0)
+      for m in members[1:]):
+    return stack
+  return first.replace_boxed(stack).add_axis(0, {"partition_name": None})  # nn.PARTITION_NAME
+
+
+def _stack(tree: Any, plan: _Plan) -> dict[str, Any]:
   flat = jax.tree.leaves(tree)
+  nodes = jax.tree.leaves(tree, is_leaf=masks.is_box)
   # The barrier keeps each stack one copy: fused into its readers, a
   # concatenation of a hundred operands is slow to compile and to run.
-  return jax.lax.optimization_barrier(
+  stacks = jax.lax.optimization_barrier(
       {n: jnp.stack([flat[i] for i in idx]) for n, idx in zip(plan.names, plan.groups)})
+  if len(nodes) != len(flat):  # a box of several leaves: no names to keep
+    return stacks
+  return {n: _boxed(stacks[n], [nodes[i] for i in idx]) for n, idx in zip(plan.names, plan.groups)}
 
 
 def _per_leaf_ratios(inner: Any, plan: _Plan, params: Any) -> tuple[jax.Array, tuple[Any, ...]]:
@@ -192,6 +216,7 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
     plan = _plan(params, ks, masks_by_arg, values_by_arg)
     stacked_u, inner = inner_tx(plan).update(_stack(updates, plan), state.inner,
                                              _stack(params, plan))
+    stacked_u = {n: jax.tree.leaves(u)[0] for n, u in stacked_u.items()}  # (unboxed)
     out: list[Any] = [None] * len(flat)
     for i, leaf in zip([i for idx in plan.groups for i in idx],
                        _read_back(stacked_u, plan, state.positions)):

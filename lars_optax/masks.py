@@ -88,8 +88,9 @@ def path_to_name(path: tuple[Any, ...]) -> str:
   return "/".join(_key_str(k) for k in path)
 
 
-def _is_box(x: Any) -> bool:
-  """A node that holds one value: a Flax ``nnx.Variable`` or a linen metadata box.
+def is_box(x: Any) -> bool:
+  """A node that holds one value: a Flax ``nnx.Variable`` or a linen metadata box
+  (for the library's modules; not in ``__all__``).
 
   Its leaf is named by the box's own path, so ``nnx.state(model)`` (which
   holds Variables, as ``nnx.Optimizer`` passes it to ``init``) and the pure
@@ -110,13 +111,13 @@ def _is_box(x: Any) -> bool:
 
 def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
   def stop(x):
-    return _is_box(x) or (is_leaf is not None and is_leaf(x))
+    return is_box(x) or (is_leaf is not None and is_leaf(x))
 
   flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=stop)
   out: list[tuple[str, Any]] = []
   for path, node in flat:
     name = path_to_name(path)
-    if _is_box(node):
+    if is_box(node):
       out.extend((name, leaf) for leaf in jax.tree.leaves(node, is_leaf=is_leaf))
     else:
       out.append((name, node))
@@ -127,11 +128,11 @@ def _map_named(fn: Callable[[str, Any], Any], tree: Any) -> Any:
   """``tree`` with each leaf replaced by ``fn(name, leaf)`` (same structure)."""
   def f(path, node):
     name = path_to_name(path)
-    if _is_box(node):
+    if is_box(node):
       return jax.tree.map(lambda leaf: fn(name, leaf), node)
     return fn(name, node)
 
-  return jtu.tree_map_with_path(f, tree, is_leaf=_is_box)
+  return jtu.tree_map_with_path(f, tree, is_leaf=is_box)
 
 
 def named_leaves(tree: Any) -> list[tuple[str, Any]]:
@@ -158,7 +159,7 @@ def check_unique_names(tree: Any, arg_name: str = "params") -> None:
   ``wd_mult``, :func:`lars_optax.trust_ratios`), ``init`` checks this first.
   """
   seen: dict[str, Any] = {}
-  for path, _ in jtu.tree_flatten_with_path(tree, is_leaf=_is_box)[0]:
+  for path, _ in jtu.tree_flatten_with_path(tree, is_leaf=is_box)[0]:
     name = path_to_name(path)
     if name in seen:
       raise ValueError(

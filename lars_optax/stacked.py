@@ -189,9 +189,9 @@ def _metadata_axes(spec: FromMetadata, tree: Any, arg_name: str) -> list[int]:
     return entry in spec.names
 
   out = []
-  flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=masks._is_box)
+  flat, _ = jtu.tree_flatten_with_path(tree, is_leaf=masks.is_box)
   for path, node in flat:
-    if not masks._is_box(node):
+    if not masks.is_box(node):
       out.append(0)
       continue
     names = _partition_names(node) or ()

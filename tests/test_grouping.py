@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import lars_optax
 from conftest import launched_kernels, step_lowered_for
@@ -271,6 +272,30 @@ def test_flax_linen_partitioned_boxes():
   chex.assert_trees_all_close(
       train(lars_optax.lamb(1e-2, wd=0.01, skip="flax", group_by_shape=True)),
       train(lars_optax.lamb(1e-2, wd=0.01, skip="flax")), rtol=1e-6, atol=1e-7)
+  # The stacks keep their members' partition names, the stacking axis unnamed,
+  # so that nn.get_partition_spec shards the state as the per-leaf state.
+  state = lars_optax.lamb(1e-2, wd=0.01, skip="flax", group_by_shape=True).init(params)
+  specs = nn.get_partition_spec(optax.tree_utils.tree_get(state, "mu"))
+  assert specs == {"Dense_0/kernel": P(None, "embed", "mlp"), "Dense_0/bias": P(None, "mlp")}
+
+
+def test_flax_linen_boxes_of_different_names_share_a_stack_bare():
+  """Leaves of one shape whose partition names differ share a stack as before,
+  with no names: no one sharding fits all of them."""
+  nn = pytest.importorskip("flax.linen")
+  box = nn.Partitioned
+  params = {"q": box(jnp.ones((8, 8)), names=("embed", "heads")),
+            "o": box(jnp.ones((8, 8)) * 2, names=("heads", "embed")),
+            "k": box(jnp.ones((8, 8)) * 3, names=("embed", "heads"))}
+  tx = lars_optax.lamb(1e-2, wd=0.01, group_by_shape=True)
+  state = tx.init(params)
+  mu = optax.tree_utils.tree_get(state, "mu")
+  assert list(mu) == ["k"]  # named after its first leaf (k, o, q in tree order)
+  assert not isinstance(mu["k"], box) and mu["k"].shape == (3, 8, 8)
+  updates, _ = tx.update(params, state, params)
+  expected, _ = lars_optax.lamb(1e-2, wd=0.01).update(
+      params, lars_optax.lamb(1e-2, wd=0.01).init(params), params)
+  chex.assert_trees_all_close(nn.meta.unbox(updates), nn.meta.unbox(expected), rtol=1e-6)
 
 
 def test_nnx_optimizer():
