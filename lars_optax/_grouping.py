@@ -75,6 +75,10 @@ class _Plan(NamedTuple):
   settings: dict[str, Any]  # per setting: its value for the stacked tree
 
 
+def _named_stacks(chosen: frozenset[str], arg: str) -> masks.Mask:
+  return masks.by_predicate(lambda name, _: name in chosen, description=f"{arg} of the stacks")
+
+
 def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLike],
           value_specs: Mapping[str, masks.LeafValues]) -> _Plan:
   named = masks.named_leaves(params)
@@ -91,9 +95,8 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
   names = [named[idx[0]][0] for idx in groups]
   settings: dict[str, Any] = {}
   for arg in decided:  # by name: the stacks may be in Flax boxes (see _boxed)
-    chosen = frozenset(n for n, idx in zip(names, groups) if decided[arg][idx[0]])
-    settings[arg] = masks.by_predicate(lambda name, _, chosen=chosen: name in chosen,
-                                       description=f"{arg} of the stacks")
+    settings[arg] = _named_stacks(
+        frozenset(n for n, idx in zip(names, groups) if decided[arg][idx[0]]), arg)
   for arg in valued:
     settings[arg] = {n: (valued[arg][idx[0]][None] if isinstance(valued[arg][idx[0]], np.ndarray)
                          and valued[arg][idx[0]].ndim else valued[arg][idx[0]])
