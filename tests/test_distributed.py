@@ -124,6 +124,18 @@ def _param_specs():
           "fc2_weight": P("data", "model"), "fc2_bias": P()}
 
 
+def _train_sharded(step, params, state, mesh, shardings, expected_params):
+  """Four steps on batches split over "data"; the params keep their shardings
+  and equal the one-device run's."""
+  for k in range(4):
+    batch = jax.device_put(_data(seed=k), NamedSharding(mesh, P("data")))
+    params, state = step(params, state, batch)
+  for key, sh in shardings.items():
+    assert params[key].sharding.is_equivalent_to(sh, params[key].ndim), key
+  chex.assert_trees_all_close(params, expected_params, rtol=2e-5, atol=2e-6)
+  return params, state
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_sharded_params_under_jit(name):
   tx = OPTIMIZERS[name]()
@@ -146,12 +158,7 @@ def test_sharded_params_under_jit(name):
     updates, state = tx.update(jax.grad(_loss)(params, batch), state, params)
     return optax.apply_updates(params, updates), state
 
-  for k in range(4):
-    batch = jax.device_put(_data(seed=k), NamedSharding(mesh, P("data")))
-    params, state = step(params, state, batch)
-  for key, sh in shardings.items():
-    assert params[key].sharding.is_equivalent_to(sh, params[key].ndim), key
-  chex.assert_trees_all_close(params, expected_params, rtol=2e-5, atol=2e-6)
+  params, state = _train_sharded(step, params, state, mesh, shardings, expected_params)
   # Params-shaped state buffers are sharded like their params. (With
   # group_by_shape the state holds stacks of leaves of one shape, and XLA
   # picks one sharding for a stack whose leaves are split differently:
@@ -223,12 +230,7 @@ def test_explicitly_sharded_params_under_jit(name):
       updates, state = tx.update(grads, state, params)
       return optax.apply_updates(params, updates), state
 
-    for k in range(4):
-      batch = jax.device_put(_data(seed=k), NamedSharding(mesh, P("data")))
-      params, state = step(params, state, batch)
-  for key, sh in shardings.items():
-    assert params[key].sharding.is_equivalent_to(sh, params[key].ndim), key
-  chex.assert_trees_all_close(params, expected_params, rtol=2e-5, atol=2e-6)
+    _train_sharded(step, params, state, mesh, shardings, expected_params)
 
 
 # --------------------------------------------------------------------------
