@@ -496,16 +496,23 @@ def test_shard_map_caution_counts_the_kept_share_over_the_whole_leaf(make):
 # --------------------------------------------------------------------------
 
 
-def test_row_split_table_under_jit_equals_one_device_without_gathering_it():
-  """#37 item 8: the lazy Adam step on a table (and its moments) split by rows over 8
-  devices equals the one-device step; the table stays split and is never all-gathered."""
-  mesh = Mesh(np.array(jax.devices()[:8]), ("rows",))
+def _table_case():
+  """A 1,024-row table and a weight, a batch of ids and targets, and the loss's
+  row-sparse gradient (``sparse.value_and_grad``)."""
   rng = np.random.default_rng(0)
   params = {"table": jnp.asarray(rng.normal(size=(1024, 16)), jnp.float32), "w": jnp.ones(16)}
   ids = jnp.asarray(rng.integers(0, 1024, (32, 4)), jnp.int32)
   y = jnp.asarray(rng.normal(size=32), jnp.float32)
   grad_fn = lars_optax.sparse.value_and_grad(
       lambda p, i, t: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - t) ** 2), sparse="table")
+  return params, ids, y, grad_fn
+
+
+def test_row_split_table_under_jit_equals_one_device_without_gathering_it():
+  """#37 item 8: the lazy Adam step on a table (and its moments) split by rows over 8
+  devices equals the one-device step; the table stays split and is never all-gathered."""
+  mesh = Mesh(np.array(jax.devices()[:8]), ("rows",))
+  params, ids, y, grad_fn = _table_case()
   tx = lars_optax.mxnet.adam(0.01, lazy_update=True)
 
   def step(p, s):
@@ -577,12 +584,7 @@ def test_column_split_table_on_explicit_axes_equals_one_device(make):
   table split by columns train as on one device, and the table stays split.
   (A table split by rows is not supported there yet: explicit axes ask for
   ``table.at[ids].get(out_sharding=...)``, which reshards the table first.)"""
-  rng = np.random.default_rng(0)
-  params = {"table": jnp.asarray(rng.normal(size=(1024, 16)), jnp.float32), "w": jnp.ones(16)}
-  ids = jnp.asarray(rng.integers(0, 1024, (32, 4)), jnp.int32)
-  y = jnp.asarray(rng.normal(size=32), jnp.float32)
-  grad_fn = lars_optax.sparse.value_and_grad(
-      lambda p, i, t: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - t) ** 2), sparse="table")
+  params, ids, y, grad_fn = _table_case()
   tx = make()
 
   def run(p):
