@@ -261,6 +261,13 @@ def full(struct: Any, value: Any) -> jax.Array:
   return lax.full(struct.shape, value, struct.dtype, sharding=getattr(struct, "sharding", None))
 
 
+def struct_like(x: Any, dtype: Any) -> jax.ShapeDtypeStruct:
+  """``x``'s shape with ``dtype``, and ``x``'s sharding where that is part of its
+  type (explicit mesh axes; else none): for :func:`full`."""
+  sharding = jax.typeof(x).sharding if typed_sharding(x) is not None else None
+  return jax.ShapeDtypeStruct(np.shape(x), dtype, sharding=sharding)
+
+
 def typed_sharding(x: Any) -> tuple[tuple[str, ...], ...] | None:
   """``x``'s sharding where it is part of its type (mesh axes of type
   ``Explicit``): per axis, the explicit mesh axes it is split over, None where

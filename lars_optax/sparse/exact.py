@@ -501,12 +501,15 @@ def _bring_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Arr
     w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays)
     return w1.astype(jnp.float32) - p.astype(jnp.float32), {k: sc[k] for k in names}
 
-  # behind's types, shardings included where they are typed (explicit mesh axes)
-  drift_type, factor_types = jax.eval_shape(behind, p)
+  # behind's types, typed shardings included (explicit mesh axes): the drift is
+  # p's, each row factor follows the rows' last steps. (Read off the inputs:
+  # tracing behind again to get them doubles the step's trace time.)
+  drift_type = utils.struct_like(p, jnp.float32)
+  factor_type = utils.struct_like(leaf.last.reshape(-1), jnp.float32)
 
   def current(p):
     del p
-    return utils.full(drift_type, 0), {k: utils.full(f, 1) for k, f in factor_types.items()}
+    return utils.full(drift_type, 0), {k: utils.full(factor_type, 1) for k in names}
 
   drift, factors = jax.lax.cond(jnp.any(leaf.last != count), behind, current, p)
   if p.ndim == 0:
