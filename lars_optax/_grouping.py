@@ -105,18 +105,13 @@ def _plan(params: Any, ks: Sequence[int], mask_specs: Mapping[str, masks.MaskLik
   return _Plan(groups, names, list(ks), settings)
 
 
-def _is_linen_box(x: Any) -> bool:
-  return any(c.__name__ == "AxisMetadata" and c.__module__.startswith("flax")
-             for c in type(x).__mro__)
-
-
 def _boxed(stack: jax.Array, members: list[Any]) -> Any:
   """A stack in its members' Flax linen box (``nn.Partitioned``, ...), its new
   leading axis unnamed, when they share one box with the same names: then the
   state's stacks keep partition names (``nn.get_partition_spec(state)``), as a
   per-leaf state's buffers keep their params'. Otherwise the bare stack."""
   first = members[0]
-  if not _is_linen_box(first) or any(
+  if not masks.is_linen_box(first) or any(
       type(m) is not type(first) or m.replace_boxed(0) != first.replace_boxed(0)
       for m in members[1:]):
     return stack

@@ -105,8 +105,14 @@ def is_box(x: Any) -> bool:
     return True
   if any(c.__name__ == "VariableState" and c.__module__.startswith("flax") for c in mro):
     return True  # what nnx.split gives before Flax 0.11
+  return is_linen_box(x)
+
+
+def is_linen_box(x: Any) -> bool:
+  """A Flax linen metadata box (``nn.Partitioned``, ``nn.LogicallyPartitioned``:
+  ``flax.core.meta.AxisMetadata``), for the library's modules; not in ``__all__``."""
   return hasattr(x, "unbox") and any(
-      c.__name__ == "AxisMetadata" and c.__module__.startswith("flax") for c in mro)
+      c.__name__ == "AxisMetadata" and c.__module__.startswith("flax") for c in type(x).__mro__)
 
 
 def _named(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[str, Any]]:
