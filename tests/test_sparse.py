@@ -954,6 +954,43 @@ def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
     step(params, tx.init(params), hand_built)
 
 
+_SCHEDULE = optax.linear_schedule(0.5, 0.1, 10)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("chain", ["sparse.adam+scale_by_learning_rate",
+                                   "mxnet.adam(lazy)+scale_by_schedule"])
+def test_a_schedule_after_a_row_sparse_optimizer_is_caught_not_moving_row_0(chain, jit):
+  """A rate in (0, 1) cast to the int32 indices zeroes them and the digest: caught."""
+  params, _, g1, _ = _two_grads()
+  if chain.startswith("sparse"):
+    tx = optax.chain(lars_optax.sparse.adam(1.0), optax.scale_by_learning_rate(_SCHEDULE))
+  else:
+    tx = optax.chain(lars_optax.mxnet.adam(0.1, lazy_update=True),
+                     optax.scale_by_schedule(_SCHEDULE))
+
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates)
+
+  step = jax.jit(step) if jit else step
+  with pytest.raises(Exception, match=r"apply_updates: a row-sparse update: the row indices of "
+                     r"this row-sparse BCOO were changed after it was made.*optax.scale_by_"
+                     r"schedule"):
+    jax.block_until_ready(step(params, tx.init(params), g1))
+
+
+@pytest.mark.op_by_op
+def test_a_zero_tree_of_a_row_sparse_update_is_still_a_no_op():
+  """optax.tree.zeros_like of an update (apply_if_finite's skip) zeroes its digest too."""
+  params, _, g1, _ = _two_grads()
+  tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
+  updates, _ = tx.update(g1, tx.init(params), params)
+  zeros = optax.tree_utils.tree_zeros_like(updates)
+  chex.assert_trees_all_equal(jax.jit(optax.apply_updates)(params, zeros), params)
+  chex.assert_trees_all_equal(optax.apply_updates(params, zeros), params)
+
+
 @pytest.mark.op_by_op
 def test_lazy_update_around_a_chain_with_a_scale_equals_the_dense_lazy_path():
   params, _, g1, _ = _two_grads()

@@ -20,19 +20,29 @@ def is_row_sparse(x: Any) -> bool:
 
 
 def fingerprint(indices: jax.Array) -> jax.Array:
-  """A uint32 digest of the row indices: ``sum_i h(indices[i])`` with ``h(0) == 0``.
+  """A uint32 digest of the row indices: ``sum_i h(indices[i])``, with ``h(0) != 0``.
 
   ``h`` mixes the bits (multiply, shift, xor), so the digest is not additive:
   the digest of ``i1 + i2`` (what ``jax.tree.map(jnp.add, g1, g2)`` makes of
   two gradients' indices) differs from the sum of their digests, except with
   a probability near 2**-32. Adding an all-zero tree (``optax.tree.zeros_like``)
-  keeps it, as it keeps the rows.
+  keeps it, as it keeps the rows. A scale that walks into the BCOO (a learning
+  rate in (0, 1) cast to the int32 indices and to the digest) zeroes both, and
+  the digest of zeroed indices is not zero: :func:`zeroed` tells such an update
+  from ``optax.tree.zeros_like`` of one (whose values are zero too).
   """
-  x = jnp.asarray(indices).astype(jnp.uint32) * jnp.uint32(0x9E3779B1)
+  x = (jnp.asarray(indices).astype(jnp.uint32) + jnp.uint32(1)) * jnp.uint32(0x9E3779B1)
   x = x ^ (x >> 15)
   x = x * jnp.uint32(0x85EBCA77)
   x = x ^ (x >> 13)
   return jnp.sum(x, dtype=jnp.uint32)
+
+
+def zeroed(grad: BCOO) -> jax.Array:
+  """True for ``optax.tree.zeros_like`` of a row-sparse leaf (indices, digest and
+  values all zero): a no-op update on row 0, whose digest no longer matches."""
+  return ((grad.fingerprint == 0) & jnp.all(grad.indices == 0)
+          & jnp.all(grad.data == 0))
 
 
 def valid_rows(idx: jax.Array, num_rows: int) -> jax.Array:
