@@ -415,7 +415,8 @@ def timm_optimizer(
   ``Lars``, with ``trust_clip`` and ``nesterov`` as their names say),
   ``"lamb"``, ``"lambc"``, ``"lambw"``, ``"clamb"`` (``Lamb`` with
   ``trust_clip``, ``decoupled_decay``, ``caution``) and ``"cadamw"``
-  (``AdamW`` with ``caution``). As in timm, with ``weight_decay`` and
+  (``AdamW`` with ``caution``). A name's flags are defaults, as in timm:
+  ``timm_optimizer("larc", trust_clip=False)`` is ``"lars"``. As in timm, with ``weight_decay`` and
   ``filter_bias_and_bn`` the leaves of ``ndim <= 1``, the leaves named
   ``bias`` and those named in ``no_weight_decay`` (the names of the
   model's ``no_weight_decay()``, as leaf names; ``.`` reads as ``/``) form a
@@ -451,7 +452,8 @@ def timm_optimizer(
   if unknown:
     raise TypeError(f"{sorted(unknown)[0]}: timm's {opt!r} optimizer takes no such "
                     f"argument; it takes {', '.join(sorted(own))}.")
-  args = {**own, **kwargs, **family[opt], "weight_decay": weight_decay}
+  # As in timm, the name's flags are defaults: the user's keywords win.
+  args = {**own, **family[opt], **kwargs, "weight_decay": weight_decay}
   if family is _TIMM_LARS:
     args["momentum"] = momentum
   return make(f"timm_{opt}", signature["lr"].default if lr is None else lr,
@@ -508,6 +510,8 @@ def torch_sparse_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2015.
   """
   b1, b2 = _betas("betas", betas)
+  v.check_learning_rate("lr", lr)  # in torch's names, before MXNet's rule sees them
+  v.check_scalar("eps", eps, low=0.0)
   return _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True, lr_mult=lr_mult,
                      multi_precision=multi_precision)
 

@@ -130,6 +130,22 @@ def test_timm_optimizer_passes_the_class_arguments_and_its_defaults():
   chex.assert_trees_all_close(a, b, rtol=1e-6)
 
 
+@pytest.mark.op_by_op
+@pytest.mark.parametrize("opt, kwargs, same", [
+    ("larc", {"trust_clip": False}, ("lars", {})),
+    ("nlars", {"nesterov": False}, ("lars", {})),
+    ("nlarc", {"nesterov": False}, ("larc", {})),
+    ("lambc", {"trust_clip": False}, ("lamb", {})),
+    ("lambw", {"decoupled_decay": False}, ("lamb", {})),
+])
+def test_timm_optimizer_user_keywords_win_over_the_names_flags(opt, kwargs, same):
+  """timm applies a name's flags as defaults (setdefault): the user's keyword wins."""
+  common = {"lr": 0.5, "weight_decay": 1e-3, "filter_bias_and_bn": False}
+  a, _ = _run(P.timm_optimizer(opt, **common, **kwargs))
+  b, _ = _run(P.timm_optimizer(same[0], **common, **same[1]))
+  chex.assert_trees_all_close(a, b, rtol=1e-6)
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: P.timm_optimizer("adamw"), ValueError, "^opt: expected one of lars, larc"),
     (lambda: P.timm_optimizer("lars", trust_coef=0.1), TypeError,
@@ -140,6 +156,8 @@ def test_timm_optimizer_passes_the_class_arguments_and_its_defaults():
     (lambda: P.timm_lars(0.1, nesterov=True), ValueError, "^nesterov: Nesterov momentum needs"),
     (lambda: P.timm_lars(0.1, momentum=0.9, dampening=1.5), ValueError, "^dampening"),
     (lambda: P.timm_lars(-0.1), ValueError, "^lr"),
+    (lambda: P.torch_sparse_adam(lr=-1), ValueError, "^lr: must be >= 0"),
+    (lambda: P.torch_sparse_adam(eps=-1.0), ValueError, "^eps: must be >= 0"),
     (lambda: P.timm_lars(0.1, trust_coeff=-1.0), ValueError, "^trust_coeff"),
     (lambda: P.timm_lars(0.1, trust_clip=1), TypeError, "^trust_clip: expected a bool"),
     (lambda: P.timm_lamb(betas=(0.9,)), TypeError, "^betas: expected a pair"),
