@@ -171,6 +171,25 @@ def test_catch_up_of_some_rows_brings_those_rows_as_catch_up_of_all():
   assert set(np.asarray(some_state.last_step["t"])[picked].tolist()) == {50}
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_catch_up_reads_ids_as_table_indexing_does(jit):
+  """-1 is the last row, as table[-1] reads it; an id past an end is the row there."""
+  tx = lars_optax.sparse.adam(0.1)
+  params = {"t": jnp.ones((10, 2))}
+  state = tx.init(params)
+  for rows in ([0, 9], [3], [3], [3]):  # rows 0 and 9 move, then fall behind
+    g = BCOO((jnp.ones((len(rows), 2)), jnp.array(rows)[:, None]), shape=(10, 2))
+    updates, state = tx.update({"t": g}, state, params)
+    params = optax.apply_updates(params, updates)
+  every, _ = lars_optax.sparse.catch_up(tx, params, state)
+  assert not np.allclose(every["t"][np.array([0, 9])], params["t"][np.array([0, 9])])
+  fn = lambda p, s, i: lars_optax.sparse.catch_up(tx, p, s, rows={"t": i})
+  fn = jax.jit(fn) if jit else fn
+  for ids, picked in (([-1], 9), ([-10], 0), ([15], 9), ([-13], 0)):
+    some, _ = fn(params, state, jnp.asarray(ids, jnp.int32))
+    chex.assert_trees_all_close(some["t"][picked], every["t"][picked], rtol=1e-6)
+
+
 def test_catch_up_twice_changes_nothing_and_runs_under_jit():
   tx = lars_optax.sparse.sgd(0.1, momentum=0.9)
   params, state = _train(tx, sparse=True, steps=40)

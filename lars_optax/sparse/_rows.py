@@ -51,6 +51,14 @@ def valid_rows(idx: jax.Array, num_rows: int) -> jax.Array:
   return jnp.where((idx >= 0) & (idx < num_rows), idx, num_rows)
 
 
+def as_read(ids: jax.Array, num_rows: int) -> jax.Array:
+  """The rows ``table[ids]`` reads: a negative id counts from the end, and an id
+  past either end reads the row at that end (JAX clamps a gather's indices)."""
+  ids = ids.astype(jnp.int32) if jnp.iinfo(ids.dtype).bits < 32 else ids
+  ids = jnp.where(ids < 0, ids + num_rows, ids)
+  return jnp.clip(ids, 0, num_rows - 1)
+
+
 def combine(grad: BCOO, num_rows: int) -> tuple[jax.Array, jax.Array]:
   """(unique rows, summed values); unused slots get the index ``num_rows``."""
   idx = valid_rows(grad.indices[:, 0], num_rows)

@@ -777,8 +777,11 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
     for these params.
   * ``rows={"table": ids}`` brings only those rows of the named leaves (a
     leaf's full path or its last name, as ``sparse.value_and_grad``'s
-    ``sparse``; ids of any shape, repeats and the padding id ``num_rows``
-    allowed) up to date, in O(ids). Call it on a batch's ids before the
+    ``sparse``; ids of any shape and repeats allowed) up to date, in O(ids).
+    Each id names the row that ``table[ids]`` reads: ``-1`` is the last row,
+    and an id past an end (the padding id ``num_rows`` too) the row at that
+    end. (Bringing a row up to date never changes the run's numbers, so a
+    row more is only work.) Call it on a batch's ids before the
     forward pass, and the model reads each row as the dense optimizer has
     it, so the gradients, and the whole run, are the dense run's.
   """
@@ -890,10 +893,10 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
       w1, b1, _ = _catch_up_all_rows(rule, leaf, count, log_now, decays)
       out.append((w1, b1, jnp.full_like(last, count),
                   rowlog if log_now is None else jnp.full_like(rowlog, log_now)))
-    elif p.ndim == 0 or r.shape[0] == 0:  # nothing asked of this leaf
+    elif p.ndim == 0 or r.shape[0] == 0 or p.shape[0] == 0:  # nothing asked of this leaf
       out.append((p, leaf.bufs, last, rowlog))
     else:
-      r = _rows.valid_rows(r, p.shape[0])
+      r = _rows.as_read(r, p.shape[0])  # the rows the model's table[ids] reads
       s, logs, _, w1, b1 = _gather_up(rule, leaf, r, count, log_now, decays)
       if logs is not None and log_now is not None:
         rowlog = rowlog.at[r].set(jnp.where(s <= count, log_now, logs), mode="drop")
