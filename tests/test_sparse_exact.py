@@ -190,6 +190,25 @@ def test_catch_up_reads_ids_as_table_indexing_does(jit):
     chex.assert_trees_all_close(some["t"][picked], every["t"][picked], rtol=1e-6)
 
 
+@pytest.mark.parametrize("route", ["masked", "multi_transform", "partition"])
+def test_catch_up_of_every_row_inside_a_router_equals_the_dense_run(route):
+  """The usual way to route a table and dense layers: the state holds MaskedNodes."""
+  labels = {"t": "s", "b": "d"}
+
+  def routed(sparse_tx):
+    if route == "masked":
+      return optax.chain(optax.masked(sparse_tx, {"t": True, "b": False}),
+                         optax.masked(optax.sgd(0.1), {"t": False, "b": True}))
+    make = optax.multi_transform if route == "multi_transform" else optax.partition
+    return make({"s": sparse_tx, "d": optax.sgd(0.1)}, labels)
+
+  exact = lars_optax.sparse.adam(SCHEDULE)
+  params, state = _train(routed(exact), sparse=True, steps=60)
+  params, _ = lars_optax.sparse.catch_up(exact, params, state)
+  want, _ = _train(routed(optax.adam(SCHEDULE)), sparse=False, steps=60)
+  _assert_close_to(params, want)
+
+
 def test_catch_up_twice_changes_nothing_and_runs_under_jit():
   tx = lars_optax.sparse.sgd(0.1, momentum=0.9)
   params, state = _train(tx, sparse=True, steps=40)

@@ -889,7 +889,9 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
   out = []
   for leaf, r, decays in zip(leaves, picked, decay_mask):
     p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
-    if r is None:
+    if isinstance(last, optax.MaskedNode):  # a leaf masked out of tx (optax.masked,
+      out.append((p, leaf.bufs, last, rowlog))  # multi_transform, partition): not tx's
+    elif r is None:
       w1, b1, _ = _catch_up_all_rows(rule, leaf, count, log_now, decays)
       out.append((w1, b1, jnp.full_like(last, count),
                   rowlog if log_now is None else jnp.full_like(rowlog, log_now)))
