@@ -510,10 +510,15 @@ def torch_sparse_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2015.
   """
   b1, b2 = _betas("betas", betas)
-  v.check_learning_rate("lr", lr)  # in torch's names, before MXNet's rule sees them
-  v.check_scalar("eps", eps, low=0.0)
-  return _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True, lr_mult=lr_mult,
-                     multi_precision=multi_precision)
+  try:  # MXNet's rule checks the arguments; its errors name them in torch's words
+    return _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True,
+                       lr_mult=lr_mult, multi_precision=multi_precision)
+  except (TypeError, ValueError) as e:
+    text = str(e)
+    for mxnet_name, torch_name in (("learning_rate:", "lr:"), ("epsilon:", "eps:")):
+      if text.startswith(mxnet_name):
+        raise type(e)(torch_name + text[len(mxnet_name):]) from None
+    raise
 
 
 @v.constructor

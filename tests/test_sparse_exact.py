@@ -224,7 +224,8 @@ def test_adamw_with_a_constant_rate_keeps_one_int32_per_row_and_nothing_else():
     state = tx.init(params)
     twin_bytes = sum(x.nbytes for x in jax.tree.leaves(state.inner))
     extra = sum(x.nbytes for x in jax.tree.leaves(state)) - twin_bytes
-    assert extra == ROWS * 4 + 4  # last_step, and the step count
+    # last_step, the step count, and the constant rates (a schedule has none)
+    assert extra == ROWS * 4 + 4 + state.rates.nbytes <= ROWS * 4 + 12
   state = lars_optax.sparse.adamw(SCHEDULE).init(params)  # a schedule: + one float32 per row
   assert state.row_log_decay["t"].shape == (ROWS,)
 
@@ -483,6 +484,69 @@ def test_a_learning_rate_set_from_outside_each_step_is_refused_under_jit():
 
 
 @pytest.mark.parametrize("make", [
+    lambda lr: lars_optax.sparse.adam(lr), lambda lr: lars_optax.sparse.sgd(lr, momentum=0.9),
+    lambda lr: lars_optax.sparse.adamw(lr, weight_decay=0.1),
+], ids=["adam", "sgd", "adamw"])
+def test_a_schedule_injected_eagerly_is_refused_at_the_second_step(make):
+  """inject_hyperparams rebuilds the optimizer each step with that step's rate."""
+  tx = optax.inject_hyperparams(make)(lr=optax.linear_schedule(1e-2, 1e-3, 100))
+  params = {"t": jnp.zeros((10, 2))}
+  grads = {"t": BCOO((jnp.ones((1, 2)), jnp.zeros((1, 1), jnp.int32)), shape=(10, 2))}
+  state = tx.init(params)
+  _, state = tx.update(grads, state, params)  # the rate it was made with
+  with pytest.raises(ValueError, match=r"learning_rate: the constant learning rate or weight "
+                     r"decay changed between steps.*pass an optax schedule"):
+    tx.update(grads, state, params)
+  constant = optax.inject_hyperparams(make)(lr=1e-2)  # the same rate each step: taken
+  state = constant.init(params)
+  for _ in range(3):
+    _, state = constant.update(grads, state, params)
+
+
+def test_adamw_refuses_a_decay_that_flips_the_weights_sign():
+  """optax.adamw multiplies each weight by 1 - lr * wd: <= 0 has no catch-up (was NaN)."""
+  with pytest.raises(ValueError, match=r"sparse.adamw: weight_decay: learning_rate \* "
+                     r"weight_decay is 1.5, >= 1"):
+    lars_optax.sparse.adamw(1.5, weight_decay=1.0)
+  tx = lars_optax.sparse.adamw(optax.linear_schedule(0.5, 3.0, 5), weight_decay=0.5)
+  params = {"t": jnp.ones((4, 2))}
+  grads = {"t": BCOO((jnp.ones((1, 2)), jnp.zeros((1, 1), jnp.int32)), shape=(4, 2))}
+  state, step = tx.init(params), jax.jit(tx.update)
+  with pytest.raises(Exception, match=r"is 1 at this step, >= 1"):
+    for _ in range(6):
+      jax.block_until_ready(step(grads, state, params))
+      _, state = step(grads, state, params)
+
+
+@pytest.mark.parametrize("mask", [-1.0, "x", "flax", jnp.ones(2), np.array([True, False])])
+def test_adamw_refuses_what_is_not_an_optax_mask_when_built(mask):
+  with pytest.raises(TypeError, match=r"sparse.adamw: mask: expected optax's mask"):
+    lars_optax.sparse.adamw(1e-3, mask=mask)
+
+
+def test_adamw_names_a_mask_that_does_not_fit_the_params_at_init():
+  params = {"t": jnp.ones((3, 2)), "b": jnp.ones(2)}
+  with pytest.raises(ValueError, match=r"sparse.adamw: mask: a bool pytree must have the "
+                     r"params' structure"):
+    lars_optax.sparse.adamw(1e-3, mask={"t": True}).init(params)
+  with pytest.raises(TypeError, match=r"sparse.adamw: mask: expected a bool per leaf"):
+    lars_optax.sparse.adamw(1e-3, mask={"t": 1.0, "b": True}).init(params)
+
+
+@pytest.mark.parametrize("make, dtype, arg", [
+    (lambda: lars_optax.sparse.adam(1e39), jnp.float32, "learning_rate"),
+    (lambda: lars_optax.sparse.adam(1e5), jnp.float16, "learning_rate"),
+    (lambda: lars_optax.sparse.sgd(1e5, momentum=0.9), jnp.float16, "learning_rate"),
+    (lambda: lars_optax.sparse.adamw(1e-6, weight_decay=1e5), jnp.float16, "weight_decay"),
+    (lambda: lars_optax.sparse.adam(1e-3, eps=1e5), jnp.float16, "eps"),
+])
+def test_a_constant_beyond_the_params_dtype_is_refused_at_init(make, dtype, arg):
+  with pytest.raises(ValueError, match=rf"sparse.\w+: {arg}: .* is beyond the range of "
+                     rf"{jnp.dtype(dtype).name}"):
+    make().init({"t": jnp.ones((3, 2), dtype)})
+
+
+@pytest.mark.parametrize("make", [
     lambda: lars_optax.sparse.adam(1e-3, weight_decay=1e-4),
     lambda: lars_optax.sparse.sgd(1e-3, momentum=0.9, wd=1e-4),
 ], ids=["adam-weight_decay", "sgd-wd"])
@@ -562,5 +626,5 @@ def test_the_benchmark_quick_run_reports_the_targets():
   spec.loader.exec_module(module)
   report = module.main(["--exact", "--quick", "--rounds", "1"])  # 20,000 rows
   assert "| lars_optax.sparse.adam (dense-exact, poles=8, the default) |" in report
-  assert "- extra memory one int32 per row (80,004 bytes): met" in report
+  assert "- extra memory one int32 per row (80,008 bytes): met" in report  # + the rate
   assert "- no table-sized temporary: met" in report

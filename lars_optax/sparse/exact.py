@@ -110,6 +110,10 @@ class CatchUpState(NamedTuple):
       ``log_decay`` at the row's ``last_step``; otherwise empty nodes.
     inner: the optax twin's state (``optax.adam(...)``, ``adamw`` or ``sgd``);
       after :func:`catch_up` it is that optimizer's state for the params.
+    rates: the constant learning rate and weight decay the state was made
+      with (float32; a schedule has no entry): a step made with other
+      constants is refused, since the catch-up would take the new ones for the
+      steps a row skipped (``optax.inject_hyperparams`` with a schedule).
   """
 
   count: jax.Array  # type: ignore[assignment]
@@ -117,6 +121,7 @@ class CatchUpState(NamedTuple):
   log_decay: Any
   row_log_decay: Any
   inner: optax.OptState
+  rates: Any = np.zeros((0,), np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +143,20 @@ class _Rule:
   wd_mask: Any = None
   window: int = 0
   poles: int = 1
+  constants: tuple[tuple[str, Any], ...] = ()  # (name, value): checked against the params
+
+  def check_params(self, params: Any) -> None:
+    """At ``init``: float params, each constant finite in their dtypes, a well-formed mask."""
+    v.check_float_params(params, self.name)
+    for arg, value in self.constants:
+      v.check_representable(f"{self.name}: {arg}", value, params)
+    _decay_mask(self, params, jax.tree.structure(params))
+
+  def rates(self) -> np.ndarray:
+    """The constant learning rate and weight decay, for :attr:`CatchUpState.rates`."""
+    return np.array([float(x) for arg, x in self.constants
+                     if arg in ("learning_rate", "weight_decay") and x is not None
+                     and not callable(x)], np.float32)
 
   @property
   def decays(self) -> bool:
@@ -388,7 +407,29 @@ def _decay_mask(rule: _Rule, params: Any, treedef: Any) -> list[bool]:
     return [True] * treedef.num_leaves
   if callable(mask):
     mask = mask(params)
-  return [bool(x) for x in treedef.flatten_up_to(mask)]
+  if isinstance(mask, (bool, np.bool_)):
+    return [bool(mask)] * treedef.num_leaves
+  try:
+    flat = treedef.flatten_up_to(mask)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"{rule.name}: mask: a bool pytree must have the params' structure "
+                     f"(optax's mask: True where the decay applies): {e}") from None
+  for x in flat:
+    if not (isinstance(x, (bool, np.bool_)) or (np.ndim(x) == 0 and hasattr(x, "dtype")
+                                                and x.dtype == np.bool_)):
+      raise TypeError(f"{rule.name}: mask: expected a bool per leaf (optax's mask: True "
+                      f"where the decay applies), got {x!r}.")
+  return [bool(x) for x in flat]
+
+
+def _check_mask(where: str, mask: Any) -> None:
+  """``optax.adamw``'s ``mask``: None, a bool, a bool pytree or a callable returning one."""
+  if mask is None or callable(mask) or isinstance(mask, (bool, np.bool_)):
+    return
+  if isinstance(mask, (str, bytes, int, float, complex, np.number, np.ndarray, jax.Array)):
+    raise TypeError(f"{where}: mask: expected optax's mask (a bool pytree with the params' "
+                    "structure, or a callable params -> bool pytree; True where the decay "
+                    f"applies), got {mask!r}.")
 
 
 def _two_sum(hi: jax.Array, lo: jax.Array, x: jax.Array) -> jax.Array:
@@ -546,12 +587,37 @@ def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: 
   return update, last, rowlog, bufs
 
 
+def _same_rates(rule: _Rule, rates: jax.Array) -> Any:
+  """Zero, or an error when the constant rates differ from those the state was made with.
+
+  ``optax.inject_hyperparams`` with a schedule builds the optimizer anew each
+  step with that step's rate (a constant, outside ``jit``): the catch-up
+  would take it for every step a row skipped.
+  """
+  want = rule.rates()
+  if np.shape(rates) != want.shape:
+    raise ValueError(f"{rule.name}: the state was made by an optimizer with other "
+                     "arguments (its constant learning rate or weight decay differ in "
+                     "kind); use the state this optimizer's init made.")
+  if not want.size:
+    return 0
+
+  def report(rates: Any) -> str:
+    return (f"{rule.name}: learning_rate: the constant learning rate or weight decay "
+            f"changed between steps (the state was made with {rates.tolist()}, this step "
+            f"has {want.tolist()}). The catch-up of the steps a row skipped needs the rate "
+            "of each of them: pass an optax schedule as learning_rate (or weight_decay), "
+            "not a value set from outside each step (with optax.inject_hyperparams, name "
+            "it in static_args).")
+  return _checks.raise_at_run_time(jnp.any(rates != want), report, rates)
+
+
 def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
   twin = optax.with_extra_args_support(rule.twin)
   where = rule.name
 
   def init_fn(params):
-    v.check_float_params(params, where)
+    rule.check_params(params)
     last = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.int32), params)
     if rule.tracks_log_decay:
       log_decay = jnp.zeros((2,), jnp.float32)
@@ -559,7 +625,8 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     else:
       log_decay = optax.MaskedNode()
       row_log = jax.tree.map(lambda p: optax.MaskedNode(), params)
-    return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params))
+    return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params),
+                        jnp.asarray(rule.rates()))
 
   def leaves_of(updates, state, params):
     flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
@@ -592,12 +659,14 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
                                           tree(c.w1 for c in caught), **extra_args)
     flat_u = treedef.flatten_up_to(step_updates)
     bufs_out = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(inner_out).items()}
-    new_count = optax.safe_increment(state.count)
+    new_count = optax.safe_increment(state.count) + _same_rates(rule, state.rates)
     log_decay, log_next = state.log_decay, None
     if rule.tracks_log_decay:
       assert rule.wd is not None
+      rate = rule.lr(state.count) * rule.wd(state.count)
+      ok = _checks.raise_at_run_time(rate >= 1.0, _sign_flip(where, "at this step"), rate)
       log_decay = _two_sum(state.log_decay[0], state.log_decay[1],
-                           jnp.log1p(-rule.lr(state.count) * rule.wd(state.count)))
+                           jnp.log1p(-rate) + jnp.asarray(ok, jnp.float32))
       log_next = log_decay[0] + log_decay[1]
 
     out = [_write_back(x, c, u, {f: b[i] for f, b in bufs_out.items()}, new_count, log_next)
@@ -605,7 +674,7 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     inner_state = _with_buffer_trees(
         inner_out, {f: tree(o[3][f] for o in out) for f in leaves[0].bufs})
     new_state = CatchUpState(new_count, tree(o[1] for o in out), log_decay,
-                             tree(o[2] for o in out), inner_state)
+                             tree(o[2] for o in out), inner_state, state.rates)
     return tree(o[0] for o in out), new_state
 
   def update_fn(updates, state, params=None, **extra_args):
@@ -620,6 +689,16 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
 # --------------------------------------------------------------------------
 # Public constructors
 # --------------------------------------------------------------------------
+
+
+def _sign_flip(where: str, when: str) -> Any:
+  def report(rate: Any) -> str:
+    return (f"{where}: weight_decay: learning_rate * weight_decay is {float(rate):g} "
+            f"{when}, >= 1: the decoupled decay multiplies each weight by 1 - "
+            "learning_rate * weight_decay <= 0, flipping its sign, which the catch-up of "
+            "skipped steps (a product of such factors, taken in log form) cannot follow. "
+            "Keep learning_rate * weight_decay below 1 at every step.")
+  return report
 
 
 def _checked_lr(where: str, learning_rate: Any) -> None:
@@ -689,6 +768,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
   """
   where = "sparse.adamw"
   v.check_learning_rate(f"{where}: weight_decay", weight_decay)
+  _check_mask(where, mask)
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
                     poles, weight_decay, mask)
 
@@ -714,13 +794,19 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
     twin = optax.adamw(learning_rate, b1, b2, eps, eps_root, mu_dtype,
                        weight_decay=weight_decay, mask=mask, nesterov=nesterov)
   decays = weight_decay is not None and (callable(weight_decay) or float(weight_decay) != 0.0)
+  if decays and not callable(weight_decay) and not callable(learning_rate):
+    rate = float(learning_rate) * float(weight_decay)
+    if rate >= 1.0:
+      raise ValueError(_sign_flip(where, "")(rate).replace(" , ", ", "))
   ratio = b1f / math.sqrt(b2f) if b2f > 0 else 0.0
   return _dense_exact(_Rule(
       name=where, twin=twin, lr=_as_schedule(learning_rate),
       lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
       nesterov=nesterov, wd=_as_schedule(weight_decay) if decays else None,
       wd_is_schedule=callable(weight_decay), wd_mask=mask,
-      window=_default_window(ratio) if window is None else window, poles=poles))
+      window=_default_window(ratio) if window is None else window, poles=poles,
+      constants=(("learning_rate", learning_rate), ("eps", eps),
+                 ("weight_decay", weight_decay))))
 
 
 @_sgd_names
@@ -753,7 +839,8 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
       name=where, twin=optax.sgd(learning_rate, momentum, nesterov, accumulator_dtype),
       lr=_as_schedule(learning_rate), lr_is_schedule=callable(learning_rate), kind="sgd",
       momentum=mu, nesterov=nesterov,
-      window=(_default_window(mu or 0.0) if window is None else window)))
+      window=(_default_window(mu or 0.0) if window is None else window),
+      constants=(("learning_rate", learning_rate),)))
 
 
 # --------------------------------------------------------------------------
