@@ -220,7 +220,7 @@ def test_catch_up_twice_changes_nothing_and_runs_under_jit():
 def test_adamw_with_a_constant_rate_keeps_one_int32_per_row_and_nothing_else():
   params = {"t": jnp.zeros((ROWS, DIM))}
   for tx in (lars_optax.sparse.adam(SCHEDULE), lars_optax.sparse.adamw(1e-3),
-             lars_optax.sparse.sgd(SCHEDULE, momentum=0.9)):
+             lars_optax.sparse.sgd(0.1, momentum=0.9)):
     state = tx.init(params)
     twin_bytes = sum(x.nbytes for x in jax.tree.leaves(state.inner))
     extra = sum(x.nbytes for x in jax.tree.leaves(state)) - twin_bytes
@@ -228,6 +228,9 @@ def test_adamw_with_a_constant_rate_keeps_one_int32_per_row_and_nothing_else():
     assert extra == ROWS * 4 + 4 + state.rates.nbytes <= ROWS * 4 + 12
   state = lars_optax.sparse.adamw(SCHEDULE).init(params)  # a schedule: + one float32 per row
   assert state.row_log_decay["t"].shape == (ROWS,)
+  state = lars_optax.sparse.sgd(SCHEDULE, momentum=0.9).init(params)  # so for SGD
+  assert state.row_future["t"].shape == (ROWS,)
+  assert isinstance(state.row_log_decay["t"], optax.MaskedNode)
 
 
 def test_the_compiled_step_has_no_table_sized_temporary():
@@ -465,6 +468,94 @@ def test_bfloat16_first_moments_agree_to_bfloat16_precision():
   assert state.inner[0].mu["t"].dtype == jnp.bfloat16
   moved = float(jnp.abs(want["t"] - W0).max())
   assert float(jnp.abs(got["t"] - want["t"]).max()) <= 1e-2 * moved
+
+
+# --------------------------------------------------------------------------
+# The envelope: gaps up to 10,000 steps, against float64 (docs/sparse.md's table)
+# --------------------------------------------------------------------------
+
+GAPS = np.array([1, 7, 600, 3001, 10_000], np.int32)  # row r is touched every GAPS[r] steps
+LONG = 10_050
+ENVELOPE_SCHEDULES = {
+    "constant": 0.1,
+    "warmup-cosine": optax.warmup_cosine_decay_schedule(0.0, 0.1, 500, LONG),
+    "step-decay": lambda count: 0.1 * 0.5 ** (count // 2000),
+}
+
+
+def _long_grads(t):
+  rows = jnp.arange(len(GAPS))
+  touched = (t % GAPS) == 0
+  values = jnp.sin(0.37 * t.astype(jnp.float32) + rows[:, None] + jnp.arange(4)[None]) * 0.1
+  return jnp.where(touched, rows, len(GAPS)), values, touched
+
+
+def _long_run(tx, sparse):
+  params = {"t": jnp.ones((len(GAPS), 4))}
+
+  def body(carry, t):
+    params, state = carry
+    ids, values, touched = _long_grads(t)
+    g = (BCOO((values, ids[:, None]), shape=params["t"].shape) if sparse
+         else jnp.where(touched[:, None], values, 0.0))
+    updates, state = tx.update({"t": g}, state, params)
+    return (optax.apply_updates(params, updates), state), None
+
+  (params, state), _ = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(LONG))
+  return params, state
+
+
+def _sgd_float64(lr, mu, nesterov):
+  rates = np.asarray(jax.vmap(lambda c: jnp.asarray(lr(c) if callable(lr) else lr, jnp.float32))(
+      jnp.arange(LONG)), np.float64)
+  _, values, touched = jax.vmap(_long_grads)(jnp.arange(LONG, dtype=jnp.int32))
+  grads = np.where(np.asarray(touched)[..., None], np.asarray(values, np.float64), 0.0)
+  w, b = np.ones(grads.shape[1:]), np.zeros(grads.shape[1:])
+  for t in range(LONG):
+    b = mu * b + grads[t]
+    w = w - rates[t] * (grads[t] + mu * b if nesterov else b)
+  return w
+
+
+SGD_CELLS = [(mu, nesterov, name) for mu in (0.9, 0.99, 0.999) for nesterov in (False, True)
+             for name in ENVELOPE_SCHEDULES]
+
+
+@pytest.fixture(scope="module")
+def sgd_envelope():
+  """Every SGD cell in one compiled program: sparse.sgd + catch_up, and float32 optax.sgd."""
+  @jax.jit
+  def run():
+    out = []
+    for mu, nesterov, name in SGD_CELLS:
+      lr = ENVELOPE_SCHEDULES[name]
+      tx = lars_optax.sparse.sgd(lr, momentum=mu, nesterov=nesterov)
+      params, state = _long_run(tx, sparse=True)
+      params, _ = lars_optax.sparse.catch_up(tx, params, state)
+      want, _ = _long_run(optax.sgd(lr, momentum=mu, nesterov=nesterov), sparse=False)
+      out.append((params["t"], want["t"]))
+    return out
+  return dict(zip(SGD_CELLS, run()))
+
+
+@pytest.mark.parametrize("cell", SGD_CELLS, ids=[f"mu={m}-{'nesterov' if n else 'plain'}-{s}"
+                                                 for m, n, s in SGD_CELLS])
+def test_sgd_catch_up_is_exact_over_10000_step_gaps_for_any_schedule(sgd_envelope, cell):
+  """Within 1e-5 of the largest move of float64 SGD, or 3x float32 optax's own error."""
+  got, optax32 = sgd_envelope[cell]
+  want = _sgd_float64(ENVELOPE_SCHEDULES[cell[2]], *cell[:2])
+  moved = np.abs(want - 1.0).max()
+  err = np.abs(np.asarray(got, np.float64) - want).max() / moved
+  own = np.abs(np.asarray(optax32, np.float64) - want).max() / moved
+  assert err <= max(1e-5, 3 * own), (err, own)
+
+
+def test_sgd_with_a_schedule_refuses_a_momentum_whose_sum_has_no_end_in_sight():
+  with pytest.raises(ValueError, match=r"sparse.sgd: momentum: 0.99995 with a schedule is above "
+                     r"0.99992.*constant learning rate"):
+    lars_optax.sparse.sgd(optax.linear_schedule(0.1, 0.0, 10), momentum=0.99995)
+  lars_optax.sparse.sgd(optax.linear_schedule(0.1, 0.0, 10), momentum=0.9999)
+  lars_optax.sparse.sgd(0.1, momentum=0.99999)  # a constant rate: exact for any momentum
 
 
 # --------------------------------------------------------------------------

@@ -24,8 +24,9 @@ optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
 lazy step. A model reads the rows too: bring a batch's rows up to date
 before its forward pass (:func:`catch_up` with ``rows=``), and the gradients,
 and so the whole run, are the dense run's. The only extra state is one int32
-per row, the step the row was last brought up to date (and, for AdamW with a learning-rate or decay
-schedule, one float32 per row: the log of the decay applied so far).
+per row, the step the row was last brought up to date (and, with a schedule, one
+float32 per row: for AdamW the log of the decay applied so far, for SGD with
+momentum the discounted sum of the rates to come).
 
 How the sum is taken: its terms shrink geometrically (by about
 :math:`\beta_1/\sqrt{\beta_2}` a step), so its first ``window`` terms are
@@ -35,7 +36,9 @@ makes the terms depend on each entry's :math:`v`; the terms are grouped into
 ``poles`` runs, and each run is taken in closed form, exact when
 :math:`\epsilon \ll \sqrt{\hat v}` and when :math:`\epsilon \gg \sqrt{\hat
 v}`, and close in between (docs/sparse.md gives the measured errors). SGD's
-sum is exact.
+sum is exact for any schedule: past the window a row's move is
+:math:`P(s) - \mu^n P(s+n)`, with :math:`P(t) = \sum_{k \ge 1}
+\alpha_{t+k}\mu^k` kept per row and summed from the schedule once a step.
 
 A whole loop: each batch's rows brought up to date before the forward pass,
 and every row before evaluation::
@@ -114,6 +117,10 @@ class CatchUpState(NamedTuple):
       with (float32; a schedule has no entry): a step made with other
       constants is refused, since the catch-up would take the new ones for the
       steps a row skipped (``optax.inject_hyperparams`` with a schedule).
+    row_future: SGD with momentum and a schedule: per leaf, a float32 per
+      row, :math:`P(s) = \\sum_{k \\ge 1} \\alpha_{s+k}\\mu^k` at the row's
+      ``last_step`` :math:`s` (the momentum's discounted sum of the rates to
+      come); otherwise empty nodes.
   """
 
   count: jax.Array  # type: ignore[assignment]
@@ -122,6 +129,7 @@ class CatchUpState(NamedTuple):
   row_log_decay: Any
   inner: optax.OptState
   rates: Any = np.zeros((0,), np.float32)
+  row_future: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +174,16 @@ class _Rule:
   def tracks_log_decay(self) -> bool:
     return self.decays and (self.lr_is_schedule or self.wd_is_schedule)
 
+  @property
+  def tracks_future(self) -> bool:
+    """SGD with momentum and a schedule: each row keeps :math:`P(s)` (:func:`_future`)."""
+    return self.kind == "sgd" and self.momentum is not None and self.lr_is_schedule
+
+  @property
+  def snapshots(self) -> bool:
+    """Each row keeps a float32 snapshot of a running global value at its last step."""
+    return self.tracks_log_decay or self.tracks_future
+
 
 def _as_schedule(value: Any) -> Callable[[jax.Array], jax.Array]:
   if callable(value):
@@ -180,6 +198,45 @@ def _default_window(ratio: float) -> int:
   if ratio >= 1.0:
     return _MAX_WINDOW
   return int(min(_MAX_WINDOW, max(4, math.ceil(math.log(1e-6) / math.log(ratio)))))
+
+
+# The momentum's discounted sum of the rates to come is summed over this many
+# steps at most: mu**k falls below _FUTURE_TOL by then for mu <= _MAX_FUTURE_MOMENTUM.
+_FUTURE_TOL = 1e-9
+_MAX_FUTURE_TERMS = 1 << 18
+_MAX_FUTURE_MOMENTUM = math.exp(math.log(_FUTURE_TOL) / _MAX_FUTURE_TERMS)  # 0.99992
+
+
+def _future_terms(mu: float) -> int:
+  """Terms of :func:`_future` (a power of 2): until ``mu**k < _FUTURE_TOL``."""
+  if mu <= 0.0:
+    return 1
+  need = math.ceil(math.log(_FUTURE_TOL) / math.log(mu))
+  return 1 << max(0, (need - 1).bit_length())
+
+
+def _pairwise_sum(x: jax.Array) -> jax.Array:
+  """The sum of a power-of-2 vector, halved pairwise (error ~ log2(n) roundings)."""
+  while x.shape[0] > 1:
+    half = x.shape[0] // 2
+    x = x[:half] + x[half:]
+  return x[0]
+
+
+def _future(rule: _Rule, t: jax.Array) -> jax.Array:
+  r"""SGD's :math:`P(t) = \sum_{k \ge 1} \alpha_{t+k}\mu^k` (:math:`\alpha_t` the rate of
+  step :math:`t`, 1-based), to float32 precision.
+
+  A row last brought up to date at step :math:`s` and left for :math:`n` steps moves
+  by :math:`-b\sum_{k=1}^{n}\alpha_{s+k}\mu^k = -b\,(P(s) - \mu^n P(s+n))`, exactly,
+  for any schedule: each row keeps :math:`P(s)` and the step computes :math:`P` at its
+  own count, once for all rows.
+  """
+  assert rule.momentum is not None
+  terms = _future_terms(rule.momentum)
+  k = jnp.arange(1, terms + 1, dtype=jnp.int32)
+  mu = jnp.float32(rule.momentum)
+  return _pairwise_sum(rule.lr(t + k - 1) * mu ** k.astype(jnp.float32))
 
 
 def _known(where: str, name: str, value: Any) -> Any:
@@ -251,11 +308,13 @@ def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
   return list(itertools.pairwise(bounds))
 
 
-def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array,
-                 decays: bool) -> dict[str, jax.Array]:
+def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
+                 future: tuple[jax.Array, jax.Array] | None = None) -> dict[str, jax.Array]:
   """Per row: the factors that bring it from step ``s`` to step ``count``.
 
   ``decays``: whether the leaf takes the decoupled decay (AdamW's ``mask``).
+  ``future``: SGD with a schedule: the rows' :math:`P(s)` and :math:`P(count)`
+  (:func:`_future`), for gaps longer than the window.
 
   Returns ``m_decay`` (:math:`\\beta_1^n` or :math:`\\mu^n`), ``v_decay``,
   ``w_decay`` (:math:`D`, without the part read from ``log_decay``), and per
@@ -286,8 +345,14 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array,
     mu = jnp.float32(rule.momentum)
     mom = mu ** (kf + 1.0) if rule.nesterov else mu ** kf
     w = jnp.where(valid, lr * mom / d_k, 0.0)
-    tail = w[:, -1] * _geometric(mu / dec[:, -1], m_tail) if window else 0.0
-    out["h"] = (w.sum(axis=1) + tail)[:, None]
+    if future is None:  # a constant rate: the tail is geometric, exactly
+      h = w.sum(axis=1) + w[:, -1] * _geometric(mu / dec[:, -1], m_tail)
+    else:  # the window's terms one by one; past it, P(s) - mu**n P(count), exactly
+      p_s, p_now = future
+      lead = mu if rule.nesterov else jnp.float32(1.0)
+      far = lead * (p_s - mu ** n.astype(jnp.float32) * p_now)
+      h = jnp.where(n <= window, w.sum(axis=1), far)
+    out["h"] = h[:, None]
     out["m_decay"] = mu ** n.astype(jnp.float32)
   else:
     b1, b2 = jnp.float32(rule.b1), jnp.float32(rule.b2)
@@ -323,14 +388,18 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array,
   return out
 
 
-def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array,
-                         decays: bool) -> dict[str, jax.Array]:
+def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
+                         future: tuple[jax.Array, jax.Array] | None = None
+                         ) -> dict[str, jax.Array]:
   """:func:`_row_scalars` over many rows, ``_BLOCK`` rows at a time (bounded memory)."""
   if s.shape[0] <= _BLOCK:
-    return _row_scalars(rule, s, count, decays)
+    return _row_scalars(rule, s, count, decays, future)
+  p_s = jnp.zeros(s.shape, jnp.float32) if future is None else future[0]
+
   def one(x):
-    return {k: val[0] for k, val in _row_scalars(rule, x[None], count, decays).items()}
-  return jax.lax.map(one, s, batch_size=_BLOCK)
+    fut = None if future is None else (x[1][None], future[1])
+    return {k: val[0] for k, val in _row_scalars(rule, x[0][None], count, decays, fut).items()}
+  return jax.lax.map(one, (s, p_s), batch_size=_BLOCK)
 
 
 def _bcast(x: jax.Array, ndim: int) -> jax.Array:
@@ -486,14 +555,18 @@ def _gather_up(rule: _Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
   s = _rows.gather(leaf.last, r)
   w0 = _rows.gather(leaf.param, r)
   b0 = {f: _rows.gather(b, r) for f, b in leaf.bufs.items()}
-  logs = extra = None
+  logs = extra = future = None
   if log_now is not None:
     logs = _rows.gather(leaf.rowlog, r)
-    extra = jnp.exp(log_now - logs)
+    if rule.tracks_future:
+      future = (logs, log_now)
+    else:
+      extra = jnp.exp(log_now - logs)
 
   def run(args):
     w, b = args
-    return _catch_up_rows(rule, _row_scalars(rule, s, count, decays), w, b, extra, decays)
+    return _catch_up_rows(rule, _row_scalars(rule, s, count, decays, future), w, b, extra,
+                          decays)
 
   w1, b1 = jax.lax.cond(jnp.any(s != count), run, lambda args: args, (w0, b0))
   return s, logs, w0, w1, b1
@@ -518,8 +591,12 @@ def _catch_up_all_rows(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.
   per-row factors used."""
   p, b = leaf.param, leaf.bufs
   flat = p.ndim == 0
-  sc = _row_scalars_blocked(rule, leaf.last.reshape(-1), count, decays)
-  extra = None if log_now is None else jnp.exp(log_now - leaf.rowlog).reshape(-1)
+  future = extra = None
+  if log_now is not None and rule.tracks_future:
+    future = (leaf.rowlog.reshape(-1), log_now)
+  elif log_now is not None:
+    extra = jnp.exp(log_now - leaf.rowlog).reshape(-1)
+  sc = _row_scalars_blocked(rule, leaf.last.reshape(-1), count, decays, future)
   w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
                           {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
   return (w1[0], {f: x[0] for f, x in b1.items()}, sc) if flat else (w1, b1, sc)
@@ -612,6 +689,26 @@ def _same_rates(rule: _Rule, rates: jax.Array) -> Any:
   return _checks.raise_at_run_time(jnp.any(rates != want), report, rates)
 
 
+def _snapshots(rule: _Rule, state: CatchUpState) -> Any:
+  """The rows' snapshots: AdamW's ``row_log_decay`` or SGD's ``row_future`` (or empty)."""
+  return state.row_future if rule.tracks_future else state.row_log_decay
+
+
+def _with_snapshots(rule: _Rule, state: CatchUpState, snaps: Any) -> CatchUpState:
+  if rule.tracks_future:
+    return state._replace(row_future=snaps)
+  return state._replace(row_log_decay=snaps)
+
+
+def _now(rule: _Rule, state: CatchUpState) -> jax.Array | None:
+  """The running global value the rows' snapshots are taken of, at the state's count."""
+  if rule.tracks_log_decay:
+    return state.log_decay[0] + state.log_decay[1]
+  if rule.tracks_future:
+    return _future(rule, state.count)
+  return None
+
+
 def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
   twin = optax.with_extra_args_support(rule.twin)
   where = rule.name
@@ -619,14 +716,16 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
   def init_fn(params):
     rule.check_params(params)
     last = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.int32), params)
+    empty = jax.tree.map(lambda p: optax.MaskedNode(), params)
+    log_decay, row_log, row_future = optax.MaskedNode(), empty, empty
     if rule.tracks_log_decay:
       log_decay = jnp.zeros((2,), jnp.float32)
       row_log = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.float32), params)
-    else:
-      log_decay = optax.MaskedNode()
-      row_log = jax.tree.map(lambda p: optax.MaskedNode(), params)
+    if rule.tracks_future:
+      p0 = _future(rule, jnp.int32(0))
+      row_future = jax.tree.map(lambda p: jnp.full(np.shape(p)[:1], p0, jnp.float32), params)
     return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params),
-                        jnp.asarray(rule.rates()))
+                        jnp.asarray(rule.rates()), row_future)
 
   def leaves_of(updates, state, params):
     flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
@@ -640,13 +739,19 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
               for i, (n, g, p, last, rowlog) in enumerate(zip(
                   _checks.leaf_names_of(treedef), flat_g, flat_p,
                   treedef.flatten_up_to(state.last_step),
-                  treedef.flatten_up_to(state.row_log_decay)))]
+                  treedef.flatten_up_to(_snapshots(rule, state))))]
     return leaves, treedef
 
   def step(updates, state, params, extra_args):
     leaves, treedef = leaves_of(updates, state, params)
     decays = _decay_mask(rule, jax.tree.unflatten(treedef, [x.param for x in leaves]), treedef)
-    log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
+    log_now = future_next = None
+    if rule.tracks_future:  # P(count) from P(count + 1): one sum of the schedule a step
+      assert rule.momentum is not None
+      future_next = _future(rule, state.count + 1)
+      log_now = jnp.float32(rule.momentum) * (rule.lr(state.count) + future_next)
+    else:
+      log_now = _now(rule, state)
     caught = [_bring_up(rule, x, state.count, log_now, d) for x, d in zip(leaves, decays)]
 
     def tree(values):
@@ -668,14 +773,17 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
       log_decay = _two_sum(state.log_decay[0], state.log_decay[1],
                            jnp.log1p(-rate) + jnp.asarray(ok, jnp.float32))
       log_next = log_decay[0] + log_decay[1]
+    elif rule.tracks_future:
+      log_next = future_next
 
     out = [_write_back(x, c, u, {f: b[i] for f, b in bufs_out.items()}, new_count, log_next)
            for i, (x, c, u) in enumerate(zip(leaves, caught, flat_u))]
     inner_state = _with_buffer_trees(
         inner_out, {f: tree(o[3][f] for o in out) for f in leaves[0].bufs})
+    snaps = tree(o[2] for o in out)
     new_state = CatchUpState(new_count, tree(o[1] for o in out), log_decay,
-                             tree(o[2] for o in out), inner_state, state.rates)
-    return tree(o[0] for o in out), new_state
+                             state.row_log_decay, inner_state, state.rates, state.row_future)
+    return tree(o[0] for o in out), _with_snapshots(rule, new_state, snaps)
 
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
@@ -819,11 +927,15 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
   With momentum :math:`\mu` a row untouched for :math:`n` steps has its buffer
   decayed by :math:`\mu^n` and its weight moved by
   :math:`-\sum_k \alpha_{s+k}\mu^k b` (:math:`\mu^{k+1}` with ``nesterov``),
-  exactly, before ``optax.sgd``'s step.
+  exactly, for any schedule and gap, before ``optax.sgd``'s step. With a
+  schedule each row keeps one float32 more (the sum's value at its last step;
+  see the module doc), and each step sums the schedule until
+  :math:`\mu^k < 10^{-9}`; a momentum above 0.99992 with a schedule is refused.
 
   Args:
     learning_rate, momentum, nesterov, accumulator_dtype: as ``optax.sgd``'s.
-    window: as in :func:`adam` (default: until :math:`\mu^k < 10^{-6}`).
+    window: how many skipped steps are summed term by term (default: until
+      :math:`\mu^k < 10^{-6}`); past it the sum is taken whole, exactly.
   """
   where = "sparse.sgd"
   learning_rate, momentum, window = (
@@ -835,6 +947,12 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
   nesterov = v.check_flag(f"{where}: nesterov", nesterov)
   _check_window(window, 1, where)
   mu = None if momentum is None else float(momentum)
+  if mu is not None and callable(learning_rate) and mu > _MAX_FUTURE_MOMENTUM:
+    raise ValueError(
+        f"{where}: momentum: {mu:g} with a schedule is above {_MAX_FUTURE_MOMENTUM:.5f}: "
+        "a row's catch-up sums the schedule over the steps until momentum**k < "
+        f"{_FUTURE_TOL:g}, more than {_MAX_FUTURE_TERMS:,} of them, at every step. Use a "
+        "lower momentum or a constant learning rate (exact for any momentum < 1).")
   return _dense_exact(_Rule(
       name=where, twin=optax.sgd(learning_rate, momentum, nesterov, accumulator_dtype),
       lr=_as_schedule(learning_rate), lr_is_schedule=callable(learning_rate), kind="sgd",
@@ -968,11 +1086,11 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
   count = state.count
   decay_mask = _decay_mask(rule, params, treedef)
   bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
-  log_now = state.log_decay[0] + state.log_decay[1] if rule.tracks_log_decay else None
+  log_now = _now(rule, state)
   leaves = [_Leaf("", None, p, {f: b[i] for f, b in bufs.items()}, last, rowlog)
             for i, (p, last, rowlog) in enumerate(zip(
                 flat_p, treedef.flatten_up_to(state.last_step),
-                treedef.flatten_up_to(state.row_log_decay)))]
+                treedef.flatten_up_to(_snapshots(rule, state))))]
   out = []
   for leaf, r, decays in zip(leaves, picked, decay_mask):
     p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
@@ -998,4 +1116,4 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
 
   inner = _with_buffer_trees(state.inner, {
       f: jax.tree.unflatten(treedef, [o[1][f] for o in out]) for f in bufs})
-  return tree(0), state._replace(last_step=tree(2), row_log_decay=tree(3), inner=inner)
+  return tree(0), _with_snapshots(rule, state._replace(last_step=tree(2), inner=inner), tree(3))
