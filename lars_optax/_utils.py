@@ -313,6 +313,27 @@ def varying(aval: Any) -> frozenset:
   return frozenset(getattr(aval, "vma", ()) or ())
 
 
+def struct_vma(struct: Any) -> frozenset:
+  """:func:`varying` of a :class:`jax.ShapeDtypeStruct` (e.g. from ``jax.eval_shape``)."""
+  mat = getattr(struct, "manual_axis_type", None)
+  if mat is not None and hasattr(mat, "varying"):
+    return frozenset(mat.varying)
+  return frozenset(getattr(struct, "vma", ()) or ())
+
+
+def manual_axes() -> tuple[str, ...]:
+  """The mesh axes of the enclosing ``shard_map`` or ``pmap`` (none outside them)."""
+  get = getattr(jax.sharding, "get_abstract_mesh", None)
+  mesh = None if get is None else get()
+  if mesh is None or getattr(mesh, "empty", True):
+    return ()
+  manual = getattr(mesh, "manual_axes", None)
+  if manual is not None:
+    return tuple(manual)
+  return tuple(n for n, t in zip(mesh.axis_names, mesh.axis_types)
+               if t == jax.sharding.AxisType.Manual)
+
+
 def vma(x: Any) -> frozenset:
   """:func:`varying` of a value's type."""
   return varying(jax.typeof(x))

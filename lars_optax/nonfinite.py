@@ -84,10 +84,52 @@ def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
     return updates
 
 
+def _decided_everywhere(finite: jax.Array, axis_name: Any) -> jax.Array:
+  """``finite`` on every device: the non-finite count summed over the mesh axes.
+
+  Inside ``shard_map`` or ``pmap`` each device sees its own block of the
+  gradients; a step skipped on some devices only would let replicas diverge, and
+  would leave the others waiting in the inner optimizer's collectives. The
+  axes are ``axis_name``'s, or by default every axis of the enclosing
+  ``shard_map``/``pmap``.
+  """
+  axes = utils.manual_axes() if axis_name is None else (axis_name,)
+  if not axes:
+    return finite
+  bad = (~finite).astype(jnp.int32)
+  if axis_name is None:
+    bad = utils.to_varying(bad, tuple(a for a in axes if a not in utils.vma(bad)))
+    total = jax.lax.psum(bad, axes)
+  else:
+    total = utils.psum(bad, axis_name)  # an unbound axis_name is named
+  left = utils.vma(total)
+  if left:
+    raise ValueError(
+        f"skip_nonfinite: axis_name: the gradients vary over the mesh axes {sorted(left)}, "
+        f"which axis_name={axis_name!r} leaves out: the devices along them could take "
+        "different branches (some skip the step, others apply it). Name every axis the "
+        "gradients are split over, or leave axis_name out (all of the mesh's axes).")
+  return total == 0
+
+
+def _like(struct: Any, value: Any) -> jax.Array:
+  """:func:`utils.full` of ``struct``, typed as varying where ``struct`` is (shard_map)."""
+  return utils.to_varying(utils.full(struct, value), tuple(sorted(utils.struct_vma(struct))))
+
+
+def _as_varying_as(old: Any, struct: Any) -> Any:
+  """``old`` typed as varying over the axes ``struct`` varies over and it does not."""
+  if not hasattr(old, "dtype"):
+    return old
+  extra = utils.struct_vma(struct) - utils.vma(old)
+  return utils.to_varying(old, tuple(sorted(extra)))
+
+
 def skip_nonfinite(
     inner: GradientTransformation,
     *,
     max_consecutive_errors: int | None = None,
+    axis_name: str | None = None,
 ) -> GradientTransformationExtraArgs:
   """Skips the steps whose incoming gradients hold a NaN or an infinity.
 
@@ -122,11 +164,20 @@ def skip_nonfinite(
   optimizer, including ``multi_precision``) so that nothing runs on a bad
   step.
 
+  Inside ``jax.shard_map`` or ``jax.pmap`` every device takes the same branch:
+  the count of non-finite entries is summed over the mesh axes first, so a NaN
+  in one device's block skips the step everywhere (and no device waits alone
+  in the inner optimizer's collectives). The zero update and the kept state
+  keep the inner step's types, split ones included.
+
   Args:
     inner: the optimizer to protect.
     max_consecutive_errors: None (the default) skips every non-finite step.
       An int ``n >= 0`` gives up as :func:`optax.apply_if_finite` does: the
       step after ``n`` consecutive skips is applied whatever it holds.
+    axis_name: inside ``shard_map``/``pmap``, the mesh axes over which the
+      decision is taken; default (None): every axis of the enclosing
+      ``shard_map`` or ``pmap`` (outside them, nothing is summed).
 
   Returns:
     An :class:`optax.GradientTransformationExtraArgs` whose state is an
@@ -142,6 +193,8 @@ def skip_nonfinite(
       or max_consecutive_errors < 0):
     raise ValueError("max_consecutive_errors: expected None or an int >= 0, got "
                      f"{max_consecutive_errors!r}.")
+  if axis_name is not None:
+    v.check_axis_name(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -153,7 +206,8 @@ def skip_nonfinite(
 
   def update_fn(updates, state, params=None, **extra_args):
     inner_state = state.inner_state
-    isfinite = _all_finite(_as_used(updates, params, inner_state))
+    isfinite = _decided_everywhere(_all_finite(_as_used(updates, params, inner_state)),
+                                   axis_name)
     notfinite_count = jnp.where(isfinite, jnp.zeros([], jnp.int32),
                                 optax.safe_int32_increment(state.notfinite_count))
     apply = isfinite
@@ -165,13 +219,17 @@ def skip_nonfinite(
 
     # The zero update takes the dtypes of inner's updates, which may differ
     # from the gradients' (multi_precision returns float32 updates).
-    out_shapes, _ = jax.eval_shape(do_update, None)
+    out_shapes, state_shapes = jax.eval_shape(do_update, None)
 
     def reject_update(_):
       # -0.0, not +0.0: w + (-0.0) is w bit for bit, also for w = -0.0
       # (-0.0 + +0.0 is +0.0, which jit's simplification hides but eager mode shows).
-      zeros = jax.tree.map(lambda s: utils.full(s, -0.0), out_shapes)
-      return zeros, inner_state
+      zeros = jax.tree.map(lambda s: _like(s, -0.0), out_shapes)
+      try:  # the kept state, typed as the step's (inside shard_map a buffer may vary)
+        kept = jax.tree.map(_as_varying_as, inner_state, state_shapes)
+      except (ValueError, TypeError):
+        kept = inner_state
+      return zeros, kept
 
     new_updates, new_inner_state = jax.lax.cond(apply, do_update, reject_update, None)
     total = jnp.where(isfinite, state.total_notfinite,

@@ -367,3 +367,67 @@ def test_skip_nonfinite_casts_beside_a_row_sparse_leaf(where):
     updates, new_state = step(grads, state, params)
     assert int(new_state.total_notfinite) == 1
     chex.assert_trees_all_equal(optax.apply_updates(params, updates), params)
+
+
+# --------------------------------------------------------------------------
+# Inside shard_map: every device takes the same branch
+# --------------------------------------------------------------------------
+
+
+def _shard_map_step(tx, check_vma, axis_name="x"):
+  """One step of tx inside shard_map over 4 devices: "w" split by rows, "r" replicated."""
+  import functools
+
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  spec = {"w": P(axis_name), "r": P()}
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=Mesh(np.array(jax.devices()[:4]), (axis_name,)),
+                     in_specs=(spec, spec), out_specs=(spec, P()), check_vma=check_vma)
+  def step(params, grads):
+    updates, state = tx.update(grads, tx.init(params), params)
+    return optax.apply_updates(params, updates), state.total_notfinite
+
+  return step
+
+
+SHARD_PARAMS = {"w": jnp.arange(32.0).reshape(8, 4) / 10, "r": jnp.array([1.0, -2.0, 3.0])}
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (see conftest.py)")
+@pytest.mark.parametrize("check_vma", [True, False], ids=["check_vma", "no_check_vma"])
+@pytest.mark.parametrize("inner", ["sgd", "lamb_axis_name"])
+def test_skip_nonfinite_inside_shard_map_skips_on_every_device(inner, check_vma):
+  """A NaN in one block skips the step everywhere: no block takes it, the replicated leaf's
+  copies stay equal, no device waits alone in LAMB's psum; finite steps equal one device."""
+  make = {"sgd": lambda **kw: optax.sgd(0.1, momentum=0.9),
+          "lamb_axis_name": lambda **kw: lars_optax.lamb(0.01, wd=1e-3, **kw)}[inner]
+  kw = {"axis_name": "x"} if inner == "lamb_axis_name" else {}
+  step = _shard_map_step(lars_optax.skip_nonfinite(make(**kw)), check_vma)
+  bad = {"w": jnp.ones((8, 4)).at[5, 1].set(NAN), "r": jnp.ones(3)}  # in the third block
+  params, skipped = step(SHARD_PARAMS, bad)
+  chex.assert_trees_all_equal(params, SHARD_PARAMS)
+  assert int(skipped) == 1
+  good = jax.tree.map(lambda x: 0.3 * x + 0.1, SHARD_PARAMS)
+  params, skipped = step(SHARD_PARAMS, good)
+  one = lars_optax.skip_nonfinite(make())
+  want = optax.apply_updates(SHARD_PARAMS, one.update(good, one.init(SHARD_PARAMS),
+                                                      SHARD_PARAMS)[0])
+  chex.assert_trees_all_close(params, want, rtol=1e-5, atol=1e-7)
+  assert int(skipped) == 0
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (see conftest.py)")
+def test_skip_nonfinite_axis_name_is_checked_and_named():
+  with pytest.raises(TypeError, match=r"^axis_name: expected None or the name of a mesh axis"):
+    lars_optax.skip_nonfinite(optax.sgd(0.1), axis_name=3)
+  tx = lars_optax.skip_nonfinite(optax.sgd(0.1), axis_name="model")
+  with pytest.raises(ValueError, match=r"axis_name: 'model' is not bound here"):
+    tx.update(SHARD_PARAMS, tx.init(SHARD_PARAMS), SHARD_PARAMS)
+  step = _shard_map_step(lars_optax.skip_nonfinite(optax.sgd(0.1), axis_name="x"), True)
+  params, skipped = step(SHARD_PARAMS, {"w": jnp.ones((8, 4)).at[0, 0].set(INF),
+                                        "r": jnp.ones(3)})
+  chex.assert_trees_all_equal(params, SHARD_PARAMS)
+  assert int(skipped) == 1
