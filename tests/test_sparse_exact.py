@@ -470,6 +470,37 @@ def test_bfloat16_first_moments_agree_to_bfloat16_precision():
   assert float(jnp.abs(got["t"] - want["t"]).max()) <= 1e-2 * moved
 
 
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (see conftest.py)")
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adam(0.1),
+    lambda: lars_optax.sparse.sgd(optax.linear_schedule(0.1, 0.01, 10), momentum=0.9),
+    lambda: lars_optax.sparse.adamw(optax.linear_schedule(0.1, 0.01, 10)),
+], ids=["adam", "sgd-schedule", "adamw-schedule"])
+def test_split_dense_leaves_inside_shard_map_equal_one_device(make):
+  """The up-to-date branch keeps the split type of the rows (check_vma: equal branch types)."""
+  import functools
+
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  tx = make()
+  params = {"w": jnp.arange(32.0).reshape(8, 4) / 10, "r": jnp.array([1.0, -2.0, 3.0])}
+  grads = jax.tree.map(lambda x: 0.3 * x + 0.1, params)
+  spec = {"w": P("x"), "r": P()}
+
+  def steps(p, g):
+    state = tx.init(p)
+    for _ in range(3):
+      updates, state = tx.update(g, state, p)
+      p = optax.apply_updates(p, updates)
+    return p
+
+  sharded = jax.jit(functools.partial(
+      jax.shard_map, mesh=Mesh(np.array(jax.devices()[:4]), ("x",)), in_specs=(spec, spec),
+      out_specs=spec)(steps))
+  chex.assert_trees_all_close(sharded(params, grads), steps(params, grads), rtol=1e-6)
+
+
 # --------------------------------------------------------------------------
 # The envelope: gaps up to 10,000 steps, against float64 (docs/sparse.md's table)
 # --------------------------------------------------------------------------

@@ -622,12 +622,19 @@ def _bring_up_dense(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Arr
   # behind's types, typed shardings included (explicit mesh axes): the drift is
   # p's, each row factor follows the rows' last steps. (Read off the inputs:
   # tracing behind again to get them doubles the step's trace time.)
+  # Inside shard_map (check_vma) the drift varies where any input does, the
+  # factors where the last steps do.
   drift_type = utils.struct_like(p, jnp.float32)
   factor_type = utils.struct_like(leaf.last.reshape(-1), jnp.float32)
+  inputs = [p, leaf.last, *leaf.bufs.values(), leaf.rowlog]
+  drift_axes = tuple(sorted(frozenset().union(
+      *(utils.vma(x) for x in inputs if hasattr(x, "dtype")))))
+  factor_axes = tuple(sorted(utils.vma(leaf.last)))
 
   def current(p):
     del p
-    return utils.full(drift_type, 0), {k: utils.full(factor_type, 1) for k in names}
+    return (utils.to_varying(utils.full(drift_type, 0), drift_axes),
+            {k: utils.to_varying(utils.full(factor_type, 1), factor_axes) for k in names})
 
   drift, factors = jax.lax.cond(jnp.any(leaf.last != count), behind, current, p)
   if p.ndim == 0:
