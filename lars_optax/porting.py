@@ -306,7 +306,9 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
           skip=None if flags["always_adapt"] else no_decay, axis_name=o["axis_name"],
           stacked=o["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
     step += [base.learning_rate_part(lr), *_lr_mult(o)]
-    parts = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm)]
+    clip_axis = o["axis_name"] if isinstance(o["axis_name"], str) else None
+    parts = ([] if max_grad_norm is None
+             else [clip_by_global_norm(max_grad_norm, axis_name=clip_axis)])
     if decays and flags["decoupled_decay"]:
       parts.append(add_decoupled_weight_decay(
           optax.chain(*step), learning_rate=lr, weight_decay=weight_decay,

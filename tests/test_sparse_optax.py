@@ -125,6 +125,44 @@ def test_clip_by_global_norm_inside_shard_map_takes_the_whole_norm(split):
     mismatched(grads, params)
 
 
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (see conftest.py)")
+def test_clip_by_global_norm_without_types_is_global_or_refused():
+  """shard_map(check_vma=False): no type says which leaves are split. With axis_name every
+  leaf is summed over it (the one-device clip, also through timm's max_grad_norm);
+  without it replicated gradients (pmap's pmean) pass and split ones are refused."""
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  rng = np.random.default_rng(0)
+  params = {"kernel": jnp.asarray(rng.normal(size=(3, 8)), jnp.float32),
+            "bias": jnp.asarray(rng.normal(size=(8,)), jnp.float32)}
+  grads = jax.tree.map(lambda x: 0.5 * x + 0.1, params)
+  split = {"kernel": P(None, "x"), "bias": P("x")}
+  mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+  def run(tx, spec):
+    @jax.jit
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(spec, spec), out_specs=spec,
+                       check_vma=False)
+    def step(g, p):
+      return tx.update(g, tx.init(p), p)[0]
+    return step(grads, params)
+
+  clip = lars_optax.sparse.clip_by_global_norm(0.5)
+  want, _ = clip.update(grads, optax.EmptyState(), params)
+  chex.assert_trees_all_close(
+      run(lars_optax.sparse.clip_by_global_norm(0.5, axis_name="x"), split), want, rtol=1e-6)
+  chex.assert_trees_all_close(run(clip, {"kernel": P(), "bias": P()}), want, rtol=1e-6)
+  with pytest.raises(Exception, match=r"clip_by_global_norm: inside shard_map with "
+                     r"check_vma=False \(or pmap\) the devices' gradient norms differ"):
+    jax.block_until_ready(run(clip, split))
+  make = lambda **kw: lars_optax.porting.timm_lamb(0.1, weight_decay=1e-2, max_grad_norm=0.1,
+                                                    **kw)
+  whole = make()
+  want, _ = whole.update(grads, whole.init(params), params)
+  chex.assert_trees_all_close(run(make(axis_name="x"), split), want, rtol=1e-5, atol=1e-8)
+
+
 @pytest.mark.op_by_op
 def test_clip_then_lazy_adam_equals_optax_clip_then_dense_lazy_adam():
   params = _params()

@@ -257,7 +257,26 @@ def _split_sum(sq: jax.Array, axes: frozenset) -> jax.Array:
   return jax.lax.psum(sq, tuple(sorted(axes))) if axes else sq
 
 
-def clip_by_global_norm(max_norm: float) -> GradientTransformation:
+def _devices_agree(what: str) -> Callable[..., str]:
+  def report(lo, hi):
+    return (f"clip_by_global_norm: inside shard_map with check_vma=False (or pmap) the "
+            f"devices' {what} differ ({float(lo):g} to {float(hi):g}), and without types "
+            "the clip cannot tell a leaf split across devices from a replicated one, so "
+            "each device would clip by its own part's norm. Run shard_map with "
+            "check_vma=True (its default: each leaf's type says where it is split), pass "
+            "axis_name= the mesh axis every leaf is split over, or average the gradients "
+            "over the data axis first (lax.pmean).")
+  return report
+
+
+def _typed_manual_axes() -> tuple[tuple[str, ...], bool]:
+  """The enclosing shard_map/pmap's axes, and whether values carry their varying axes."""
+  axes = utils.manual_axes()
+  return axes, bool(axes) and bool(utils.vma(jax.lax.axis_index(axes[0])))
+
+
+def clip_by_global_norm(max_norm: float, *,
+                        axis_name: str | None = None) -> GradientTransformation:
   r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
 
   .. math::
@@ -278,15 +297,23 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
   param varies over: a leaf split across devices, by features or by layers,
   counts whole, and a replicated one once, so the norm is the one-device norm.
   (``optax.clip_by_global_norm`` takes each device's part alone.) Outside
-  ``shard_map`` nothing is summed.
+  ``shard_map`` nothing is summed. With ``check_vma=False`` (or under
+  ``pmap``) the types say nothing: with ``axis_name`` every leaf's squared
+  norm is summed over that axis (every leaf split over it, as the layer-wise
+  rules' ``axis_name`` means); without it the devices' norms must agree (the
+  gradients replicated, e.g. after ``lax.pmean``), or the step raises an error
+  at run time rather than clip each device by its own part.
 
   Args:
     max_norm: the largest global norm kept (> 0).
+    axis_name: the mesh axis every leaf is split over, for ``shard_map`` with
+      ``check_vma=False``; with ``check_vma`` the leaves' types are used.
 
   Returns:
     A stateless :class:`optax.GradientTransformation`.
   """
   v.check_scalar("max_norm", max_norm, low=0.0, low_open=True)
+  v.check_axis_name(axis_name)
 
   def update_fn(updates, state, params=None):
     treedef = jax.tree.structure(updates, is_leaf=_rows.is_row_sparse)
@@ -302,8 +329,17 @@ def clip_by_global_norm(max_norm: float) -> GradientTransformation:
       except (ValueError, TypeError) as e:
         raise ValueError("clip_by_global_norm: params must have the gradients' tree "
                          f"structure: {e}") from None
-    g_norm = jnp.sqrt(sum((_split_sum(_sum_sq(x), axes) for x, axes in zip(leaves, split)),
-                          jnp.zeros((), jnp.float32)))
+    manual, typed = _typed_manual_axes()
+    if manual and not typed and axis_name is not None:  # every leaf split over axis_name
+      sq = utils.psum(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)), axis_name)
+    else:
+      sq = sum((_split_sum(_sum_sq(x), axes) for x, axes in zip(leaves, split)),
+               jnp.zeros((), jnp.float32))
+    if manual and not typed and axis_name is None:  # no types: the devices must agree
+      lo, hi = jax.lax.pmin(sq, manual), jax.lax.pmax(sq, manual)
+      ok = _checks.raise_at_run_time(hi > lo, _devices_agree("gradient norms"), lo, hi)
+      sq = sq + jnp.asarray(ok, sq.dtype)
+    g_norm = jnp.sqrt(sq)
     trigger = g_norm < max_norm
 
     def clip(x):
