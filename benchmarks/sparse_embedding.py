@@ -370,10 +370,10 @@ def exact_report(args: argparse.Namespace) -> str:
   cases = [
       case("lars_optax.sparse.lazy_update(optax.adam) (the plain lazy step)",
            lars_optax.sparse.lazy_update(optax.adam(LR))),
-      case("lars_optax.sparse.adam (dense-exact, poles=8, the default)", exact),
+      case("lars_optax.sparse.adam (dense-exact, poles=4, the default)", exact),
       case("lars_optax.sparse.adam + catch_up(rows=ids) first", exact, catch_rows=exact),
       *[case(f"lars_optax.sparse.adam(poles={k})", lars_optax.sparse.adam(LR, poles=k))
-        for k in (1, 2, 4, 16)],
+        for k in (1, 2, 8, 16)],
   ]
   if not args.sparse_only:
     cases.append(case("optax.adam on the dense gradient", optax.adam(LR), dense=True))
@@ -403,7 +403,7 @@ def exact_report(args: argparse.Namespace) -> str:
   temp = jax.jit(step, donate_argnums=(0, 1)).lower(params, state, grads).compile(
       ).memory_analysis().temp_size_in_bytes
   errors = {k: exact_error(k) for k in (1, 2, 4, 8, 16)} if not args.quick else {}
-  poles_of = {1: 3, 2: 4, 4: 5, 8: 1, 16: 6}
+  poles_of = {1: 3, 2: 4, 4: 1, 8: 5, 16: 6}
   lines = [
       (f"{rows:,} x {dim} float32 table, {touched:,} Zipf(1.2) ids per step (64 batches in "
        f"turn), one Adam step (update + apply, jit, donated), median of {args.rounds} rounds "
@@ -427,6 +427,9 @@ def exact_report(args: argparse.Namespace) -> str:
     lines.append(f"- {text}: {'met' if ok else 'MISSED'}")
 
   target(f"dense-exact step <= 3x the plain lazy step ({base / lazy:.2f}x)", base <= 3 * lazy)
+  first = ms(cases[2])
+  target(f"with catch_up(rows=ids) first <= 3x the plain lazy step ({first / lazy:.2f}x)",
+         first <= 3 * lazy)
   if not args.sparse_only:
     speed = ms(cases[-1]) / base
     target(f"dense-exact step >= 30x faster than dense optax.adam ({speed:.0f}x)", speed >= 30)
@@ -434,7 +437,7 @@ def exact_report(args: argparse.Namespace) -> str:
   target(f"extra memory one int32 per row ({extra:,} bytes)", extra <= 4 * rows + 16)
   target("no table-sized temporary", temp < rows * dim * 4 // 20)
   if errors:
-    target(f"error <= 1e-5 at the default ({errors[8]:.1e})", errors[8] <= 1e-5)
+    target(f"error <= 1e-5 at the default ({errors[4]:.1e})", errors[4] <= 1e-5)
   report = "\n".join(lines)
   print(report)
   return report

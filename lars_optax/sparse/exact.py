@@ -32,10 +32,15 @@ How the sum is taken: its terms shrink geometrically (by about
 :math:`\beta_1/\sqrt{\beta_2}` a step), so its first ``window`` terms are
 summed per row from the schedule, and the rest as a geometric series with
 the schedule frozen at the window's last step. For Adam, :math:`\epsilon`
-makes the terms depend on each entry's :math:`v`; the terms are grouped into
-``poles`` runs, and each run is taken in closed form, exact when
-:math:`\epsilon \ll \sqrt{\hat v}` and when :math:`\epsilon \gg \sqrt{\hat
-v}`, and close in between (docs/sparse.md gives the measured errors). SGD's
+makes the terms depend on each entry's :math:`v`: with :math:`u_k =
+\sqrt{1-\beta_2^{s+k}}/\beta_2^{k/2}` the drift is
+:math:`m\sum_k w_k u_k / (\sqrt{v} + \epsilon u_k)`, a function of
+:math:`\sqrt{v}` with one pole per term. The terms are grouped into ``poles``
+runs, and in each run the weights :math:`w_k` at the points :math:`u_k` are
+replaced by their two-node Gauss rule (the run's mean and its second and third
+central moments): exact when :math:`\epsilon \ll \sqrt{\hat v}` and when
+:math:`\epsilon \gg \sqrt{\hat v}`, and within about 2e-6 of the largest move
+in between, small gradients included (docs/sparse.md gives the envelope). SGD's
 sum is exact for any schedule: past the window a row's move is
 :math:`P(s) - \mu^n P(s+n)`, with :math:`P(t) = \sum_{k \ge 1}
 \alpha_{t+k}\mu^k` kept per row and summed from the schedule once a step.
@@ -95,7 +100,8 @@ from lars_optax.sparse import _checks, _rows, _types
 
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 
-_MAX_WINDOW = 512
+_MAX_WINDOW = 2048  # Adam: b1 <= 0.99 needs at most 1,447 terms (b1 / sqrt(b2) <= 0.9905)
+_SGD_WINDOW = 512  # SGD: past its window the sum is taken whole, exactly
 _BLOCK = 4096  # rows whose window is computed at once (catch_up over a whole table)
 
 
@@ -191,13 +197,18 @@ def _as_schedule(value: Any) -> Callable[[jax.Array], jax.Array]:
   return lambda count: jnp.asarray(value, jnp.float32)
 
 
-def _default_window(ratio: float) -> int:
-  """Terms until ``ratio**k`` falls below 1e-6 (the rest: a geometric tail)."""
+def _needed_window(ratio: float) -> int | None:
+  """Terms until ``ratio**k`` falls below 1e-6 (the rest: a geometric tail); None: never."""
   if ratio <= 0.0:
     return 1
   if ratio >= 1.0:
-    return _MAX_WINDOW
-  return int(min(_MAX_WINDOW, max(4, math.ceil(math.log(1e-6) / math.log(ratio)))))
+    return None
+  return int(max(4, math.ceil(math.log(1e-6) / math.log(ratio))))
+
+
+def _default_window(ratio: float, cap: int = _MAX_WINDOW) -> int:
+  need = _needed_window(ratio)
+  return cap if need is None else min(cap, need)
 
 
 # The momentum's discounted sum of the rates to come is summed over this many
@@ -263,7 +274,14 @@ def _known(where: str, name: str, value: Any) -> Any:
 def _check_window(window: Any, poles: Any, where: str) -> None:
   if window is not None:
     v.check_count(f"{where}: window", window, 1, arrays=False, maximum=4096)
-  v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=16)
+  if poles is not None:
+    v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=16)
+
+
+def _default_poles(window: int) -> int:
+  """Runs of the window: 4 up to 256 skipped steps (b1 = 0.9), 8 beyond (b1 = 0.99): the
+  fewest that keep the small-gradient rows within 2.2e-6 of the largest move."""
+  return 4 if window <= 256 else 8
 
 
 _COUPLED = ("weight decay added to the gradient (coupled L2 decay, as MXNet's wd) has no "
@@ -300,12 +318,33 @@ def _geometric(ratio: jax.Array, m: jax.Array) -> jax.Array:
 
 
 def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
-  r"""``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 poles
-  of 255 terms): early in training the terms' :math:`\sqrt{\hat v}` scale changes as a
-  power of the step, so runs of equal log-width hold equal spreads."""
+  r"""``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 runs
+  of 255 terms): early in training the points :math:`u_k` change as a power of the step,
+  so runs of equal log-width hold equal spreads."""
   cuts = {0, window, *(round(window ** (p / poles)) - 1 for p in range(1, poles))}
   bounds = sorted(c for c in cuts if 0 <= c <= window)
   return list(itertools.pairwise(bounds))
+
+
+def _two_nodes(mean: jax.Array, c2: jax.Array, c3: jax.Array
+               ) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+  r"""The two-node Gauss rule of a positive measure with this mean and central moments.
+
+  The nodes :math:`\bar u + z_{1,2}` are the roots of the degree-2 orthogonal
+  polynomial :math:`z^2 - (c_3/c_2) z - c_2`; their shares
+  :math:`z_2/(z_2-z_1)` and :math:`-z_1/(z_2-z_1)` sum to 1. Where the spread
+  is below float32's resolution the rule is one node at the mean.
+  """
+  spread = c2 > (1e-6 * mean) ** 2
+  c2s = jnp.where(spread, c2, 1.0)
+  a = c3 / c2s
+  root = jnp.sqrt(a * a + 4.0 * c2s)
+  z1, z2 = (a - root) / 2.0, (a + root) / 2.0
+  share1 = jnp.where(spread, z2 / (z2 - z1), 1.0)
+  share2 = jnp.where(spread, -z1 / (z2 - z1), 0.0)
+  node1 = jnp.where(spread, mean + z1, mean)
+  node2 = jnp.where(spread, mean + z2, mean)
+  return (node1, node2), (share1, share2)
 
 
 def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
@@ -318,9 +357,10 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
 
   Returns ``m_decay`` (:math:`\\beta_1^n` or :math:`\\mu^n`), ``v_decay``,
   ``w_decay`` (:math:`D`, without the part read from ``log_decay``), and per
-  run ``h`` (:math:`\\sum_k w_k/\\beta_k`) and ``e`` (:math:`\\epsilon`
-  times :math:`\\sum_k (w_k/\\beta_k) / \\sum_k w_k`); for SGD ``h`` is the
-  momentum's whole drift factor.
+  node of each run's two-node rule ``h`` (its weight times its point,
+  :math:`W_j U_j`) and ``e`` (:math:`\\epsilon U_j`), so that the drift is
+  :math:`m \\sum_j h_j / (\\sqrt{v} + e_j)`; for SGD ``h`` is the momentum's
+  whole drift factor.
   """
   n = jnp.maximum(count - s, 0)
   if rule.kind == "sgd" and rule.momentum is None:  # plain SGD: nothing moves while away
@@ -362,8 +402,9 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
     mom = ((b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k) if rule.nesterov
            else b1_k / (1.0 - b1_s * b1_k))
     w = jnp.where(valid, lr * mom / d_k, 0.0)
-    h = w * (jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf)
-    # Each run's sums in one product with a 0/1 matrix (not two reductions per run).
+    u = jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf
+    h = w * u
+    # Each run's sums in one product with a 0/1 matrix (not reductions per run).
     runs = _chunks(window, rule.poles)
     member = np.zeros((window, len(runs)), np.float32)
     for i, (a, b) in enumerate(runs):
@@ -371,12 +412,25 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
     hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
     w_p = jnp.dot(w, member, precision=hi)
     h_p = jnp.dot(h, member, precision=hi)
-    # The tail, with the schedule frozen at the window's end, joins the last run.
+    # The tail, with the schedule frozen at the window's end, joins the last run
+    # (its terms are below 1e-6 of the first, at the default window).
     rho = b1 / dec[:, -1]
     w_p = w_p.at[:, -1].add(w[:, -1] * _geometric(rho, m_tail))
     h_p = h_p.at[:, -1].add(h[:, -1] * _geometric(rho / q, m_tail))
-    out["h"] = h_p
-    out["e"] = jnp.float32(rule.eps) * jnp.where(w_p > 0, h_p / jnp.where(w_p > 0, w_p, 1.0), 0.0)
+    # Each run's two-node Gauss rule for the weights w at the points u: its mean
+    # and central second and third moments give the nodes and their shares. The
+    # moments are taken about the run's first point (within the run's spread of
+    # the mean, so that float32 keeps the central ones).
+    first = np.array([a for a, _ in runs])
+    column_run = np.repeat(np.arange(len(runs)), [b - a for a, b in runs])
+    z = jnp.where(valid, u - u[:, first][:, column_run], 0.0)
+    safe_w = jnp.where(w_p > 0, w_p, 1.0)
+    wz = w * z
+    m1, m2, m3 = (jnp.dot(x, member, precision=hi) / safe_w for x in (wz, wz * z, wz * z * z))
+    mean = jnp.where(w_p > 0, h_p / safe_w, 0.0)
+    nodes, shares = _two_nodes(mean, m2 - m1 * m1, m3 - 3.0 * m1 * m2 + 2.0 * m1 * m1 * m1)
+    out["h"] = jnp.concatenate([w_p * shares[0] * nodes[0], w_p * shares[1] * nodes[1]], axis=1)
+    out["e"] = jnp.float32(rule.eps) * jnp.concatenate(nodes, axis=1)
     out["m_decay"] = b1 ** n.astype(jnp.float32)
     out["v_decay"] = b2 ** n.astype(jnp.float32)
   if decays and not rule.tracks_log_decay:
@@ -824,15 +878,18 @@ def _checked_lr(where: str, learning_rate: Any) -> None:
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
          nesterov: bool = False, window: int | None = None,
-         poles: int = 8) -> GradientTransformationExtraArgs:
+         poles: int | None = None) -> GradientTransformationExtraArgs:
   r"""``optax.adam`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   On a gradient tree with row-sparse leaves (:mod:`lars_optax.sparse`), each
   touched row is first brought up to date over the steps it skipped (see the
   module doc), then takes ``optax.adam``'s step; the update is row-sparse.
   After :func:`catch_up` the params equal ``optax.adam`` on the dense
-  gradients (zeros on the absent rows): within 1.6e-6 of the largest move
-  over 500 Zipfian steps at the default ``poles``. On a dense leaf this is
+  gradients (zeros on the absent rows): within 2.2e-6 of the largest move
+  over 500 Zipfian steps at the default ``poles``, for b1 up to 0.99 and
+  gradients from 1e-6 to 1e-4 (docs/sparse.md gives the envelope; a b1 whose
+  skipped steps matter for more than 2,048 steps, such as 0.999, is refused
+  unless ``window`` is given). On a dense leaf this is
   ``optax.adam``'s step. For a model that reads the table, bring a batch's
   rows up to date before its forward pass (``catch_up(tx, params, state,
   rows={"table": ids})``): its gradients are then the dense run's too.
@@ -848,10 +905,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
     eps_root: must be 0 (its default): with it the skipped steps have no
       closed form here.
     window: how many skipped steps are summed term by term (the rest: a
-      geometric tail); default: until :math:`(\beta_1/\sqrt{\beta_2})^k <
-      10^{-6}`.
-    poles: how many runs of the window are taken in closed form (the
-      accuracy in :math:`\epsilon`; 1 to 16).
+      geometric tail at the window's last rate); default: until
+      :math:`(\beta_1/\sqrt{\beta_2})^k < 10^{-6}`, at most 2,048.
+    poles: how many runs of the window each take a two-node Gauss rule (the
+      accuracy in :math:`\epsilon`; 1 to 16); default: 4 for a window of up
+      to 256 steps (b1 = 0.9), 8 beyond (b1 = 0.99).
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` with a
@@ -868,7 +926,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
           nesterov: bool = False, window: int | None = None,
-          poles: int = 8) -> GradientTransformationExtraArgs:
+          poles: int | None = None) -> GradientTransformationExtraArgs:
   r"""``optax.adamw`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   As :func:`adam`, with ``optax.adamw``'s decoupled decay: a row untouched
@@ -908,18 +966,29 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
   else:
     twin = optax.adamw(learning_rate, b1, b2, eps, eps_root, mu_dtype,
                        weight_decay=weight_decay, mask=mask, nesterov=nesterov)
+  ratio = b1f / math.sqrt(b2f) if b2f > 0 else 0.0
+  need = _needed_window(ratio)
+  window_given = window is not None
+  if not window_given and (need is None or need > _MAX_WINDOW):
+    raise ValueError(
+        f"{where}: b1: b1 / sqrt(b2) is {ratio:.6g}: a row's skipped steps matter until "
+        f"(b1 / sqrt(b2))**k < 1e-6, after {'no' if need is None else f'{need:,}'} steps, "
+        f"more than the {_MAX_WINDOW:,} the catch-up sums a row at a lazy step's cost, so "
+        "it would not be dense Adam's. Use b1 <= 0.99; or a plain lazy step "
+        "(lars_optax.sparse.lazy_update(optax.adam(...)), another optimizer); or pass "
+        "window= to accept a tail past it taken at the window's last rate.")
+  window = _default_window(ratio) if window is None else window
   decays = weight_decay is not None and (callable(weight_decay) or float(weight_decay) != 0.0)
   if decays and not callable(weight_decay) and not callable(learning_rate):
     rate = float(learning_rate) * float(weight_decay)
     if rate >= 1.0:
       raise ValueError(_sign_flip(where, "")(rate).replace(" , ", ", "))
-  ratio = b1f / math.sqrt(b2f) if b2f > 0 else 0.0
   return _dense_exact(_Rule(
       name=where, twin=twin, lr=_as_schedule(learning_rate),
       lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
       nesterov=nesterov, wd=_as_schedule(weight_decay) if decays else None,
       wd_is_schedule=callable(weight_decay), wd_mask=mask,
-      window=_default_window(ratio) if window is None else window, poles=poles,
+      window=window, poles=_default_poles(window) if poles is None else poles,
       constants=(("learning_rate", learning_rate), ("eps", eps),
                  ("weight_decay", weight_decay))))
 
@@ -964,7 +1033,7 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
       name=where, twin=optax.sgd(learning_rate, momentum, nesterov, accumulator_dtype),
       lr=_as_schedule(learning_rate), lr_is_schedule=callable(learning_rate), kind="sgd",
       momentum=mu, nesterov=nesterov,
-      window=(_default_window(mu or 0.0) if window is None else window),
+      window=(_default_window(mu or 0.0, _SGD_WINDOW) if window is None else window),
       constants=(("learning_rate", learning_rate),)))
 
 
