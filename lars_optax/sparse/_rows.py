@@ -41,8 +41,10 @@ def fingerprint(indices: jax.Array) -> jax.Array:
 def zeroed(grad: BCOO) -> jax.Array:
   """True for ``optax.tree.zeros_like`` of a row-sparse leaf (indices, digest and
   values all zero): a no-op update on row 0, whose digest no longer matches."""
-  return ((grad.fingerprint == 0) & jnp.all(grad.indices == 0)
-          & jnp.all(grad.data == 0))
+  digest = getattr(grad, "fingerprint", None)
+  if digest is None:
+    return jnp.zeros((), bool)
+  return (digest == 0) & jnp.all(grad.indices == 0) & jnp.all(grad.data == 0)
 
 
 def valid_rows(idx: jax.Array, num_rows: int) -> jax.Array:

@@ -39,7 +39,7 @@ makes the terms depend on each entry's :math:`v`: with :math:`u_k =
 runs, and in each run the weights :math:`w_k` at the points :math:`u_k` are
 replaced by their two-node Gauss rule (the run's mean and its second and third
 central moments): exact when :math:`\epsilon \ll \sqrt{\hat v}` and when
-:math:`\epsilon \gg \sqrt{\hat v}`, and within about 2e-6 of the largest move
+:math:`\epsilon \gg \sqrt{\hat v}`, and within 2.3e-6 of the largest move
 in between, small gradients included (docs/sparse.md gives the envelope). SGD's
 sum is exact for any schedule: past the window a row's move is
 :math:`P(s) - \mu^n P(s+n)`, with :math:`P(t) = \sum_{k \ge 1}
@@ -280,7 +280,7 @@ def _check_window(window: Any, poles: Any, where: str) -> None:
 
 def _default_poles(window: int) -> int:
   """Runs of the window: 4 up to 256 skipped steps (b1 = 0.9), 8 beyond (b1 = 0.99): the
-  fewest that keep the small-gradient rows within 2.2e-6 of the largest move."""
+  fewest that keep the small-gradient rows within 2.3e-6 of the largest move."""
   return 4 if window <= 256 else 8
 
 
@@ -885,7 +885,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
   touched row is first brought up to date over the steps it skipped (see the
   module doc), then takes ``optax.adam``'s step; the update is row-sparse.
   After :func:`catch_up` the params equal ``optax.adam`` on the dense
-  gradients (zeros on the absent rows): within 2.2e-6 of the largest move
+  gradients (zeros on the absent rows): within 2.3e-6 of the largest move
   over 500 Zipfian steps at the default ``poles``, for b1 up to 0.99 and
   gradients from 1e-6 to 1e-4 (docs/sparse.md gives the envelope; a b1 whose
   skipped steps matter for more than 2,048 steps, such as 0.999, is refused
