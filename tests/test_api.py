@@ -123,6 +123,16 @@ def test_every_argument_after_the_first_is_keyword_only(qualname, fn):
   assert len(positional) <= 1, f"{qualname}: {positional[1:]} should be keyword-only"
 
 
+def test_from_optax_page_names_every_function_with_positional_data():
+  """docs/from_optax.md says which functions keep data arguments positional (it said none)."""
+  import pathlib
+
+  page = (pathlib.Path(__file__).parent.parent / "docs" / "from_optax.md").read_text()
+  for qualname in POSITIONAL_DATA:
+    short = qualname.removeprefix("lars_optax.")
+    assert f"`{short}(" in page, short
+
+
 def test_a_positional_slip_in_optax_order_is_a_type_error():
   with pytest.raises(TypeError):
     lars_optax.lars(0.1, 1e-4)  # optax.lars's second argument is the weight decay
