@@ -314,26 +314,35 @@ COUNT_WHY = (" (the step count is int32, and the count of the first update, this
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-# optax's keywords (of optax.lars, lamb, adam, adamw, signum) and ours that mean the
-# same: the first of ours that a function takes is named in its error.
+# optax's keywords (of optax.lars, lamb, adam, adamw, signum) and ours (and the
+# peers' that the porting constructors take) that mean the same: the first of them
+# that a function takes is named in its error.
+_DECAY_MASKS = ("wd_skip", "skip_list", "wd_mult", "exclude_from_weight_decay",
+                "weight_decay_filter", "no_weight_decay")
 _OPTAX_EQUIVALENTS: dict[str, tuple[str, ...]] = {
-    "learning_rate": ("learning_rate",),
-    "lr": ("learning_rate",),
-    "b1": ("beta1", "momentum"),
-    "b2": ("beta2",),
-    "eps": ("epsilon",),
-    "weight_decay": ("wd",),
-    "trust_coefficient": ("eta", "eeta"),
+    "learning_rate": ("learning_rate", "lr"),
+    "lr": ("learning_rate", "lr"),
+    "b1": ("beta1", "beta_1", "betas", "momentum"),
+    "b2": ("beta2", "beta_2", "betas"),
+    "eps": ("epsilon", "eps"),
+    "weight_decay": ("wd", "weight_decay_rate"),
+    "trust_coefficient": ("eta", "eeta", "trust_coeff"),
     "beta": ("momentum",),
     "momentum": ("momentum",),
-    "weight_decay_mask": ("wd_skip", "skip_list", "wd_mult"),
-    "mask": ("wd_skip", "skip_list", "wd_mult"),
-    "trust_ratio_mask": ("skip", "skip_list"),
+    "weight_decay_mask": (*_DECAY_MASKS, "mask"),
+    "mask": (*_DECAY_MASKS, "weight_decay_mask"),
+    "trust_ratio_mask": ("skip", "skip_list", "exclude_from_layer_adaptation",
+                         "lars_adaptation_filter"),
 }
-# Ours that are masks of the leaves to exempt (True = left out), the reverse of optax's.
-_EXEMPT_MASKS = ("wd_skip", "skip")
+# Ours (and the peers') that name the leaves to exempt (True = left out), the reverse
+# of optax's masks.
+_EXEMPT_MASKS = ("wd_skip", "skip", "exclude_from_weight_decay", "no_weight_decay",
+                 "exclude_from_layer_adaptation")
 # optax's keywords with no equivalent in a function that lacks them.
 _NO_EQUIVALENT = {
+    "learning_rate": "this link takes no learning rate (chain "
+                     "optax.scale_by_learning_rate after it)",
+    "lr": "this link takes no learning rate (chain optax.scale_by_learning_rate after it)",
     "eps_root": "MXNet's rules add epsilon outside the square root; "
                 "lars_optax.porting.optax_lamb takes eps_root",
     "mu_dtype": "the moments take the params' dtype; multi_precision=True keeps float32 "
@@ -413,6 +422,33 @@ def _optax_hint(keyword: str, taken: set[str]) -> str | None:
   return advice
 
 
+def keyword_hints(hints: Mapping[str, str], *, builds: bool = False) -> Callable[[_F], _F]:
+  """A decorator for a public function: a keyword of ``hints``, or one of optax's,
+  that the function does not take raises a TypeError that starts with the
+  keyword and says which one to use (with ``builds``, the function is also a
+  :func:`constructor`; :func:`renamed_keywords` is that). For the links, which
+  check what they are given themselves.
+  """
+
+  def decorate(fn: _F) -> _F:
+    taken = set(inspect.signature(fn).parameters)
+    wrong = {k: why for k in _OPTAX_EQUIVALENTS.keys() | _NO_EQUIVALENT.keys()
+             if (why := _optax_hint(k, taken)) is not None}
+    wrong.update({k: why for k, why in hints.items() if k not in taken})
+    call = constructor(fn) if builds else fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      for k in kwargs:
+        if k in wrong:
+          raise TypeError(f"{k}: {fn.__name__}() has no argument {k!r}; {wrong[k]}")
+      return call(*args, **kwargs)
+
+    return cast(_F, wrapper)
+
+  return decorate
+
+
 def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   """A decorator for a public optimizer: a :func:`constructor` where a keyword of
   ``hints``, or one of optax's, that the function does not take raises a
@@ -427,24 +463,7 @@ def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   arguments.
   """
 
-  def decorate(fn: _F) -> _F:
-    taken = set(inspect.signature(fn).parameters)
-    wrong = {k: why for k in _OPTAX_EQUIVALENTS.keys() | _NO_EQUIVALENT.keys()
-             if (why := _optax_hint(k, taken)) is not None}
-    wrong.update({k: why for k, why in hints.items() if k not in taken})
-
-    built = constructor(fn)
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-      for k in kwargs:
-        if k in wrong:
-          raise TypeError(f"{k}: {fn.__name__}() has no argument {k!r}; {wrong[k]}")
-      return built(*args, **kwargs)
-
-    return cast(_F, wrapper)
-
-  return decorate
+  return keyword_hints(hints, builds=True)
 
 
 _MXNET_HINTS = {

@@ -21,6 +21,7 @@ from lars_optax.trust_ratio import scale_by_lamb_trust_ratio
 __all__ = ["lamb", "scale_by_lamb_adam"]
 
 
+@v.keyword_hints({})
 def scale_by_lamb_adam(
     b1: float = 0.9,
     *,

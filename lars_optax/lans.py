@@ -33,6 +33,7 @@ class NormalizePerLeafState(NamedTuple):
   layers: tuple[Any, ...]
 
 
+@v.keyword_hints({})
 def normalize_per_leaf(
     *,
     axis_name: stacked_mod.AxisNameLike = None,
@@ -119,6 +120,7 @@ class ScaleByLansState(NamedTuple):
   layer_grad_trust_ratio: tuple[Any, ...] = ()
 
 
+@v.keyword_hints({})
 def scale_by_lans(
     b1: float = 0.9,
     *,

@@ -43,6 +43,7 @@ class MXNetMomentumState(NamedTuple):
   momentum: optax.Updates | None
 
 
+@v.keyword_hints({})
 def mxnet_momentum(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -148,6 +149,7 @@ class DampenedTraceState(NamedTuple):
   trace: optax.Updates
 
 
+@v.keyword_hints({})
 def dampened_trace(
     momentum: float,
     *,

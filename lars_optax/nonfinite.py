@@ -125,6 +125,7 @@ def _as_varying_as(old: Any, struct: Any) -> Any:
   return utils.to_varying(old, tuple(sorted(extra)))
 
 
+@v.keyword_hints({})
 def skip_nonfinite(
     inner: GradientTransformation,
     *,

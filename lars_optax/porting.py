@@ -226,7 +226,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
                                          ("trust_coeff", trust_coeff, True), ("eps", eps, True)])
 
 
-@v.constructor
+@v.renamed_keywords({})
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -325,7 +325,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
                                          ("eps", eps, True)])
 
 
-@v.constructor
+@v.renamed_keywords({})
 def timm_lamb(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -490,7 +490,7 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
 # --------------------------------------------------------------------------
 
 
-@v.constructor
+@v.renamed_keywords({})
 def torch_sparse_adam(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -523,7 +523,7 @@ def torch_sparse_adam(
     raise
 
 
-@v.constructor
+@v.renamed_keywords({})
 def keras_lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -589,7 +589,7 @@ def keras_lamb(
 # --------------------------------------------------------------------------
 
 
-@v.constructor
+@v.renamed_keywords({})
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -646,7 +646,7 @@ def optax_lars(
                                          ("eps", eps, True)])
 
 
-@v.constructor
+@v.renamed_keywords({})
 def optax_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -722,7 +722,7 @@ def _byol_exempt(arg_name: str, filter_fn: Callable[..., Any] | None) -> masks.M
   return exempt
 
 
-@v.constructor
+@v.renamed_keywords({})
 def byol_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -773,7 +773,7 @@ def byol_lars(
                    ("eta", eta, True)])
 
 
-@v.constructor
+@v.renamed_keywords({})
 def simclr_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -838,7 +838,7 @@ def simclr_lars(
                                          ("weight_decay", weight_decay), ("eeta", eeta, True)])
 
 
-@v.constructor
+@v.renamed_keywords({})
 def albert_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,

@@ -47,6 +47,7 @@ class MultiPrecisionState(NamedTuple):
   inner_state: optax.OptState
 
 
+@v.keyword_hints({})
 def multi_precision(inner: GradientTransformation) -> GradientTransformationExtraArgs:
   r"""Runs ``inner`` on float32 master copies of the low-precision params.
 

@@ -539,6 +539,23 @@ def _add_each(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> tuple[jax.A
   return tuple(x + y for x, y in zip(a, b))
 
 
+def _check_split_leaves(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],
+                        axis_name: str | Sequence[str | None] | None) -> None:
+  for i, (group, k) in enumerate(zip(groups, ks)):
+    if group is None or k:  # a stack split by layers holds whole layers: no sum needed
+      continue
+    summed = (axis_name if isinstance(axis_name, str) or axis_name is None
+              else axis_name[i])
+    left = frozenset().union(*(utils.vma(x) for x in group)) - {summed}
+    if left:
+      raise ValueError(
+          f"axis_name: a leaf of shape {tuple(group[0].shape)} (this device's block) varies "
+          f"over the mesh axes {sorted(left)} inside shard_map: it is split across devices, "
+          "and without a sum over those axes its norm would be each block's, not the "
+          f"layer's. Pass axis_name={sorted(left)[0]!r} (or per-leaf rules, "
+          "{leaf name: axis}); average gradients over a data axis first (lax.pmean).")
+
+
 def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[int],
                    axis_name: str | Sequence[str | None] | None = None) -> list[Any]:
   """Per leaf, the per-layer squared norms of each array in its group.
@@ -554,7 +571,12 @@ def layer_sq_norms(groups: Sequence[Sequence[jax.Array] | None], ks: Sequence[in
 
   This is the one place the layer-wise rules (LARS, TF LARS, LAMB, LANS and
   :func:`~lars_optax.normalize_per_leaf`) take their norms.
+
+  Inside ``shard_map`` (with ``check_vma``) an unstacked leaf whose arrays vary
+  over a mesh axis that its sums do not cover is split across devices: its
+  norm would be each device's block's. That is an error naming ``axis_name``.
   """
+  _check_split_leaves(groups, ks, axis_name)
   squares = _all_sq_norms(groups, ks)
   if axis_name is None or isinstance(axis_name, str):
     return utils.psum(squares, axis_name)

@@ -105,6 +105,7 @@ class SVRGState(NamedTuple):
   inner_state: optax.OptState
 
 
+@v.keyword_hints({})
 def svrg(inner: GradientTransformation) -> GradientTransformationExtraArgs:
   r"""Feeds ``inner`` the SVRG gradient :math:`g - \tilde g + \mu`.
 

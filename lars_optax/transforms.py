@@ -88,6 +88,7 @@ def _per_leaf_axes(state: Any, tree: Any) -> list[int]:
   return stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(jax.tree.leaves(tree)))
 
 
+@v.keyword_hints({})
 def scale_per_leaf(multipliers: masks.LeafValues, *,
                    arg_name: str = "multipliers",
                    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -139,6 +140,7 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.keyword_hints({})
 def add_decayed_weights_per_leaf(
     weight_decay: float,
     *,
@@ -219,6 +221,7 @@ class ScaleByCautionState(NamedTuple):
   layers: tuple[Any, ...] = ()
 
 
+@v.keyword_hints({})
 def scale_by_caution(
     inner: GradientTransformation,
     *,
@@ -328,6 +331,7 @@ class AddDecoupledWeightDecayState(NamedTuple):
   layers: tuple[Any, ...] = ()
 
 
+@v.keyword_hints({})
 def add_decoupled_weight_decay(
     inner: GradientTransformation,
     *,
@@ -449,6 +453,7 @@ def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
   return items
 
 
+@v.keyword_hints({})
 def check_inputs(
     name: str = "optimizer",
     *,

@@ -153,6 +153,7 @@ class TrustClipState(NamedTuple):
   inner_state: optax.OptState
 
 
+@v.keyword_hints({})
 def scale_by_lars_trust_ratio(
     inner: GradientTransformation | None = None,
     *,
@@ -327,6 +328,7 @@ class ScaleByLambTrustRatioState(NamedTuple):
   layer_trust_ratio: tuple[Any, ...] = ()
 
 
+@v.keyword_hints({})
 def scale_by_lamb_trust_ratio(
     *,
     lower_bound: float | None = None,

@@ -186,6 +186,46 @@ def test_an_optax_keyword_we_do_not_take_names_its_equivalent(name, ours, keywor
     assert "the reverse of optax's mask" in message
 
 
+def _hinted_functions():
+  """Public functions that build a transformation (constructors and links), but
+  timm_optimizer and mxnet.create, whose other keywords go to the optimizer they name
+  (which names a wrong one itself)."""
+  by_name = ("lars_optax.porting.timm_optimizer", "lars_optax.mxnet.create")
+  for qualname, fn in _public_functions():
+    ret = str(inspect.signature(fn).return_annotation)
+    if "GradientTransformation" in ret and qualname not in by_name:
+      yield qualname, fn
+
+
+@pytest.mark.parametrize("qualname, fn", list(_hinted_functions()),
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_every_constructor_and_link_hints_optax_keywords(qualname, fn):
+  """The README promises the hint from every function: an optax keyword a function does
+  not take is a TypeError that starts with it, never Python's 'unexpected keyword'."""
+  taken = set(inspect.signature(fn).parameters)
+  for keyword in ("b1", "eps", "weight_decay", "trust_coefficient", "mask", "learning_rate"):
+    if keyword in taken:
+      continue
+    with pytest.raises(TypeError, match=rf"^{keyword}: ") as info:
+      fn(**{keyword: 0.5})
+    assert "unexpected keyword" not in str(info.value), qualname
+
+
+def test_a_peer_keyword_hint_names_the_peer_argument():
+  with pytest.raises(TypeError, match=r"^b1: keras_lamb\(\) has no argument 'b1'; it takes "
+                     r"beta_1= where optax takes b1="):
+    lars_optax.porting.keras_lamb(b1=0.9)
+  with pytest.raises(TypeError, match=r"^weight_decay: albert_lamb\(\) .*it takes "
+                     r"weight_decay_rate="):
+    lars_optax.porting.albert_lamb(weight_decay=0.01)
+  with pytest.raises(TypeError, match=r"^trust_coefficient: timm_lars\(\) .*it takes "
+                     r"trust_coeff="):
+    lars_optax.porting.timm_lars(trust_coefficient=0.001)
+  with pytest.raises(TypeError, match=r"^mask: keras_lamb\(\) .*it takes "
+                     r"exclude_from_weight_decay=.*reverse of optax's mask"):
+    lars_optax.porting.keras_lamb(mask={"w": True})
+
+
 def test_a_mask_hint_states_the_polarity():
   with pytest.raises(TypeError, match=r"^mask: lamb\(\) has no argument 'mask'; it takes "
                                       r"wd_skip= .*True = exempt.*reverse of optax's mask"):

@@ -932,17 +932,20 @@ def test_float_indices_name_the_cause_and_the_replacement():
     tx.update(cast, tx.init(params), params)
 
 
+def _apply_step(tx, jit):
+  """params, state, grads -> the params after tx's update (jitted or not)."""
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates)
+  return jax.jit(step) if jit else step
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_optax_scale_after_the_lazy_optimizer_names_the_fix(jit):
   """chain(adam(lazy_update=True), optax.scale(0.5)) scales the update's row indices too."""
   params, _, g1, _ = _two_grads()
   tx = optax.chain(lars_optax.mxnet.adam(0.1, lazy_update=True), optax.scale(0.5))
-
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates)
-
-  step = jax.jit(step) if jit else step
+  step = _apply_step(tx, jit)
   with pytest.raises(TypeError, match=r"apply_updates: a row-sparse update is a row-sparse BCOO "
                      r"with indices of dtype float32.*"
                      r"lars_optax.sparse.lazy_update\(optax.chain\("):
@@ -968,12 +971,7 @@ def test_a_schedule_after_a_row_sparse_optimizer_is_caught_not_moving_row_0(chai
   else:
     tx = optax.chain(lars_optax.mxnet.adam(0.1, lazy_update=True),
                      optax.scale_by_schedule(_SCHEDULE))
-
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates)
-
-  step = jax.jit(step) if jit else step
+  step = _apply_step(tx, jit)
   with pytest.raises(Exception, match=r"apply_updates: a row-sparse update: the row indices of "
                      r"this row-sparse BCOO were changed after it was made.*optax.scale_by_"
                      r"schedule"):

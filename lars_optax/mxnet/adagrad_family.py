@@ -75,6 +75,7 @@ def _divide(u: jax.Array, h: jax.Array, eps: Any) -> jax.Array:
   return utils.safe_divide(u.astype(dt), denom).astype(u.dtype)
 
 
+@v.keyword_hints({})
 def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   r"""Adagrad's scaling with :math:`\epsilon` outside the square root (MXNet's rule).
 
@@ -144,6 +145,7 @@ def _row_mean_square(u: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(wide), axis=tuple(range(1, u.ndim)), keepdims=True).astype(u.dtype)
 
 
+@v.keyword_hints({})
 def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   r"""Adagrad with one accumulator per row (axis 0) of each leaf (MXNet's GroupAdaGrad).
 
@@ -194,6 +196,7 @@ def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+@v.keyword_hints({})
 def clip_params(max_abs: float) -> optax.GradientTransformation:
   r"""Updates that keep the params in :math:`[-c, c]` (MXNet's ``clip_weights``).
 
@@ -252,6 +255,7 @@ class FtrlProximalState(NamedTuple):
   n: optax.Updates
 
 
+@v.keyword_hints({})
 def ftrl_proximal(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -456,7 +460,7 @@ def adagrad(
                      row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
-@v.constructor
+@v.mxnet_names
 def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,

@@ -86,6 +86,7 @@ __all__ = [
 # Transformations
 # --------------------------------------------------------------------------
 
+@v.keyword_hints({})
 def scale_by_mxnet_adam(
     b1: float = 0.9,
     *,
@@ -203,6 +204,7 @@ class ScaleByBiasCorrectionState(NamedTuple):
   count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
+@v.keyword_hints({})
 def scale_by_adam_moments(
     b1: float = 0.9,
     *,
@@ -278,6 +280,7 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
   return GradientTransformation(init_fn, update_fn)
 
 
+@v.keyword_hints({})
 def scale_by_mxnet_adamax(
     b1: float = 0.9,
     *,
@@ -323,6 +326,7 @@ def scale_by_mxnet_adamax(
                            checks=checks, squares=False)
 
 
+@v.keyword_hints({})
 def scale_by_mxnet_belief(
     b1: float = 0.9,
     *,
@@ -373,6 +377,7 @@ def _check_count(name: str, value: Any) -> None:
   v.check_count(name, value, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
 
+@v.keyword_hints({})
 def scale_by_bias_correction(
     b1: float = 0.9,
     *,
@@ -463,6 +468,7 @@ def _scalar_dtype(params: Any) -> Any:
                           [utils.norm_dtype(p.dtype) for p in leaves], jnp.dtype(jnp.float32))
 
 
+@v.keyword_hints({})
 def scale_by_mxnet_nadam(
     b1: float = 0.9,
     *,
@@ -574,6 +580,7 @@ class ScaleByFTMLState(NamedTuple):
   z: optax.Updates
 
 
+@v.keyword_hints({})
 def scale_by_ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
     *,

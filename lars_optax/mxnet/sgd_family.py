@@ -194,6 +194,7 @@ class DelayCompensationState(NamedTuple):
   previous_params: optax.Params
 
 
+@v.keyword_hints({})
 def add_delay_compensation(variance_control: float = 0.04) -> GradientTransformation:
   r"""Adds DC-ASGD's delay compensation to the update (needs ``params``).
 
@@ -374,6 +375,7 @@ def _initial_key(key: Any) -> jax.Array:
   return jnp.asarray(key)
 
 
+@v.keyword_hints({})
 def add_langevin_noise(
     learning_rate: optax.ScalarOrSchedule,
     *,

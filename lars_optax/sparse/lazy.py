@@ -58,6 +58,7 @@ def _keep_rows(new: jax.Array, old: jax.Array, rows: jax.Array) -> jax.Array:
   return jnp.where(where, new, old)
 
 
+@v.keyword_hints({})
 def lazy_update(inner: GradientTransformation, *,
                 axis_name: str | None = None) -> GradientTransformationExtraArgs:
   r"""Applies ``inner`` only to the rows present in the gradient.

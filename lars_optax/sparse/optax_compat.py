@@ -179,6 +179,7 @@ def _densify(u: Any) -> Any:
   return u.todense()
 
 
+@v.keyword_hints({})
 def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraArgs:
   """``inner`` with its row-sparse updates returned as dense arrays.
 
@@ -275,6 +276,7 @@ def _typed_manual_axes() -> tuple[tuple[str, ...], bool]:
   return axes, bool(axes) and bool(utils.vma(jax.lax.axis_index(axes[0])))
 
 
+@v.keyword_hints({})
 def clip_by_global_norm(max_norm: float, *,
                         axis_name: str | None = None) -> GradientTransformation:
   r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
@@ -370,6 +372,7 @@ class MultiStepsState(NamedTuple):
   skip_state: Any = ()
 
 
+@v.keyword_hints({})
 def multi_steps(
     opt: GradientTransformation,
     *,
