@@ -322,6 +322,28 @@ def test_each_argument_and_tree_is_checked_once(name, monkeypatch):
 
 
 @pytest.mark.parametrize("make", [
+    lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-4, group_by_shape=True),
+    lambda: lars_optax.tf_lars(0.1, group_by_shape=True),
+    lambda: lars_optax.lamb(1e-3, wd=0.01, group_by_shape=True),
+    lambda: lars_optax.lans(1e-3, wd=0.01, group_by_shape=True),
+], ids=["lars", "tf_lars", "lamb", "lans"])
+def test_group_by_shape_checks_once_when_built_not_at_every_trace(make, monkeypatch):
+  """The stacked links are rebuilt in init and update; they check nothing again (an update
+  made 38 checks where the per-leaf step makes 10)."""
+  seen = _spy_on_checks(monkeypatch)
+  tx = make()
+  built = sum(seen.values())
+  params = {"w": jnp.ones((2, 2)), "v": jnp.ones((2, 2)), "b": jnp.ones(2)}
+  state = tx.init(params)
+  seen.clear()
+  tx.update(params, state, params)
+  assert built  # the arguments, checked when built
+  # Per update: the trees, once each, by the constructor's check_inputs link; no argument.
+  assert all(fn in ("check_float_params", "check_same_structure") and n == 1
+             for (fn, _), n in seen.items()), dict(seen)
+
+
+@pytest.mark.parametrize("make", [
     lars_optax.lamb, lars_optax.lans, lars_optax.scale_by_lamb_trust_ratio,
     lars_optax.scale_by_lans, lambda **kw: lars_optax.mxnet.create("lamb", **kw)],
     ids=["lamb", "lans", "scale_by_lamb_trust_ratio", "scale_by_lans", "create"])
