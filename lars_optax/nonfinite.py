@@ -28,7 +28,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
-from lars_optax.sparse import _rows
+from lars_optax.sparse import _checks, _rows
 
 __all__ = ["skip_nonfinite"]
 
@@ -112,6 +112,12 @@ def _decided_everywhere(finite: jax.Array, axis_name: Any) -> jax.Array:
   return total == 0
 
 
+def _uncountable(total: Any) -> str:
+  return (f"skip_nonfinite: total_notfinite is {int(total)}, int32's largest value, so this "
+          "skipped step cannot be counted (a restored or hand-set count?). Reset it: "
+          "state._replace(total_notfinite=jnp.zeros([], jnp.int32)).")
+
+
 def _like(struct: Any, value: Any) -> jax.Array:
   """:func:`utils.full` of ``struct``, typed as varying where ``struct`` is (shard_map)."""
   return utils.to_varying(utils.full(struct, value), tuple(sorted(utils.struct_vma(struct))))
@@ -184,7 +190,8 @@ def skip_nonfinite(
     An :class:`optax.GradientTransformationExtraArgs` whose state is an
     :class:`optax.ApplyIfFiniteState`: ``notfinite_count`` (consecutive
     skipped steps, reset by a finite one), ``last_finite`` (whether the last
-    step was applied as finite), ``total_notfinite`` (skipped steps in all)
+    step was applied as finite), ``total_notfinite`` (skipped steps in all;
+    a skip it can no longer count, at int32's largest value, is an error)
     and ``inner_state``.
   """
   v.check_transformation(inner)
@@ -233,8 +240,12 @@ def skip_nonfinite(
       return zeros, kept
 
     new_updates, new_inner_state = jax.lax.cond(apply, do_update, reject_update, None)
+    # A skip that total_notfinite cannot count (it holds int32's largest value: a
+    # restored or hand-set count) is an error, not a step that goes uncounted.
+    full = (~isfinite) & (state.total_notfinite >= jnp.iinfo(jnp.int32).max)
+    ok = _checks.raise_at_run_time(full, _uncountable, state.total_notfinite)
     total = jnp.where(isfinite, state.total_notfinite,
-                      optax.safe_int32_increment(state.total_notfinite))
+                      optax.safe_int32_increment(state.total_notfinite)) + ok
     return new_updates, optax.ApplyIfFiniteState(
         notfinite_count=notfinite_count,
         last_finite=isfinite,

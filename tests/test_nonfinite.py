@@ -431,3 +431,18 @@ def test_skip_nonfinite_axis_name_is_checked_and_named():
                                         "r": jnp.ones(3)})
   chex.assert_trees_all_equal(params, SHARD_PARAMS)
   assert int(skipped) == 1
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_skip_that_the_full_count_cannot_count_is_an_error(jit):
+  """total_notfinite saturates at 2**31 - 1 (a restored or hand-set count): a skip then
+  would go uncounted; it is an error naming the reset."""
+  tx = lars_optax.skip_nonfinite(optax.sgd(0.1))
+  params = {"w": jnp.ones(3)}
+  state = tx.init(params)._replace(total_notfinite=jnp.asarray(2**31 - 1, jnp.int32))
+  update = jax.jit(tx.update) if jit else tx.update
+  _, kept = update({"w": jnp.ones(3)}, state, params)  # a finite step: nothing to count
+  assert int(kept.total_notfinite) == 2**31 - 1
+  with pytest.raises(Exception, match=r"skip_nonfinite: total_notfinite is 2147483647.*"
+                     r"state._replace\(total_notfinite="):
+    jax.block_until_ready(update({"w": jnp.array([1.0, NAN, 0.0])}, state, params))
