@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -348,3 +349,33 @@ def to_varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
   if pcast is not None:
     return pcast(x, axes, to="varying")
   return jax.lax.pvary(x, axes)  # type: ignore[attr-defined]
+
+
+def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> Any:
+  """Raises ``ValueError(report(*operands))`` when ``bad`` is true, also under ``jit``.
+
+  Concrete ``bad`` (outside ``jit``): raises now and returns ``0``. Traced:
+  returns a zero int32 scalar from a ``lax.cond`` on ``bad`` whose true
+  branch calls a host callback (:func:`jax.pure_callback`) that raises. The
+  caller adds the zero to an index it uses, so the check cannot be pruned.
+  A pure callback (unlike :func:`jax.debug.callback`) adds no side effect to
+  the compiled step, which keeps JAX's fast dispatch path: the check costs
+  the reduction that makes ``bad`` and one branch per step, and the operands
+  go to the host only when ``bad`` holds. The error reaches the caller as a
+  ``JaxRuntimeError`` ending with the message, when the step's results are
+  read.
+  """
+  if not isinstance(bad, jax.core.Tracer):
+    if bool(bad):
+      raise ValueError(report(*[np.asarray(x) for x in operands]))
+    return 0
+
+  def fail(bad, *ops):
+    if np.any(bad):  # (under vmap both branches may run: look at the flag)
+      raise ValueError(report(*[np.asarray(x) for x in ops]))
+    return np.zeros((), np.int32)
+
+  zero = jax.ShapeDtypeStruct((), jnp.int32)
+  return jax.lax.cond(
+      bad, lambda ops: jax.pure_callback(fail, zero, bad, *ops, vmap_method="sequential"),
+      lambda ops: jnp.zeros((), jnp.int32), operands)

@@ -28,7 +28,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
-from lars_optax.sparse import _checks, _rows
+from lars_optax.sparse import _rows
 
 __all__ = ["skip_nonfinite"]
 
@@ -243,7 +243,7 @@ def skip_nonfinite(
     # A skip that total_notfinite cannot count (it holds int32's largest value: a
     # restored or hand-set count) is an error, not a step that goes uncounted.
     full = (~isfinite) & (state.total_notfinite >= jnp.iinfo(jnp.int32).max)
-    ok = _checks.raise_at_run_time(full, _uncountable, state.total_notfinite)
+    ok = utils.raise_at_run_time(full, _uncountable, state.total_notfinite)
     total = jnp.where(isfinite, state.total_notfinite,
                       optax.safe_int32_increment(state.total_notfinite)) + ok
     return new_updates, optax.ApplyIfFiniteState(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,6 +10,7 @@ import numpy as np
 from jax.experimental.sparse import BCOO
 
 from lars_optax import masks
+from lars_optax._utils import raise_at_run_time
 from lars_optax.sparse import _rows
 
 # --------------------------------------------------------------------------
@@ -39,36 +39,6 @@ ADDED_HINT = (
     "gradients' row indices, so the values would land on other rows: sum gradient trees "
     "with lars_optax.sparse.tree_add(g1, g2), and accumulate micro-batches with "
     "lars_optax.sparse.multi_steps(tx, k).")
-
-
-def raise_at_run_time(bad: Any, report: Callable[..., str], *operands: Any) -> Any:
-  """Raises ``ValueError(report(*operands))`` when ``bad`` is true, also under ``jit``.
-
-  Concrete ``bad`` (outside ``jit``): raises now and returns ``0``. Traced:
-  returns a zero int32 scalar from a ``lax.cond`` on ``bad`` whose true
-  branch calls a host callback (:func:`jax.pure_callback`) that raises. The
-  caller adds the zero to an index it uses, so the check cannot be pruned.
-  A pure callback (unlike :func:`jax.debug.callback`) adds no side effect to
-  the compiled step, which keeps JAX's fast dispatch path: the check costs
-  the reduction that makes ``bad`` and one branch per step, and the operands
-  go to the host only when ``bad`` holds. The error reaches the caller as a
-  ``JaxRuntimeError`` ending with the message, when the step's results are
-  read.
-  """
-  if not isinstance(bad, jax.core.Tracer):
-    if bool(bad):
-      raise ValueError(report(*[np.asarray(x) for x in operands]))
-    return 0
-
-  def fail(bad, *ops):
-    if np.any(bad):  # (under vmap both branches may run: look at the flag)
-      raise ValueError(report(*[np.asarray(x) for x in ops]))
-    return np.zeros((), np.int32)
-
-  zero = jax.ShapeDtypeStruct((), jnp.int32)
-  return jax.lax.cond(
-      bad, lambda ops: jax.pure_callback(fail, zero, bad, *ops, vmap_method="sequential"),
-      lambda ops: jnp.zeros((), jnp.int32), operands)
 
 
 def check_indices(what: str, grad: BCOO, num_rows: int, where: str,
