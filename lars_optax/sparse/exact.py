@@ -185,11 +185,6 @@ class _Rule:
     """SGD with momentum and a schedule: each row keeps :math:`P(s)` (:func:`_future`)."""
     return self.kind == "sgd" and self.momentum is not None and self.lr_is_schedule
 
-  @property
-  def snapshots(self) -> bool:
-    """Each row keeps a float32 snapshot of a running global value at its last step."""
-    return self.tracks_log_decay or self.tracks_future
-
 
 def _as_schedule(value: Any) -> Callable[[jax.Array], jax.Array]:
   if callable(value):
@@ -830,7 +825,7 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     if rule.tracks_log_decay:
       assert rule.wd is not None
       rate = rule.lr(state.count) * rule.wd(state.count)
-      ok = _checks.raise_at_run_time(rate >= 1.0, _sign_flip(where, "at this step"), rate)
+      ok = _checks.raise_at_run_time(rate >= 1.0, _sign_flip(where, " at this step"), rate)
       log_decay = _two_sum(state.log_decay[0], state.log_decay[1],
                            jnp.log1p(-rate) + jnp.asarray(ok, jnp.float32))
       log_next = log_decay[0] + log_decay[1]
@@ -862,7 +857,7 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
 
 def _sign_flip(where: str, when: str) -> Any:
   def report(rate: Any) -> str:
-    return (f"{where}: weight_decay: learning_rate * weight_decay is {float(rate):g} "
+    return (f"{where}: weight_decay: learning_rate * weight_decay is {float(rate):g}"
             f"{when}, >= 1: the decoupled decay multiplies each weight by 1 - "
             "learning_rate * weight_decay <= 0, flipping its sign, which the catch-up of "
             "skipped steps (a product of such factors, taken in log form) cannot follow. "
@@ -982,7 +977,7 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
   if decays and not callable(weight_decay) and not callable(learning_rate):
     rate = float(learning_rate) * float(weight_decay)
     if rate >= 1.0:
-      raise ValueError(_sign_flip(where, "")(rate).replace(" , ", ", "))
+      raise ValueError(_sign_flip(where, "")(rate))
   return _dense_exact(_Rule(
       name=where, twin=twin, lr=_as_schedule(learning_rate),
       lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
