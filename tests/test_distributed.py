@@ -5,7 +5,13 @@ devices of a GPU/TPU host). Each test compares with the same computation on
 one device.
 """
 
+import contextlib
 import functools
+import os
+import re
+import socket
+import subprocess
+import sys
 
 import chex
 import jax
@@ -502,124 +508,258 @@ def test_shard_map_caution_counts_the_kept_share_over_the_whole_leaf(make):
 
 
 # --------------------------------------------------------------------------
-# 4. A table split by rows under jit (docs/sparse.md)
+# 4. Tables larger than one device (docs/sparse.md), every row-sparse optimizer
 # --------------------------------------------------------------------------
 
+# Each way of splitting a table runs all of these in one compiled program: per
+# name, the transformation and the dense-exact one inside it (for catch_up), if any.
+def _exact(make):
+  return lambda: (make(), make())  # (a transformation is a pair of pure functions)
 
-def _table_case():
-  """A 1,024-row table and a weight, a batch of ids and targets, and the loss's
-  row-sparse gradient (``sparse.value_and_grad``)."""
+
+_TABLE_OPTIMIZERS = {
+    "sparse.lazy_update": lambda: (lars_optax.sparse.lazy_update(optax.adam(0.01)), None),
+    "sparse.adam": _exact(lambda: lars_optax.sparse.adam(0.01)),
+    "sparse.adamw": _exact(lambda: lars_optax.sparse.adamw(
+        optax.cosine_decay_schedule(0.01, 10), weight_decay=0.1)),
+    "skip_nonfinite(sparse.sgd)": lambda: (
+        lars_optax.skip_nonfinite(lars_optax.sparse.sgd(0.1, momentum=0.9)),
+        lars_optax.sparse.sgd(0.1, momentum=0.9)),
+    "mxnet.adam": lambda: (lars_optax.mxnet.adam(0.01, lazy_update=True), None),
+    "mxnet.sgd": lambda: (lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True), None),
+    "mxnet.adagrad": lambda: (lars_optax.mxnet.adagrad(0.1), None),
+    "mxnet.groupadagrad": lambda: (lars_optax.mxnet.groupadagrad(0.1), None),
+    "mxnet.ftrl": lambda: (lars_optax.mxnet.ftrl(0.1), None),
+}
+_ROWS = 1000  # (a row count no other array of the step has: a table-sized collective shows)
+_STEPS = 3
+
+
+def _tables():
+  """Per optimizer, the same params: a 1,000-row table and a weight; ids and targets."""
   rng = np.random.default_rng(0)
-  params = {"table": jnp.asarray(rng.normal(size=(1024, 16)), jnp.float32), "w": jnp.ones(16)}
-  ids = jnp.asarray(rng.integers(0, 1024, (32, 4)), jnp.int32)
-  y = jnp.asarray(rng.normal(size=32), jnp.float32)
-  grad_fn = lars_optax.sparse.value_and_grad(
-      lambda p, i, t: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - t) ** 2), sparse="table")
-  return params, ids, y, grad_fn
+  table = jnp.asarray(rng.normal(size=(_ROWS, 16)), jnp.float32)
+  params = {k: {"table": table, "w": jnp.ones(16)} for k in _TABLE_OPTIMIZERS}
+  ids = jnp.asarray(rng.integers(0, _ROWS, (_STEPS, 32, 4)), jnp.int32)
+  ys = jnp.asarray(rng.normal(size=(_STEPS, 32)), jnp.float32)
+  return params, ids, ys
 
 
-def test_row_split_table_under_jit_equals_one_device_without_gathering_it():
-  """#37 item 8: the lazy Adam step on a table (and its moments) split by rows over 8
-  devices equals the one-device step; the table stays split and is never all-gathered."""
-  mesh = Mesh(np.array(jax.devices()[:8]), ("rows",))
-  params, ids, y, grad_fn = _table_case()
-  tx = lars_optax.mxnet.adam(0.01, lazy_update=True)
-
-  def step(p, s):
-    _, g = grad_fn(p, ids, y)
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  def run(p):
-    s, f = tx.init(p), jax.jit(step)
-    for _ in range(3):
-      p, s = f(p, s)
-    return p, s, f.lower(p, s).compile().as_text()
-
-  one, _, _ = run(params)
-  rows = NamedSharding(mesh, P("rows", None))
-  split, state, hlo = run(jax.device_put(params, {"table": rows, "w": NamedSharding(mesh, P())}))
-  chex.assert_trees_all_close(split, one, rtol=1e-6, atol=1e-6)
-  assert split["table"].sharding.spec == rows.spec
-  assert state[1].mu["table"].sharding.spec == rows.spec  # the moments are split too
-  assert {s.data.shape for s in split["table"].addressable_shards} == {(128, 16)}
-  gathers = [line for line in hlo.splitlines() if "all-gather" in line and "1024,16" in line]
-  assert not gathers, gathers
+def _table_loss(p, ids, y, out_sharding=None):
+  rows = p["table"][ids] if out_sharding is None else p["table"].at[ids].get(
+      out_sharding=out_sharding)
+  return jnp.mean((rows.mean(axis=1) @ p["w"] - y) ** 2)
 
 
-def test_dense_exact_adam_on_a_row_split_table_under_jit_equals_one_device():
-  """#38: sparse.adamw (with a schedule: a float32 per row more) and its catch_up on a
-  table split by rows over 8 devices equal the one-device run; nothing is all-gathered."""
-  mesh = Mesh(np.array(jax.devices()[:8]), ("rows",))
-  rng = np.random.default_rng(0)
-  params = {"table": jnp.asarray(rng.normal(size=(1024, 16)), jnp.float32), "w": jnp.ones(16)}
-  ids = jnp.asarray(rng.integers(0, 1024, (6, 32, 4)), jnp.int32)
-  y = jnp.asarray(rng.normal(size=32), jnp.float32)
-  grad_fn = lars_optax.sparse.value_and_grad(
-      lambda p, i, t: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - t) ** 2), sparse="table")
-  tx = lars_optax.sparse.adamw(optax.cosine_decay_schedule(0.01, 10), weight_decay=0.1)
+def _table_steps(grad_fn, catch_up_kw=None):
+  """One step of every optimizer: ``(params, states, ids, y) -> (params, states)``.
+  The dense-exact ones bring the batch's rows up first (``catch_up(rows=)``)."""
+  txs = {k: make() for k, make in _TABLE_OPTIMIZERS.items()}
 
-  def step(p, s, i):
-    p, s = lars_optax.sparse.catch_up(tx, p, s, rows={"table": i})
-    _, g = grad_fn(p, i, y)
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  def run(p):
-    s, f = tx.init(p), jax.jit(step, donate_argnums=(0, 1))
-    hlo = f.lower(p, s, ids[0]).compile().as_text()
-    for i in ids:
-      p, s = f(p, s, i)
-    p, s = jax.jit(lambda p, s: lars_optax.sparse.catch_up(tx, p, s))(p, s)
-    return p, s, hlo
-
-  rows = NamedSharding(mesh, P("rows", None))
-  split_params = jax.device_put(params, {"table": rows, "w": NamedSharding(mesh, P())})
-  one, _, _ = run(jax.tree.map(lambda x: jnp.array(x, copy=True), params))
-  split, state, hlo = run(split_params)
-  chex.assert_trees_all_close(split, one, rtol=1e-6, atol=1e-6)
-  assert split["table"].sharding.spec == rows.spec
-  assert state.inner[0].mu["table"].sharding.spec == rows.spec
-  gathers = [line for line in hlo.splitlines() if "all-gather" in line and "1024,16" in line]
-  assert not gathers, gathers
-
-
-@pytest.mark.parametrize("make", [
-    lambda: lars_optax.mxnet.adam(0.01, lazy_update=True),
-    lambda: lars_optax.sparse.adamw(0.01, weight_decay=0.1),
-    lambda: lars_optax.skip_nonfinite(lars_optax.sparse.sgd(0.01, momentum=0.9)),
-], ids=["lazy_adam", "sparse_adamw", "skip_nonfinite_sparse_sgd"])
-def test_column_split_table_on_explicit_axes_equals_one_device(make):
-  """With explicit mesh axes, row-sparse gradients (sparse.value_and_grad) of a
-  table split by columns train as on one device, and the table stays split.
-  (A table split by rows is not supported there yet: explicit axes ask for
-  ``table.at[ids].get(out_sharding=...)``, which reshards the table first.)"""
-  params, ids, y, grad_fn = _table_case()
-  tx = make()
-
-  def run(p):
-    def step(p, s):
+  def step(params, states, ids, y):
+    new_p, new_s = {}, {}
+    for k, (tx, exact) in txs.items():
+      p, s = params[k], states[k]
+      if exact is not None:
+        p, s = lars_optax.sparse.catch_up(exact, p, s, rows={"table": ids},
+                                          **(catch_up_kw or {}))
       _, g = grad_fn(p, ids, y)
       u, s = tx.update(g, s, p)
-      return lars_optax.sparse.apply_updates(p, u), s
+      new_p[k], new_s[k] = lars_optax.sparse.apply_updates(p, u), s
+    return new_p, new_s
 
-    s, f = tx.init(p), jax.jit(step)
-    for _ in range(3):
-      p, s = f(p, s)
-    return p
+  def finish(params, states):  # every row up to date, to compare whole tables
+    return {k: params[k] if exact is None else
+            lars_optax.sparse.catch_up(exact, params[k], states[k])[0]
+            for k, (_, exact) in txs.items()}
 
-  one = run(params)
-  mesh = explicit_mesh((8,), ("model",))
-  columns = NamedSharding(mesh, P(None, "model"))
-  with use_mesh(mesh):
+  def init(params):
+    return {k: tx.init(params[k]) for k, (tx, _) in txs.items()}
+
+  return init, step, finish
+
+
+@functools.lru_cache(maxsize=1)
+def _one_device_tables():
+  params, ids, ys = _tables()
+  grad_fn = lars_optax.sparse.value_and_grad(_table_loss, sparse="table")
+  init, step, finish = _table_steps(grad_fn)
+  states = init(params)
+  f = jax.jit(step)
+  for i, y in zip(ids, ys):
+    params, states = f(params, states, i, y)
+  return jax.device_get(jax.jit(finish)(params, states))
+
+
+def _table_collectives(hlo):
+  """The compiled step's collectives whose result has a dimension of the table's rows."""
+  found = []
+  for line in hlo.splitlines():
+    m = re.search(r"=\s*(.*?)\s(all-gather|all-reduce|all-to-all|collective-permute|"
+                  r"reduce-scatter)(-start)?\(", line)
+    if m and re.search(rf"[\[,]{_ROWS}[,\]]", m.group(1)):
+      found.append(line.strip()[:160])
+  return found
+
+
+def _split_leaves(tree, spec, n=8):
+  """Per leaf of a params or state tree, ``spec`` for the table and the buffers of its
+  rows or columns (moments, per-row counts and sums), as far as ``n`` divides their
+  axes; the rest (the weight, step counts) replicated."""
+  def one(a):
+    q = tuple(spec)[:np.ndim(a)]
+    fits = all(e is None or np.shape(a)[i] % n == 0 for i, e in enumerate(q))
+    return P(*q) if np.ndim(a) and np.shape(a)[0] == _ROWS and fits and any(q) else P()
+
+  return jax.tree.map(one, tree)
+
+
+def _table_specs(tree, spec):
+  """The names of the table-sized leaves (the table and the buffers of its rows) not
+  split as :func:`_split_leaves` puts them (XLA picks the others' shardings)."""
+  return [jax.tree_util.keystr(k) for (k, a), q in zip(
+      jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(
+          _split_leaves(tree, spec), is_leaf=lambda x: isinstance(x, P)))
+          if np.shape(a)[:1] == (_ROWS,)
+          and not a.sharding.is_equivalent_to(NamedSharding(a.sharding.mesh, q), a.ndim)]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["automatic_axes", "explicit_axes"])
+@pytest.mark.parametrize("split", ["rows", "columns"])
+def test_split_table_under_jit_equals_one_device(split, explicit):
+  """#53: a table split over 8 devices by rows or by columns, under jit with automatic
+  or explicit mesh axes (where the lookup reads ``table.at[ids].get(out_sharding=)``):
+  every row-sparse optimizer, the dense-exact ones with catch_up(rows=) first, equals
+  one device. The table and its state stay split, and no collective of the step moves
+  anything of the table's size."""
+  spec = P("x", None) if split == "rows" else P(None, "x")
+  mesh = explicit_mesh((8,), ("x",)) if explicit else Mesh(np.array(jax.devices()[:8]), ("x",))
+  params, ids, ys = _tables()
+  grad_fn = lars_optax.sparse.value_and_grad(
+      functools.partial(_table_loss, out_sharding=P() if explicit else None), sparse="table")
+  init, step, finish = _table_steps(grad_fn)
+  with use_mesh(mesh) if explicit else contextlib.nullcontext():
+    def put(tree):  # (the per-row vectors too: split by rows, else replicated)
+      return jax.device_put(tree, jax.tree.map(
+          lambda q: NamedSharding(mesh, q), _split_leaves(tree, spec)))
+
+    params = put(params)
+    states = put(init(params))
+    f = jax.jit(step, donate_argnums=(0, 1))
     try:
-      split = run(jax.device_put(params, {"table": columns, "w": NamedSharding(mesh, P())}))
+      hlo = f.lower(params, states, ids[0], ys[0]).compile().as_text()
     except NotImplementedError as e:  # jax 0.7: "sharding rule for scatter_add ..."
       if "sharding rule" not in str(e):
         raise
       pytest.skip(f"this jax's explicit axes: {e}")
-  chex.assert_trees_all_close(split, one, rtol=1e-6, atol=1e-6)
-  assert split["table"].sharding.spec == columns.spec
+    for i, y in zip(ids, ys):
+      params, states = f(params, states, i, y)
+    got = jax.jit(finish)(params, states)
+  chex.assert_trees_all_close(got, _one_device_tables(), rtol=1e-6, atol=1e-6)
+  assert not _table_specs((params, states), spec)
+  block = (_ROWS // 8, 16) if split == "rows" else (_ROWS, 2)
+  assert {s.data.shape for s in params["mxnet.adam"]["table"].addressable_shards} == {block}
+  assert not _table_collectives(hlo)
+
+
+_LAYOUTS = {  # mesh shape and names, the batch's axis, the table's axis
+    "ids_on_every_device": ((8,), ("table",), None, "table"),
+    "batch_split_over_the_table_axis": ((8,), ("table",), "table", "table"),
+    "data_x_table": ((2, 4), ("data", "table"), "data", "table"),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_split_table_in_shard_map_equals_one_device(layout):
+  """#53: inside shard_map, sparse.value_and_grad(..., axis_name=) and
+  catch_up(..., axis_name=) take a table whose rows are split over that axis and the
+  global ids of a model written for one device: every row-sparse optimizer equals one
+  device, with the batch the same on every device, split over the table's own axis,
+  or split over a data axis of a 2-D mesh. Each device holds and updates its block
+  only, and no collective moves anything of the table's size."""
+  shape, names, data, axis = _LAYOUTS[layout]
+  mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
+  per_batch = mesh.shape[data] if data else 1  # jax.grad sums the batch's parts
+  grad_fn = lars_optax.sparse.value_and_grad(
+      lambda p, i, y: _table_loss(p, i, y) / per_batch, sparse="table", axis_name=axis)
+  init, step, finish = _table_steps(grad_fn, {"axis_name": axis})
+  params, ids, ys = _tables()
+  states = init(params)
+  p_spec, s_spec = _split_leaves(params, P(axis)), _split_leaves(states, P(axis))
+  put = functools.partial(jax.tree.map, lambda a, q: jax.device_put(a, NamedSharding(mesh, q)))
+  params, states = put(params, p_spec), put(states, s_spec)
+  batch = P(data)
+  f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(p_spec, s_spec, batch, batch),
+                            out_specs=(p_spec, s_spec)), donate_argnums=(0, 1))
+  hlo = f.lower(params, states, ids[0], ys[0]).compile().as_text()
+  for i, y in zip(ids, ys):
+    params, states = f(params, states, i, y)
+  got = jax.jit(jax.shard_map(finish, mesh=mesh, in_specs=(p_spec, s_spec),
+                              out_specs=p_spec))(params, states)
+  chex.assert_trees_all_close(got, _one_device_tables(), rtol=1e-6, atol=1e-6)
+  block = _ROWS // mesh.shape[axis]
+  assert {s.data.shape for s in params["sparse.adam"]["table"].addressable_shards} == {
+      (block, 16)}
+  assert not _table_collectives(hlo)
+
+
+def test_split_table_in_shard_map_errors():
+  """#53: an id past the whole table is an error at run time; axis_name with a
+  replicated table, an axis the shard_map does not have, or check_vma=False (whose
+  types cannot tell which ids differ across devices) are errors naming axis_name."""
+  mesh = Mesh(np.array(jax.devices()[:8]), ("table",))
+  params, _, _ = _tables()
+  params = params["sparse.adam"]
+
+  def grads(axis_name, table_spec=None, check_vma=True, ids=None):
+    grad_fn = lars_optax.sparse.value_and_grad(_table_loss, sparse="table",
+                                               axis_name=axis_name)
+    ids = jnp.zeros((4, 2), jnp.int32) if ids is None else ids
+    specs = ({"table": P("table") if table_spec is None else table_spec, "w": P()}, P(), P())
+    f = jax.jit(jax.shard_map(lambda p, i, y: grad_fn(p, i, y)[0], mesh=mesh, in_specs=specs,
+                              out_specs=P(), check_vma=check_vma))
+    return f(params, ids, jnp.zeros(4))
+
+  assert np.isfinite(float(grads("table", ids=jnp.full((4, 2), _ROWS - 1, jnp.int32))))
+  with pytest.raises(Exception, match=rf"reads ids \[{_ROWS}\] past the table's {_ROWS} rows"):
+    float(grads("table", ids=jnp.full((4, 2), _ROWS, jnp.int32)))
+  with pytest.raises(ValueError, match="axis_name: the sparse leaf 'table' is the same on"):
+    grads("table", table_spec=P())
+  with pytest.raises(ValueError, match="axis_name: 'model' is not a mesh axis"):
+    grads("model")
+  with pytest.raises(ValueError, match=r"axis_name: shard_map\(\.\.\., check_vma=False\)"):
+    grads("table", check_vma=False)
+  with pytest.raises(TypeError, match="axis_name"):
+    lars_optax.sparse.value_and_grad(_table_loss, sparse="table", axis_name=3)
+  with pytest.raises(TypeError, match="axis_name"):
+    lars_optax.sparse.catch_up(lars_optax.sparse.adam(0.01), params,
+                               lars_optax.sparse.adam(0.01).init(params), axis_name=["table"])
+
+
+def test_two_processes_train_a_table_split_across_them_as_one_process():
+  """#53: two processes (jax.distributed, 4 CPU devices each) train a table split by
+  rows across both under jit, with lazy Adam and sparse.adam with catch_up(rows=):
+  each process's blocks equal the one-process run's rows."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  script = os.path.join(os.path.dirname(__file__), "two_process_table.py")
+  procs = [subprocess.Popen([sys.executable, script, str(i), str(port)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+           for i in range(2)]
+  outs = []
+  for proc in procs:
+    try:
+      outs.append(proc.communicate(timeout=300)[0])
+    finally:
+      proc.kill()
+  for proc, out in zip(procs, outs):
+    assert proc.returncode == 0, out[-3000:]
+  lines = [line for out in outs for line in out.splitlines() if "max error" in line]
+  assert len(lines) == 4, outs
+  for line in lines:
+    assert "4 local blocks of (125, 16)" in line, line
+    assert float(line.rsplit(" ", 1)[1]) <= 1e-6, line
 
 
 def _split_over(mesh, axis):

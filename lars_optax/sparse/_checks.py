@@ -10,6 +10,7 @@ import numpy as np
 from jax.experimental.sparse import BCOO
 
 from lars_optax import masks
+from lars_optax import _utils as utils
 from lars_optax._utils import raise_at_run_time
 from lars_optax.sparse import _rows
 
@@ -146,3 +147,31 @@ def params_up_to(treedef: Any, params: Any) -> list[Any]:
     return treedef.flatten_up_to(params)
   except (ValueError, TypeError):
     return [None] * treedef.num_leaves
+
+
+def split_blocks(axis_name: str | None, tables: list[tuple[str, Any]]) -> int:
+  """The number of blocks of tables split by rows over ``axis_name`` inside
+  ``shard_map`` (1 without one), after checking that they are: ``tables`` are
+  ``(name, block)`` pairs."""
+  if axis_name is None:
+    return 1
+  if utils.manual_axes() and axis_name not in utils.manual_axes():
+    raise ValueError(f"axis_name: {axis_name!r} is not a mesh axis of the enclosing "
+                     "shard_map (the axis its in_specs split the sparse leaves' rows over); "
+                     f"mesh axes here: {list(utils.manual_axes())}.")
+  blocks = int(utils.collective(jax.lax.psum, 1, axis_name))
+  # (axis_index's type varies over the axis where shard_map checks the types.)
+  typed = axis_name in utils.vma(jax.lax.axis_index(axis_name))
+  if not typed:
+    raise ValueError(
+        "axis_name: shard_map(..., check_vma=False) (or pmap) does not type which values "
+        "differ across devices, and a table split by rows needs to know which ids do (they "
+        "are gathered from the other devices, and each loss must count once in the "
+        "gradient). Use check_vma=True (the default), or jax.jit with the table's rows "
+        "split by a NamedSharding.")
+  for name, p in tables:
+    if axis_name not in utils.vma(p):
+      raise ValueError(f"axis_name: the sparse leaf {name!r} is the same on every device of "
+                       f"{axis_name!r} (in_specs P() there), not split by rows over it; "
+                       "leave axis_name out for a replicated table.")
+  return blocks

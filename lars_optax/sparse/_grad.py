@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lars_optax import _utils as utils
+from lars_optax import _validation as v
 from lars_optax import masks
-from lars_optax.sparse import _interpreter, _types
+from lars_optax.sparse import _checks, _interpreter, _rows, _types
 
 
 def _is_dynamic(x: Any) -> bool:
@@ -26,6 +27,13 @@ def by_name(name: str) -> masks.Mask:
       description=f"full path or last name {name!r}")
 
 
+def _whole(block: Any, axis_name: str, blocks: int) -> jax.ShapeDtypeStruct:
+  """The type of the whole table whose block over ``axis_name`` ``block`` is: the
+  rows of every block, the same on every device of the axis."""
+  return jax.eval_shape(
+      lambda b: jnp.concatenate([jax.lax.psum(b, axis_name)] * blocks), block)
+
+
 def value_and_grad(
     fun: Callable[..., Any],
     *,
@@ -33,6 +41,7 @@ def value_and_grad(
     max_rows: int | None = None,
     argnums: int = 0,
     has_aux: bool = False,
+    axis_name: str | None = None,
 ) -> Callable[..., Any]:
   """Like :func:`jax.value_and_grad`, with chosen leaves' gradients row-sparse.
 
@@ -83,6 +92,17 @@ def value_and_grad(
       default): the number of ids of each lookup, never too few.
     argnums: the position of ``params`` among the arguments (an int).
     has_aux: as in :func:`jax.value_and_grad`.
+    axis_name: inside :func:`jax.shard_map`, the mesh axis over which the
+      ``sparse`` leaves' rows are split (``in_specs`` ``P(axis_name)`` for
+      them): each device holds one block of consecutive rows, and ``fun``,
+      written for the whole table, reads global ids. Each device reads the
+      ids in its block, the rows read are summed over the axis (where the ids
+      differ along it, every device's ids are gathered first and each
+      device gets its own ids' rows back), and the gradient is row-sparse in
+      the device's own rows, so the optimizer touches only them. What crosses
+      the devices is the ids and the rows read, never the table. An id past
+      the whole table is an error. ``None`` (the default): each sparse leaf
+      is read as the device holds it.
 
   Returns:
     A function with the signature of ``fun`` returning ``(value, grads)``.
@@ -97,6 +117,7 @@ def value_and_grad(
     raise TypeError(f"has_aux: expected a bool, got {has_aux!r}.")
   if not callable(fun):
     raise TypeError(f"fun: expected a callable, got {type(fun).__name__}.")
+  v.check_axis_name(axis_name)
   text = sparse if isinstance(sparse, str) else None
   if isinstance(sparse, str):
     sparse = by_name(sparse)
@@ -121,6 +142,8 @@ def value_and_grad(
     for name, p, c in zip(names, flat_p, chosen):
       if c and np.ndim(p) == 0:
         raise ValueError(f"sparse: leaf {name!r} is 0-d; a row-sparse leaf needs rows.")
+    tables = [(n, p) for n, p, c in zip(names, flat_p, chosen) if c]
+    blocks = _checks.split_blocks(axis_name, tables)
     # The other arguments: arrays are traced, Python values stay as they are.
     rest = (args[:pos] + args[pos + 1:], kwargs)
     rest_leaves, rest_def = jax.tree.flatten(rest)
@@ -133,12 +156,15 @@ def value_and_grad(
       return fun(*others[:pos], params, *others[pos:], **kw)
 
     dyn_args = [x for x, d in zip(rest_leaves, dynamic) if d]
-    closed, out_shape = jax.make_jaxpr(call, return_shape=True)(params, *dyn_args)
+    # With axis_name, fun is traced on the whole table (as written for one device).
+    traced = params if axis_name is None else jax.tree.unflatten(treedef, [
+        _whole(p, axis_name, blocks) if c else p for p, c in zip(flat_p, chosen)])
+    closed, out_shape = jax.make_jaxpr(call, return_shape=True)(traced, *dyn_args)
     flat_args = jax.tree.leaves(dyn_args)
 
     def evaluate(dense_leaves, interp):
       it = iter(dense_leaves)
-      leaves = [_interpreter.Table(i, p, n) if c else next(it)
+      leaves = [_interpreter.Table(i, p, n, axis=axis_name, blocks=blocks) if c else next(it)
                 for i, (p, n, c) in enumerate(zip(flat_p, names, chosen))]
       return interp.run(closed.jaxpr, closed.consts, [*leaves, *flat_args])
 
@@ -173,7 +199,7 @@ def value_and_grad(
       # the devices; its gradient is their sum: gather every device's rows.
       axes = tuple(sorted(lk.vma - utils.vma(flat_p[lk.leaf])))
       if axes:
-        r, g = _interpreter.gather_over(r, axes), _interpreter.gather_over(g, axes)
+        r, g = _rows.gather_over(r, axes), _rows.gather_over(g, axes)
       per_leaf.setdefault(lk.leaf, []).append((r, g))
     it = iter(g_dense)
     grads = []

@@ -31,13 +31,30 @@ class Table:
   rows and casts them instead. ``value`` may be the table after ``pvary``
   (inside ``shard_map``), a change of type only. ``split``: the mesh axes the
   leaf itself varies over (a table split across devices), as it came in.
+  ``cast``: the ``reshard`` equation that moved the table to automatic mesh
+  axes (on an explicit mesh, ``table.at[ids].get(out_sharding=...)``); the
+  lookup's own arrays take the same cast. ``axis``: the mesh axis whose
+  devices each hold ``blocks`` consecutive rows of a table split by rows
+  (``value_and_grad(..., axis_name=)``); the loss was traced with the whole
+  table's shape and reads global ids.
   """
 
   def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None,
-               split: frozenset | None = None):
+               split: frozenset | None = None, cast: Any = None, axis: str | None = None,
+               blocks: int = 1):
     self.index, self.value, self.name = index, value, name
     self.dtype = value.dtype if dtype is None else jnp.dtype(dtype)
-    self.split = utils.vma(value) if split is None else split
+    self.split = utils.vma(value) - {axis} if split is None else split
+    self.cast, self.axis, self.blocks = cast, axis, blocks
+
+  def like(self, value: jax.Array | None = None, **changes: Any) -> Table:
+    """This table with another value (a change of type) or other attributes."""
+    new = object.__new__(Table)
+    new.__dict__.update(self.__dict__)
+    new.__dict__.update(changes)
+    if value is not None:
+      new.value = value
+    return new
 
 
 def _bind(eqn: Any, invals: list) -> Any:
@@ -74,18 +91,6 @@ def _out_vma(eqn: Any) -> frozenset:
   return utils.varying(eqn.outvars[0].aval)
 
 
-def gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-  """Every device's ``x`` along ``axes``, concatenated on axis 0, invariant over ``axes``.
-
-  Each device writes its block into its slot of a zero buffer and a ``psum``
-  adds them (an all-gather whose result the type system knows to be equal
-  on every device, as the gradient of a replicated table is).
-  """
-  n = jax.lax.psum(1, axes)
-  buf = jnp.zeros((n, *x.shape), x.dtype).at[jax.lax.axis_index(axes)].set(x)
-  return jax.lax.psum(buf, axes).reshape(n * x.shape[0], *x.shape[1:])
-
-
 class _Lookup(NamedTuple):
   leaf: int  # which sparse leaf
   rows: jax.Array  # the lookup's distinct rows, padded with num_rows
@@ -98,6 +103,15 @@ def _too_many_rows(name: str, max_rows: int) -> Callable[..., str]:
     return (f"max_rows: a lookup of {name!r} reads {distinct} distinct rows, more than "
             f"max_rows={max_rows}; raise max_rows, or leave it out (the default, the "
             "number of ids of each lookup, always suffices).")
+  return report
+
+
+def _past_table(name: str, total: int) -> Callable[..., str]:
+  def report(ids):
+    bad = ids[(ids < 0) | (ids >= total)]
+    return (f"sparse: a lookup of {name!r} reads ids {sorted(set(bad.tolist()))[:5]} past the "
+            f"table's {total} rows (its blocks over axis_name together): no device holds "
+            "them.")
   return report
 
 
@@ -127,9 +141,12 @@ class Interpreter:
     self.max_rows, self.deltas = max_rows, deltas
     self.lookups: list[_Lookup] = []
 
-  def lookup(self, table: Table, out: jax.Array, indices: jax.Array, dnums: Any,
+  def lookup(self, table: Table, out: jax.Array | None, indices: jax.Array, dnums: Any,
              slice_sizes: Sequence[int], row: int, clip: bool, vma: frozenset) -> jax.Array:
     """``out`` (the lookup's value) plus the gathered rows of a new ``delta``."""
+    if table.axis is not None:
+      return self.split_lookup(table, indices, dnums, slice_sizes, row, clip)
+    assert out is not None
     n = table.value.shape[0]
     rows = indices[..., row]
     split = tuple(sorted(table.split))
@@ -141,7 +158,56 @@ class Interpreter:
       rows, valid = jnp.clip(rows, 0, n - 1), jnp.ones(rows.shape, bool)
     else:
       valid = (rows >= 0) & (rows < n)
-    rows = jnp.where(valid, rows, n)
+    extra = self.delta_rows(table, jnp.where(valid, rows, n), valid, indices, dnums,
+                            slice_sizes, row, vma)
+    return out + extra.astype(out.dtype)
+
+  def split_lookup(self, table: Table, indices: jax.Array, dnums: Any,
+                   slice_sizes: Sequence[int], row: int, clip: bool) -> jax.Array:
+    """A lookup of global ids in a table whose rows are split over ``table.axis``.
+
+    Each device reads the ids that fall in its block (zeros for the others) and
+    the rows read are summed over the axis. Where the ids differ along the axis
+    (a batch split over the same devices) every device's ids are gathered first
+    and the sums scattered back, so that each device gets the rows of its own
+    ids. The delta (the
+    gradient's rows) is the device's own rows.
+    """
+    axis, n = table.axis, table.value.shape[0]
+    total = n * table.blocks
+    gathered = axis in utils.vma(indices)
+    if gathered:
+      indices = jax.lax.all_gather(indices, axis)
+      dnums = dnums._replace(offset_dims=tuple(d + 1 for d in dnums.offset_dims))
+    ids = indices[..., row]
+    if clip:
+      ids = jnp.clip(ids, 0, total - 1)
+    else:
+      ok = _checks.raise_at_run_time(jnp.any((ids < 0) | (ids >= total)),
+                                     _past_table(table.name, total), ids)
+      ids = ids + jnp.asarray(ok, ids.dtype)
+    local = ids - jax.lax.axis_index(axis).astype(ids.dtype) * n
+    mine = (local >= 0) & (local < n)
+    rows = jnp.where(mine, local, n)
+    part = jax.lax.gather(
+        jax.lax.stop_gradient(table.value),
+        jnp.zeros_like(indices).at[..., row].set(rows.astype(indices.dtype)), dnums,
+        tuple(slice_sizes), mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
+    extra = self.delta_rows(table, rows, mine, indices, dnums, slice_sizes, row,
+                            utils.vma(part))
+    both = part.astype(table.dtype) + extra.astype(table.dtype)
+    if gathered:
+      return jax.lax.psum_scatter(both, axis, scatter_dimension=0, tiled=False)
+    return jax.lax.psum(both, axis)
+
+  def delta_rows(self, table: Table, rows: jax.Array, valid: jax.Array, indices: jax.Array,
+                 dnums: Any, slice_sizes: Sequence[int], row: int,
+                 vma: frozenset) -> jax.Array:
+    """The lookup's gather on a new ``delta`` (zero rows, one per distinct row read).
+
+    ``rows``: the block's rows each id reads, ``num_rows`` where ``valid`` is false.
+    """
+    n = table.value.shape[0]
     # Without a bound, one row per id: never too few.
     size = self.max_rows or max(1, min(int(rows.size), n))
     uniq = jnp.unique(rows.reshape(-1), size=size, fill_value=n)
@@ -155,13 +221,23 @@ class Interpreter:
     self.lookups.append(_Lookup(table.index, uniq, vma))
     shape = (size, *table.value.shape[1:])
     delta = jnp.zeros(shape, table.value.dtype) if self.deltas is None else self.deltas[k]
+    if table.cast is not None:
+      delta = _bind(table.cast, [delta])
     # The same gather on delta, with the row replaced by its slot (out of range,
     # so 0, where the id was not found) and the other (whole) dimensions at 0.
     new_idx = jnp.zeros_like(indices).at[..., row].set(
         jnp.where(found, slot, size).astype(indices.dtype))
-    extra = jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
-                           mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
-    return out + extra.astype(out.dtype)
+    return jax.lax.gather(delta, new_idx, dnums, tuple(slice_sizes),
+                          mode=jax.lax.GatherScatterMode.FILL_OR_DROP, fill_value=0)
+
+  def cast_home(self, table: Table, out: jax.Array) -> jax.Array:
+    """``out``, and the last lookup's rows moved back from automatic mesh axes (see
+    :class:`Table`'s ``cast``) to the mesh of the step, as the gradient is built there."""
+    if table.cast is not None:
+      lk = self.lookups[-1]
+      rows = jax.sharding.reshard(lk.rows, jax.sharding.PartitionSpec())
+      self.lookups[-1] = lk._replace(rows=rows)
+    return out
 
   def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     env: dict[Any, Any] = {}
@@ -192,13 +268,17 @@ class Interpreter:
       dnums, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
       row = _row_component(dnums, sizes, shape)
       if row is not None:
-        out = _bind(eqn, [jax.lax.stop_gradient(table.value), invals[1]]).astype(table.dtype)
+        out = None if table.axis is not None else _bind(
+            eqn, [jax.lax.stop_gradient(table.value), invals[1]]).astype(table.dtype)
         clip = "CLIP" in str(eqn.params.get("mode"))
-        return self.lookup(table, out, invals[1], dnums, sizes, row, clip, _out_vma(eqn))
+        with eqn.ctx.manager:  # (the mesh the gather was traced under)
+          out = self.lookup(table, out, invals[1], dnums, sizes, row, clip, _out_vma(eqn))
+        return self.cast_home(table, out)
     if name == "dynamic_slice" and invals[0] is table and others_dense and tuple(
         eqn.params["slice_sizes"]) == (1, *shape[1:]):
       # x[i] with a scalar i: a lookup of one row (dynamic_slice clamps).
-      out = _bind(eqn, [jax.lax.stop_gradient(table.value), *invals[1:]]).astype(table.dtype)
+      out = None if table.axis is not None else _bind(
+          eqn, [jax.lax.stop_gradient(table.value), *invals[1:]]).astype(table.dtype)
       starts = jnp.stack([jnp.asarray(i, jnp.int32) for i in invals[1:]])
       return self.lookup(table, out, starts, _dynamic_slice_as_gather(len(shape)),
                          eqn.params["slice_sizes"], 0, True, _out_vma(eqn))
@@ -206,15 +286,24 @@ class Interpreter:
       # A cast followed by a lookup is a lookup followed by a cast.
       new_dtype = eqn.params.get("new_dtype")
       if new_dtype is None or jnp.issubdtype(new_dtype, jnp.floating):
-        return Table(table.index, table.value, table.name, new_dtype or table.dtype,
-                     table.split)
+        return table.like(dtype=jnp.dtype(new_dtype or table.dtype))
+    if name == "reshard" and invals[0] is table:
+      # On an explicit mesh, table.at[ids].get(out_sharding=...) gathers under
+      # automatic axes: it casts the table (and the ids) to them, a change of type
+      # that moves no data, and XLA reads each device's own rows.
+      return table.like(_bind(eqn, [table.value]), cast=eqn)
     if name == "pvary":
       # shard_map (check_vma=True) marks a replicated table as varying before
       # it meets per-device ids: a change of type, applied to the table itself.
-      outs = _bind(eqn, [x.value if isinstance(x, Table) else x for x in invals])
-      outs = list(outs) if eqn.primitive.multiple_results else [outs]
-      outs = [Table(x.index, o, x.name, x.dtype, x.split) if isinstance(x, Table) else o
-              for x, o in zip(invals, outs)]
+      # (A block of a table split over axis_name already varies over that axis,
+      # though the whole table it was traced as did not.)
+      def pvary(x):
+        value = x.value if isinstance(x, Table) else x
+        axes = tuple(a for a in eqn.params["axes"] if a not in utils.vma(value))
+        out = utils.to_varying(value, axes)
+        return x.like(out) if isinstance(x, Table) else out
+
+      outs = [pvary(x) for x in invals]
       return outs if eqn.primitive.multiple_results else outs[0]
     subs = _rowwise_jaxpr.sub_jaxprs(eqn.params)
     if len(subs) == 1 and len(subs[0].invars) == len(invals) and name not in (

@@ -238,7 +238,7 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
       elif r is None:
         out.append(dense_step(n, o, g))
       else:
-        out.append(jnp.asarray(o).at[r].set(n.astype(o.dtype), mode="drop"))  # numpy too
+        out.append(_rows.scatter(o, r, n))
     return out
 
   new_state = _buffers(new_state, treedef, row_shapes, scatter_bufs, state)

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.sparse import BCOO
 
+from lars_optax import _utils as utils
+
 
 def is_row_sparse(x: Any) -> bool:
   """True for a :class:`jax.experimental.sparse.BCOO`.
@@ -92,10 +94,74 @@ def shape_view(tree: Any) -> Any:
       tree, is_leaf=is_row_sparse)
 
 
+def on_split_rows(fn: Any, x: jax.Array, *args: Any, out_spec: Any = None) -> Any:
+  """``fn(x, *args)``; where ``x``'s type splits its rows over explicit mesh axes, run
+  with the mesh's axes automatic (:func:`jax.sharding.auto_axes`).
+
+  On an explicit mesh JAX asks a gather or scatter on a row-split array for its
+  result's sharding, and ``table.at[ids].get(out_sharding=...)`` gathers the whole
+  table first. Under automatic axes XLA reads (or writes) each device's own rows
+  and combines the rows read, never the table. The results are typed with
+  ``out_spec`` (a :class:`~jax.sharding.PartitionSpec` or a tree of them, one per
+  result), by default as ``x``.
+  """
+  split = utils.typed_sharding(x)
+  if not split or not split[0]:
+    return fn(x, *args)
+  sharding = jax.typeof(x).sharding
+  out = jax.tree.map(lambda spec: jax.sharding.NamedSharding(sharding.mesh, spec),
+                     sharding.spec if out_spec is None else out_spec,
+                     is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+  return jax.sharding.auto_axes(fn, out_sharding=out)(x, *args)
+
+
+def typed_spec(x: Any) -> Any:
+  """``x``'s :class:`~jax.sharding.PartitionSpec` where its type has one (explicit
+  mesh axes), else None."""
+  return jax.typeof(x).sharding.spec if utils.typed_sharding(x) else None
+
+
 def gather(x: jax.Array, rows: jax.Array) -> jax.Array:
-  # Padding rows (index num_rows) read the last row; their results are dropped
-  # by the scatter back, so the gather need not check bounds.
+  """Rows ``rows`` of ``x``; a padding row (index ``num_rows``) reads the last row.
+
+  Their results are dropped by the scatter back (:func:`scatter`), so the
+  gather need not check bounds. A table split by rows over explicit mesh axes
+  is read where it lies (see :func:`on_split_rows`).
+  """
   x = jnp.asarray(x)  # a numpy leaf (a restored checkpoint) has no .at
   if x.shape[0] == 0:
     return jnp.zeros((rows.shape[0], *x.shape[1:]), x.dtype)
-  return x.at[jnp.minimum(rows, x.shape[0] - 1)].get(mode="promise_in_bounds")
+  by = (utils.typed_sharding(rows) or ((),))[0]  # the ids' split: the rows read keep it
+  spec = tuple(typed_spec(x) or ())
+  spec += (None,) * (x.ndim - len(spec))
+  out_spec = jax.sharding.PartitionSpec(by if len(by) > 1 else by[0] if by else None,
+                                        *spec[1:])
+  return on_split_rows(
+      lambda x, r: x.at[jnp.minimum(r, x.shape[0] - 1)].get(mode="promise_in_bounds"),
+      x, rows, out_spec=out_spec)
+
+
+def scatter(x: Any, rows: jax.Array, values: jax.Array, *, add: bool = False) -> jax.Array:
+  """``x`` with ``values`` written to (``add``: added to) rows ``rows``; a row out of
+  range (padding) is dropped. ``values`` are cast to ``x``'s dtype. A table split
+  by rows over explicit mesh axes is written where it lies and stays split."""
+  x = jnp.asarray(x)  # numpy too
+
+  def write(x, r, v):
+    at = x.at[r]
+    v = v.astype(x.dtype)
+    return at.add(v, mode="drop") if add else at.set(v, mode="drop")
+
+  return on_split_rows(write, x, rows, values)
+
+
+def gather_over(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """Every device's ``x`` along ``axes``, concatenated on axis 0, invariant over ``axes``.
+
+  Each device writes its block into its slot of a zero buffer and a ``psum``
+  adds them (an all-gather whose result the type system knows to be equal
+  on every device, as the gradient of a replicated table is).
+  """
+  n = jax.lax.psum(1, axes)
+  buf = jnp.zeros((n, *x.shape), x.dtype).at[jax.lax.axis_index(axes)].set(x)
+  return jax.lax.psum(buf, axes).reshape(n * x.shape[0], *x.shape[1:])

@@ -64,7 +64,7 @@ class RowSparseUpdate(BCOO):
                        hint=_checks.AFTER_HINT)
     wide = jnp.result_type(other.dtype, self.data.dtype)
     if wide == other.dtype:
-      return other.at[self.indices[:, 0] + ok].add(self.data.astype(wide), mode="drop")
+      return _rows.scatter(other, self.indices[:, 0] + ok, self.data, add=True)
     # A wider update (float32 into a float16 table, as multi_precision makes):
     # the sums are formed in the wider dtype on the update's rows only and cast
     # back, so the table is never widened whole (optax.apply_updates would cast
@@ -72,7 +72,7 @@ class RowSparseUpdate(BCOO):
     rows, values = _rows.combine(self, other.shape[0])
     rows = rows + jnp.asarray(ok, rows.dtype)
     summed = _rows.gather(other, rows).astype(wide) + values.astype(wide)
-    return other.at[rows].set(summed.astype(other.dtype), mode="drop")
+    return _rows.scatter(other, rows, summed)
 
   def __radd__(self, other: Any) -> Any:
     if isinstance(other, BCOO):

@@ -711,12 +711,11 @@ def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: 
   # so that XLA gathers before it scatters in place instead of copying the vector.
   s = caught.last
   assert s is not None
-  last = leaf.last.at[r].set(jnp.maximum(s, new_count), mode="drop")
+  last = _rows.scatter(leaf.last, r, jnp.maximum(s, new_count))
   rowlog = leaf.rowlog
   if log_next is not None and caught.logs is not None:
-    rowlog = rowlog.at[r].set(jnp.where(s < new_count, log_next, caught.logs), mode="drop")
-  bufs = {f: old.at[r].set(bufs_out[f].astype(old.dtype), mode="drop")
-          for f, old in leaf.bufs.items()}
+    rowlog = _rows.scatter(rowlog, r, jnp.where(s < new_count, log_next, caught.logs))
+  bufs = {f: _rows.scatter(old, r, bufs_out[f]) for f, old in leaf.bufs.items()}
   return update, last, rowlog, bufs
 
 
@@ -1038,7 +1037,8 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
 
 
 def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
-             rows: dict[str, Any] | None = None) -> tuple[Any, Any]:
+             rows: dict[str, Any] | None = None,
+             axis_name: str | None = None) -> tuple[Any, Any]:
   """Brings rows to the current step: ``(params, state)`` as the dense optimizer has them.
 
   ``tx`` is :func:`adam`, :func:`adamw` or :func:`sgd` and ``state`` the
@@ -1060,6 +1060,13 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
     row more is only work.) Call it on a batch's ids before the
     forward pass, and the model reads each row as the dense optimizer has
     it, so the gradients, and the whole run, are the dense run's.
+
+  Inside :func:`jax.shard_map`, ids that differ across devices (a batch split
+  over a data axis) are gathered over those axes first, so that every device
+  holding a block brings up the rows that any device's lookup will read, and
+  the copies of a block stay equal. With a table split by rows over a mesh
+  axis, pass it as ``axis_name`` (as to :func:`value_and_grad`): the ids are
+  then global, and each device brings up the rows of its own block.
   """
   rule = getattr(getattr(tx, "update", None), "catch_up_rule", None)
   if not isinstance(rule, _Rule):
@@ -1076,7 +1083,9 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
       lambda p, m: p if isinstance(m, optax.MaskedNode) else m, params, mp.master,
       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
   treedef: Any = jax.tree.structure(full)
+  v.check_axis_name(axis_name)
   picked = _rows_by_leaf(rows, full, treedef)
+  picked = _own_rows(picked, masks.named_leaves(full), axis_name)
   new_full, new_cu = _catch_up_state(rule, full, found[0], picked)
 
   def replace(node):
@@ -1098,7 +1107,7 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
     if r is None:
       out.append(jnp.asarray(w).astype(p.dtype))
     else:
-      out.append(p.at[r].set(_rows.gather(w, r).astype(p.dtype), mode="drop"))
+      out.append(_rows.scatter(p, r, _rows.gather(w, r)))
   return jax.tree.unflatten(treedef, out), new_state
 
 
@@ -1122,6 +1131,32 @@ def _rows_by_leaf(rows: dict[str, Any] | None, params: Any, treedef: Any) -> lis
     for i in hits:
       picked[i] = ids.reshape(-1)
   return picked
+
+
+def _own_rows(picked: list[Any], named: list[tuple[str, Any]],
+              axis_name: str | None) -> list[Any]:
+  """Each leaf's ids as this device must bring them up: gathered over the mesh axes
+  along which they vary and the leaf does not (or, with ``axis_name``, over which
+  the leaf is split by rows too), as the rows ``table[ids]`` reads; with
+  ``axis_name``, rows of the device's block (``num_rows``, dropped, where not)."""
+  split = [(n, p) for (n, p), r in zip(named, picked) if r is not None and r.shape[0]]
+  blocks = _checks.split_blocks(axis_name, split) if split else 1
+  out = []
+  for (_, p), r in zip(named, picked):
+    if r is None or np.ndim(p) == 0 or r.shape[0] == 0:
+      out.append(r)
+      continue
+    axes = tuple(sorted(utils.vma(r) - (utils.vma(p) - {axis_name})))
+    if axes:
+      r = _rows.gather_over(r, axes)
+    n = np.shape(p)[0]
+    if axis_name is None:
+      r = _rows.as_read(r, n)  # the rows the model's table[ids] reads
+    else:
+      local = _rows.as_read(r, n * blocks) - jax.lax.axis_index(axis_name).astype(r.dtype) * n
+      r = jnp.where((local >= 0) & (local < n), local, n)  # n: not this block's (dropped)
+    out.append(r)
+  return out
 
 
 def _master_states() -> tuple[type, ...]:
@@ -1168,19 +1203,25 @@ def _catch_up_state(rule: _Rule, params: Any, state: CatchUpState,
     if isinstance(last, optax.MaskedNode):  # a leaf masked out of tx (optax.masked,
       out.append((p, leaf.bufs, last, rowlog))  # multi_transform, partition): not tx's
     elif r is None:
-      w1, b1, _ = _catch_up_all_rows(rule, leaf, count, log_now, decays)
+      def all_rows(p, bufs, last, rowlog, count, log_now, decays=decays):
+        leaf = _Leaf("", None, p, bufs, last, rowlog)
+        return _catch_up_all_rows(rule, leaf, count, log_now, decays)[:2]
+
+      # (Where the leaf's rows are split over explicit mesh axes, under automatic ones.)
+      w1, b1 = _rows.on_split_rows(
+          all_rows, p, leaf.bufs, last, rowlog, count, log_now,
+          out_spec=jax.tree.map(_rows.typed_spec, (p, leaf.bufs)))
       out.append((w1, b1, jnp.full_like(last, count),
                   rowlog if log_now is None else jnp.full_like(rowlog, log_now)))
     elif p.ndim == 0 or r.shape[0] == 0 or p.shape[0] == 0:  # nothing asked of this leaf
       out.append((p, leaf.bufs, last, rowlog))
     else:
-      r = _rows.as_read(r, p.shape[0])  # the rows the model's table[ids] reads
       s, logs, _, w1, b1 = _gather_up(rule, leaf, r, count, log_now, decays)
       if logs is not None and log_now is not None:
-        rowlog = rowlog.at[r].set(jnp.where(s <= count, log_now, logs), mode="drop")
-      out.append((p.at[r].set(w1, mode="drop"),
-                  {f: x.at[r].set(b1[f], mode="drop") for f, x in leaf.bufs.items()},
-                  last.at[r].set(jnp.maximum(s, count), mode="drop"), rowlog))
+        rowlog = _rows.scatter(rowlog, r, jnp.where(s <= count, log_now, logs))
+      out.append((_rows.scatter(p, r, w1),
+                  {f: _rows.scatter(x, r, b1[f]) for f, x in leaf.bufs.items()},
+                  _rows.scatter(last, r, jnp.maximum(s, count)), rowlog))
 
   def tree(i):
     return jax.tree.unflatten(treedef, [o[i] for o in out])
