@@ -42,7 +42,11 @@ shared machine the absolute times are noisy: compare ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import math
+import re
 import statistics
 import subprocess
 import textwrap
@@ -443,6 +447,177 @@ def exact_report(args: argparse.Namespace) -> str:
   return report
 
 
+# --------------------------------------------------------------------------
+# --devices N: a table split by rows over N devices against one device
+# --------------------------------------------------------------------------
+
+_COLLECTIVE = re.compile(r"=\s*(.*?)\s(all-gather|all-reduce|all-to-all|collective-permute|"
+                         r"reduce-scatter)(-start)?\(")
+_ARRAY = re.compile(r"(f32|s32|u32|f16|bf16|pred|s8|u8)\[([\d,]*)\]")
+_BYTES = {"f32": 4, "s32": 4, "u32": 4, "f16": 2, "bf16": 2, "pred": 1, "s8": 1, "u8": 1}
+
+
+def collective_bytes(hlo: str) -> list[int]:
+  """The result size in bytes of each collective of a compiled program (per device)."""
+  out = []
+  for line in hlo.splitlines():
+    m = _COLLECTIVE.search(line)
+    if m:
+      out.append(sum(_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
+                     for t, dims in _ARRAY.findall(m.group(1))))
+  return out
+
+
+class _SplitCase(Case):
+  """A :class:`Case` whose steps run inside a mesh context (explicit axes)."""
+
+  def __init__(self, name: str, step: Callable, params, state, args, context: Callable):
+    self.context = context
+    with context():
+      self.compiled = step.lower(params, state, *args).compile()
+      super().__init__(name, step, params, state, args)
+
+  def run(self) -> None:
+    with self.context():
+      super().run()
+
+
+def split_cases(rows: int, dim: int, batch: int, bag: int, devices: int,
+                exact: bool) -> list[Callable[[], Case]]:
+  """Builders of the train step of :func:`train_cases` (gradients, optimizer, apply) on
+  one device and with the table split by rows over ``devices`` devices in three ways:
+  ``jit`` with automatic axes, ``jit`` with explicit axes, and ``shard_map`` (the batch
+  split over the same devices, global ids). ``exact``: ``sparse.adam`` with
+  ``catch_up(rows=)`` first, else lazy Adam. (Builders: at 8M rows two cases at a time
+  fit in memory.)"""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  rng = np.random.default_rng(1)
+  ids = jnp.asarray(rng.integers(0, rows, (batch, bag)), jnp.int32)
+  y = jnp.asarray(rng.normal(size=batch), jnp.float32)
+  make = ((lambda: lars_optax.sparse.adam(LR)) if exact
+          else (lambda: lars_optax.mxnet.adam(LR, lazy_update=True)))
+  label = "sparse.adam + catch_up(rows=)" if exact else "lazy Adam"
+  dev = jax.devices()[:devices]
+
+  def params():
+    return {"table": np.zeros((rows, dim), np.float32), "w": np.ones(dim, np.float32)}
+
+  def loss(p, ids, y, out_sharding=None):
+    got = p["table"][ids] if out_sharding is None else p["table"].at[ids].get(
+        out_sharding=out_sharding)
+    return jnp.mean((got.mean(axis=1) @ p["w"] - y) ** 2)
+
+  def make_step(grad_fn, tx, axis_name=None):
+    def step(params, state, ids, y):
+      if exact:
+        params, state = lars_optax.sparse.catch_up(tx, params, state, rows={"table": ids},
+                                                   axis_name=axis_name)
+      _, grads = grad_fn(params, ids, y)
+      updates, state = tx.update(grads, state, params)
+      return lars_optax.sparse.apply_updates(params, updates), state
+
+    return step
+
+  def put(mesh, tree):  # the table and its buffers split by rows, the rest replicated
+    return jax.tree.map(lambda a: jax.device_put(
+        a, NamedSharding(mesh, P("rows") if np.shape(a)[:1] == (rows,) else P())), tree)
+
+  def none():
+    return contextlib.nullcontext()
+
+  plain = lars_optax.sparse.value_and_grad(loss, sparse="table")
+  auto = jax.sharding.Mesh(np.array(dev), ("rows",))
+  explicit = jax.make_mesh((devices,), ("rows",), devices=dev,
+                           axis_types=(jax.sharding.AxisType.Explicit,))
+
+  def one_device():
+    tx = make()
+    p = jax.device_put(params(), dev[0])
+    step = jax.jit(make_step(plain, tx), donate_argnums=(0, 1))
+    return _SplitCase(f"{label}, one device", step, p, tx.init(p), (ids, y), none)
+
+  def automatic():
+    tx = make()
+    p = put(auto, params())
+    step = jax.jit(make_step(plain, tx), donate_argnums=(0, 1))
+    return _SplitCase(f"{label}, jit, automatic axes", step, p, put(auto, tx.init(p)),
+                      (ids, y), none)
+
+  def explicit_axes():
+    tx = make()
+    with jax.set_mesh(explicit):
+      p = put(explicit, params())
+      s = put(explicit, tx.init(p))
+    grad_fn = lars_optax.sparse.value_and_grad(functools.partial(loss, out_sharding=P()),
+                                               sparse="table")
+    return _SplitCase(f"{label}, jit, explicit axes",
+                      jax.jit(make_step(grad_fn, tx), donate_argnums=(0, 1)), p, s, (ids, y),
+                      lambda: jax.set_mesh(explicit))
+
+  def in_shard_map():
+    tx = make()
+    grad_fn = lars_optax.sparse.value_and_grad(lambda p, i, y: loss(p, i, y) / devices,
+                                               sparse="table", axis_name="rows")
+    p = put(auto, params())
+    s = put(auto, tx.init(p))
+    p_spec = jax.tree.map(lambda a: a.sharding.spec, p)
+    s_spec = jax.tree.map(lambda a: a.sharding.spec, s)
+    step = jax.jit(jax.shard_map(make_step(grad_fn, tx, "rows"), mesh=auto,
+                                 in_specs=(p_spec, s_spec, P("rows"), P("rows")),
+                                 out_specs=(p_spec, s_spec)), donate_argnums=(0, 1))
+    return _SplitCase(f"{label}, shard_map, batch split too", step, p, s, (ids, y), none)
+
+  return [one_device, automatic, explicit_axes, in_shard_map]
+
+
+def devices_report(args: argparse.Namespace) -> str:
+  """Per table size: the split steps against one device, each pair timed in rotating order
+  (two tables at a time fit in memory at 8M rows), their per-device argument bytes and
+  their largest collective."""
+  n = args.devices
+  if jax.device_count() < n:
+    raise SystemExit(f"--devices {n}: JAX sees {jax.device_count()} devices.")
+  lines = [(f"Train step (gradients, optimizer, apply) of an embedding bag ({args.batch} "
+            f"examples x {args.bag} ids), the {args.dim}-wide float32 table split by rows "
+            f"over {n} devices against one device; medians of {args.rounds} rounds, each "
+            "split step timed in rotating order with the one-device step. JAX "
+            f"{jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})."),
+           "",
+           ("| table | step | median (ms) | vs one device | per-device arguments (MB) | "
+            "largest collective (KB) |"), "|---|---|---:|---:|---:|---:|"]
+
+  def row(rows, case, ratio):
+    mem = case.compiled.memory_analysis()
+    coll = collective_bytes(case.compiled.as_text())
+    return (f"| {rows:,} | {case.name} | {statistics.median(case.times) * 1e3:.3f} | {ratio} | "
+            f"{mem.argument_size_in_bytes / 1e6:.1f} | {max(coll, default=0) / 1e3:.1f} |")
+
+  for rows in args.tables:
+    for exact in (False,) if args.quick else (False, True):  # (--quick: lazy Adam only)
+      one_device, *splits = split_cases(rows, args.dim, args.batch, args.bag, n, exact)
+      one = one_device()
+      one_times: list[float] = []
+      split_rows = []
+      for build in splits:
+        case = build()
+        one.times = []
+        for r in range(args.rounds):
+          for c in ((one, case) if r % 2 == 0 else (case, one)):
+            c.run()
+        one_times += one.times
+        ratio = statistics.median(case.times) / statistics.median(one.times)
+        split_rows.append(row(rows, case, f"{ratio:.2f}x"))
+        del case  # (its table's memory, before the next one)
+      one.times = one_times
+      lines += [row(rows, one, "1"), *split_rows]
+      del one
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
 def main(argv: list[str] | None = None) -> str:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rows", type=int, default=1_000_000)
@@ -464,9 +639,21 @@ def main(argv: list[str] | None = None) -> str:
                            "its error against poles")
   parser.add_argument("--quick", action="store_true",
                       help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
+  parser.add_argument("--devices", type=int, default=0,
+                      help="the train step with the table split by rows over this many "
+                           "devices (on CPU, virtual ones), three ways, against one device")
+  parser.add_argument("--tables", type=lambda t: [int(x) for x in t.split(",")],
+                      default=[1_000_000, 8_000_000],
+                      help="with --devices: the table sizes in rows, comma-separated")
   if parser.parse_args(argv).quick:  # small defaults; explicit options still win
-    parser.set_defaults(rows=20_000, touched=64, batch=16, bag=4, rounds=3)
+    parser.set_defaults(rows=20_000, touched=64, batch=16, bag=4, rounds=3,
+                        tables=[16_000, 32_000])
   args = parser.parse_args(argv)
+  if args.devices:
+    # (Before JAX's first computation; a test's process already has its 8 devices.)
+    with contextlib.suppress(RuntimeError):
+      jax.config.update("jax_num_cpu_devices", args.devices)
+    return devices_report(args)
   if args.companions:
     return companions_report(args)
   if args.exact:

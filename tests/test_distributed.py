@@ -538,8 +538,9 @@ _STEPS = 3
 def _tables():
   """Per optimizer, the same params: a 1,000-row table and a weight; ids and targets."""
   rng = np.random.default_rng(0)
-  table = jnp.asarray(rng.normal(size=(_ROWS, 16)), jnp.float32)
-  params = {k: {"table": table, "w": jnp.ones(16)} for k in _TABLE_OPTIMIZERS}
+  table = rng.normal(size=(_ROWS, 16)).astype(np.float32)
+  # (A buffer of its own per optimizer: a step donates them.)
+  params = {k: {"table": jnp.array(table), "w": jnp.ones(16)} for k in _TABLE_OPTIMIZERS}
   ids = jnp.asarray(rng.integers(0, _ROWS, (_STEPS, 32, 4)), jnp.int32)
   ys = jnp.asarray(rng.normal(size=(_STEPS, 32)), jnp.float32)
   return params, ids, ys
@@ -666,6 +667,8 @@ _LAYOUTS = {  # mesh shape and names, the batch's axis, the table's axis
     "ids_on_every_device": ((8,), ("table",), None, "table"),
     "batch_split_over_the_table_axis": ((8,), ("table",), "table", "table"),
     "data_x_table": ((2, 4), ("data", "table"), "data", "table"),
+    # (A replicated table, the batch split: catch_up gathers the ids, so the copies agree.)
+    "replicated_table": ((8,), ("data",), "data", None),
 }
 
 
@@ -676,7 +679,9 @@ def test_split_table_in_shard_map_equals_one_device(layout):
   global ids of a model written for one device: every row-sparse optimizer equals one
   device, with the batch the same on every device, split over the table's own axis,
   or split over a data axis of a 2-D mesh. Each device holds and updates its block
-  only, and no collective moves anything of the table's size."""
+  only, and no collective moves anything of the table's size. (And a replicated
+  table with the batch split: catch_up(rows=) brings up every device's ids, so that
+  the copies stay equal.)"""
   shape, names, data, axis = _LAYOUTS[layout]
   mesh = Mesh(np.array(jax.devices()[:8]).reshape(shape), names)
   per_batch = mesh.shape[data] if data else 1  # jax.grad sums the batch's parts
@@ -697,7 +702,7 @@ def test_split_table_in_shard_map_equals_one_device(layout):
   got = jax.jit(jax.shard_map(finish, mesh=mesh, in_specs=(p_spec, s_spec),
                               out_specs=p_spec))(params, states)
   chex.assert_trees_all_close(got, _one_device_tables(), rtol=1e-6, atol=1e-6)
-  block = _ROWS // mesh.shape[axis]
+  block = _ROWS // (mesh.shape[axis] if axis else 1)
   assert {s.data.shape for s in params["sparse.adam"]["table"].addressable_shards} == {
       (block, 16)}
   assert not _table_collectives(hlo)
@@ -760,6 +765,30 @@ def test_two_processes_train_a_table_split_across_them_as_one_process():
   for line in lines:
     assert "4 local blocks of (125, 16)" in line, line
     assert float(line.rsplit(" ", 1)[1]) <= 1e-6, line
+
+
+def test_split_table_benchmark_quick_run():
+  """``benchmarks/sparse_embedding.py --devices 8 --quick`` (one small table, one round): each
+  split step holds 1/8 of the one-device step's arguments, and its collectives are
+  far smaller than the table."""
+  import importlib.util
+
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "sparse_embedding.py")
+  spec = importlib.util.spec_from_file_location("sparse_embedding_devices", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  report = module.main(["--devices", "8", "--quick", "--tables", "16000", "--rounds", "1",
+                        "--dim", "16"])
+  rows = [[c.strip() for c in line.split("|")[1:-1]] for line in report.splitlines()
+          if line.startswith("| 16,000")]
+  assert len(rows) == 4, report  # (--quick: lazy Adam only)
+  one, *split = rows
+  assert one[1] == "lazy Adam, one device" and [r[1] for r in split] == [
+      "lazy Adam, jit, automatic axes", "lazy Adam, jit, explicit axes",
+      "lazy Adam, shard_map, batch split too"]
+  for r in split:
+    assert float(r[4]) <= float(one[4]) / 8 + 0.1, r  # MB per device
+    assert float(r[5]) * 1e3 < 16_000 * 16 * 4 / 8, r  # bytes: under one block
 
 
 def _split_over(mesh, axis):

@@ -1169,7 +1169,8 @@ def test_value_and_grad_inside_shard_map_with_check_vma_equals_the_dense_gradien
 
 def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map():
   """#37 item 7: each device holds 4 of the 16 rows; global ids past the block would be
-  clamped in the lookup and dropped in the gradient. A replicated table is exact."""
+  clamped in the lookup and dropped in the gradient (without axis_name, which the
+  error names; #53). A replicated table is exact."""
   from jax.sharding import Mesh
   from jax.sharding import PartitionSpec as P
 
@@ -1185,7 +1186,8 @@ def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map
                                  check_vma=True))(params, ids)
 
   with pytest.raises(Exception, match=r"sparse: leaf 'table' varies over the mesh axes "
-                                      r"\('model',\) inside shard_map .*past this block's 4 rows"):
+                                      r"\('model',\) inside shard_map .*past this block's 4 "
+                                      r"rows.*pass axis_name='model' to sparse.value_and_grad"):
     jax.block_until_ready(step(P("model", None)))
   rows = np.asarray(step(P()))[:3]  # the first device's rows
   np.testing.assert_allclose(rows, 2 * np.asarray(params["table"])[[1, 6, 13]], rtol=1e-6)

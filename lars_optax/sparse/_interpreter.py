@@ -33,7 +33,8 @@ class Table:
   leaf itself varies over (a table split across devices), as it came in.
   ``cast``: the ``reshard`` equation that moved the table to automatic mesh
   axes (on an explicit mesh, ``table.at[ids].get(out_sharding=...)``); the
-  lookup's own arrays take the same cast. ``axis``: the mesh axis whose
+  lookup's own arrays take the same cast, and its rows the way back to
+  ``home``. ``axis``: the mesh axis whose
   devices each hold ``blocks`` consecutive rows of a table split by rows
   (``value_and_grad(..., axis_name=)``); the loss was traced with the whole
   table's shape and reads global ids.
@@ -46,6 +47,7 @@ class Table:
     self.dtype = value.dtype if dtype is None else jnp.dtype(dtype)
     self.split = utils.vma(value) - {axis} if split is None else split
     self.cast, self.axis, self.blocks = cast, axis, blocks
+    self.home: Any = None  # with cast: the (abstract) mesh the table came in on
 
   def like(self, value: jax.Array | None = None, **changes: Any) -> Table:
     """This table with another value (a change of type) or other attributes."""
@@ -120,10 +122,11 @@ def _split_table(name: str, axes: tuple[str, ...], n: int) -> Callable[..., str]
     bad = rows[(rows < 0) | (rows >= n)]
     return (f"sparse: leaf {name!r} varies over the mesh axes {axes} inside shard_map (a "
             f"table split across devices), and a lookup reads rows {sorted(set(bad.tolist()))[:5]} "
-            f"past this block's {n} rows: with a table split by rows, a global id reads a "
-            "clamped row and its gradient is dropped. Replicate the table over those axes "
-            "(in_specs P()), or run the step under jax.jit with the table's rows split by a "
-            "NamedSharding, where the lookups and the lazy step are exact.")
+            f"past this block's {n} rows: read as the block's own, a global id reads a "
+            "clamped row and its gradient is dropped. For a table split by rows and a "
+            f"model that reads global ids, pass axis_name={axes[0]!r} to "
+            "sparse.value_and_grad (and to catch_up); or replicate the table over those "
+            "axes (in_specs P()).")
   return report
 
 
@@ -235,7 +238,10 @@ class Interpreter:
     :class:`Table`'s ``cast``) to the mesh of the step, as the gradient is built there."""
     if table.cast is not None:
       lk = self.lookups[-1]
-      rows = jax.sharding.reshard(lk.rows, jax.sharding.PartitionSpec())
+      # The cast's own primitive back to the step's mesh (JAX 0.7: mesh_cast; later
+      # reshard, which can change axis types), as JAX casts the lookup's result.
+      home = jax.sharding.NamedSharding(table.home, jax.sharding.PartitionSpec(None))
+      rows = table.cast.primitive.bind(lk.rows, **dict(table.cast.params, dst_sharding=home))
       self.lookups[-1] = lk._replace(rows=rows)
     return out
 
@@ -287,11 +293,12 @@ class Interpreter:
       new_dtype = eqn.params.get("new_dtype")
       if new_dtype is None or jnp.issubdtype(new_dtype, jnp.floating):
         return table.like(dtype=jnp.dtype(new_dtype or table.dtype))
-    if name == "reshard" and invals[0] is table:
+    if name in ("reshard", "mesh_cast") and invals[0] is table:
       # On an explicit mesh, table.at[ids].get(out_sharding=...) gathers under
       # automatic axes: it casts the table (and the ids) to them, a change of type
       # that moves no data, and XLA reads each device's own rows.
-      return table.like(_bind(eqn, [table.value]), cast=eqn)
+      return table.like(_bind(eqn, [table.value]), cast=eqn,
+                        home=jax.typeof(table.value).sharding.mesh)
     if name == "pvary":
       # shard_map (check_vma=True) marks a replicated table as varying before
       # it meets per-device ids: a change of type, applied to the table itself.
