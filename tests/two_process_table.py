@@ -29,34 +29,43 @@ grad_fn = lars_optax.sparse.value_and_grad(
     lambda p, i, y: jnp.mean((p["table"][i].mean(axis=1) @ p["w"] - y) ** 2), sparse="table")
 
 
-def train(tx, params, exact):
-  def step(p, s, i, y):
-    if exact:
-      p, s = lars_optax.sparse.catch_up(tx, p, s, rows={"table": i})
-    _, g = grad_fn(p, i, y)
-    u, s = tx.update(g, s, p)
-    return lars_optax.sparse.apply_updates(p, u), s
+RUNS = {"lazy_adam": (lars_optax.mxnet.adam(0.01, lazy_update=True), False),
+        "sparse.adam": (lars_optax.sparse.adam(0.01), True)}
 
-  state, f = tx.init(params), jax.jit(step)
+
+def train(params):
+  """Both optimizers, each on its own copy of ``params``, in one compiled step."""
+  def step(p, s, i, y):
+    for name, (tx, exact) in RUNS.items():
+      if exact:
+        p[name], s[name] = lars_optax.sparse.catch_up(tx, p[name], s[name], rows={"table": i})
+      _, g = grad_fn(p[name], i, y)
+      u, s[name] = tx.update(g, s[name], p[name])
+      p[name] = lars_optax.sparse.apply_updates(p[name], u)
+    return p, s
+
+  def finish(p, s):  # every row up to date
+    return {name: lars_optax.sparse.catch_up(tx, p[name], s[name])[0] if exact else p[name]
+            for name, (tx, exact) in RUNS.items()}
+
+  state, f = {name: tx.init(params[name]) for name, (tx, _) in RUNS.items()}, jax.jit(step)
   for i, y in zip(ids, ys):
     params, state = f(params, state, i, y)
-  if exact:
-    params, _ = jax.jit(lambda p, s: lars_optax.sparse.catch_up(tx, p, s))(params, state)
-  return params
+  return jax.jit(finish)(params, state)
 
 
 mesh = Mesh(np.array(jax.devices()), ("rows",))  # both processes' devices
 rows = NamedSharding(mesh, P("rows", None))
-RUNS = [("lazy_adam", lambda: lars_optax.mxnet.adam(0.01, lazy_update=True), False),
-        ("sparse.adam", lambda: lars_optax.sparse.adam(0.01), True)]
-for name, make, exact in RUNS:
-  local = jax.local_devices()[0]
-  one = train(make(), jax.device_put({"table": table, "w": np.ones(16, np.float32)}, local), exact)
-  split = {"table": jax.make_array_from_callback(table.shape, rows, lambda idx: table[idx]),
-           "w": jax.device_put(np.ones(16, np.float32), NamedSharding(mesh, P()))}
-  got = train(make(), split, exact)
-  whole = np.asarray(one["table"])
-  err = max(float(np.max(np.abs(np.asarray(s.data) - whole[s.index])))
-            for s in got["table"].addressable_shards)
-  print(f"process {process} {name}: {len(got['table'].addressable_shards)} local blocks "
-        f"of {got['table'].addressable_shards[0].data.shape}, max error {err}", flush=True)
+local = jax.local_devices()[0]
+one = train({name: jax.device_put({"table": table, "w": np.ones(16, np.float32)}, local)
+             for name in RUNS})
+got = train({name: {"table": jax.make_array_from_callback(table.shape, rows,
+                                                          lambda idx: table[idx]),
+                    "w": jax.device_put(np.ones(16, np.float32), NamedSharding(mesh, P()))}
+             for name in RUNS})
+for name in RUNS:
+  whole = np.asarray(one[name]["table"])
+  shards = got[name]["table"].addressable_shards
+  err = max(float(np.max(np.abs(np.asarray(s.data) - whole[s.index]))) for s in shards)
+  print(f"process {process} {name}: {len(shards)} local blocks of {shards[0].data.shape}, "
+        f"max error {err}", flush=True)

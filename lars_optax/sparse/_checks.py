@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.sparse import BCOO
 
-from lars_optax import masks
 from lars_optax import _utils as utils
+from lars_optax import masks
 from lars_optax._utils import raise_at_run_time
 from lars_optax.sparse import _rows
 

@@ -33,11 +33,11 @@ class Table:
   leaf itself varies over (a table split across devices), as it came in.
   ``cast``: the ``reshard`` equation that moved the table to automatic mesh
   axes (on an explicit mesh, ``table.at[ids].get(out_sharding=...)``); the
-  lookup's own arrays take the same cast, and its rows the way back to
-  ``home``. ``axis``: the mesh axis whose
-  devices each hold ``blocks`` consecutive rows of a table split by rows
-  (``value_and_grad(..., axis_name=)``); the loss was traced with the whole
-  table's shape and reads global ids.
+  lookup's own arrays take the same cast, and its rows the way back to the
+  table's mesh, ``home``. ``axis``: the mesh axis whose devices each hold
+  ``blocks`` consecutive rows of a table split by rows (``value_and_grad(...,
+  axis_name=)``); the loss was traced with the whole table's shape and reads
+  global ids.
   """
 
   def __init__(self, index: int, value: jax.Array, name: str, dtype: Any = None,
@@ -173,8 +173,7 @@ class Interpreter:
     the rows read are summed over the axis. Where the ids differ along the axis
     (a batch split over the same devices) every device's ids are gathered first
     and the sums scattered back, so that each device gets the rows of its own
-    ids. The delta (the
-    gradient's rows) is the device's own rows.
+    ids. The delta (the gradient's rows) holds the device's own rows.
     """
     axis, n = table.axis, table.value.shape[0]
     total = n * table.blocks

@@ -25,9 +25,10 @@ def psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
   are divided by the axis size (``lax.pmean``).
 
   Use it inside ``jax.pmap`` or ``shard_map`` over ``axis_name`` with the
-  params (the table) replicated over that axis (data parallelism). Tables
-  split along axis 0 over the axis are not supported: every replica would
-  need the rows of the others.
+  params (the table) replicated over that axis (data parallelism). For a
+  table split by rows over an axis, pass that axis to
+  :func:`value_and_grad`'s ``axis_name`` instead: each device then gets the
+  gradient of its own rows, and nothing is to be summed over that axis.
   """
 
   n = utils.collective(jax.lax.psum, 1, axis_name)
