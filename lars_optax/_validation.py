@@ -336,8 +336,8 @@ _OPTAX_EQUIVALENTS: dict[str, tuple[str, ...]] = {
 }
 # Ours (and the peers') that name the leaves to exempt (True = left out), the reverse
 # of optax's masks.
-_EXEMPT_MASKS = ("wd_skip", "skip", "exclude_from_weight_decay", "no_weight_decay",
-                 "exclude_from_layer_adaptation")
+EXEMPT_MASKS = ("wd_skip", "skip", "skip_list", "exclude_from_weight_decay", "no_weight_decay",
+                "exclude_from_layer_adaptation")
 # optax's keywords with no equivalent in a function that lacks them.
 _NO_EQUIVALENT = {
     "learning_rate": "this link takes no learning rate (chain "
@@ -416,7 +416,7 @@ def _optax_hint(keyword: str, taken: set[str]) -> str | None:
   elif ours == "skip_list":
     advice += (" skip_list names the leaves to leave out (substrings of their names), "
                "the reverse of optax's mask (True = apply).")
-  elif ours in _EXEMPT_MASKS:
+  elif ours in EXEMPT_MASKS:
     advice += (f" {ours} lists the leaves to leave out (True = exempt), the reverse of "
                f"optax's mask (True = apply): pass the leaves optax's mask marks False.")
   return advice

@@ -603,7 +603,7 @@ def optax_lars(
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
-    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    stacked: stacked_mod.StackedLike = None,
     group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r""":func:`optax.lars`, with optax's arguments, defaults and masks (True = apply).
@@ -613,8 +613,13 @@ def optax_lars(
   (1 when a norm is 0) on ``trust_ratio_mask``'s leaves; then the rate inside
   the momentum buffer, :math:`m_t = \mu m_{t-1} - \alpha_t u`,
   :math:`w_t = w_{t-1} + m_t` (Nesterov: :math:`\mu m_t - \alpha_t u`).
-  The same numbers as optax's chain, plus ``stacked``, ``axis_name``,
-  ``lr_mult`` and :func:`lars_optax.trust_ratios`.
+  The same numbers as optax's chain on every tree, scanned models included,
+  plus ``stacked``, ``axis_name``, ``lr_mult`` and
+  :func:`lars_optax.trust_ratios`. As optax does, it takes one trust ratio per
+  leaf, and so one per stack of a scanned model (``stacked=None``, the
+  default; ``init`` warns when leaves carry Flax ``"layers"`` partition
+  metadata). ``stacked=lars_optax.stacked.FROM_METADATA`` gives one per layer,
+  as the unrolled model has (the default of :func:`lars_optax.lars`).
 
   References:
     optax ``optax.lars``; You, Gitman and Ginsburg, `Large Batch Training of
@@ -637,13 +642,14 @@ def optax_lars(
                                       stacked=o["stacked"]),
             mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
 
-  return _finish_layer_wise(layer_wise, "optax_lars", opts,
-                            masks_by_arg={"weight_decay_mask": no_decay,
-                                          "trust_ratio_mask": no_ratio},
-                            hyperparams=[("learning_rate", learning_rate),
-                                         ("weight_decay", weight_decay),
-                                         ("trust_coefficient", trust_coefficient, True),
-                                         ("eps", eps, True)])
+  tx = _finish_layer_wise(layer_wise, "optax_lars", opts,
+                          masks_by_arg={"weight_decay_mask": no_decay,
+                                        "trust_ratio_mask": no_ratio},
+                          hyperparams=[("learning_rate", learning_rate),
+                                       ("weight_decay", weight_decay),
+                                       ("trust_coefficient", trust_coefficient, True),
+                                       ("eps", eps, True)])
+  return _as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
 @v.renamed_keywords({})
@@ -659,7 +665,7 @@ def optax_lamb(
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
-    stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    stacked: stacked_mod.StackedLike = None,
     group_by_shape: bool = False,
 ) -> GradientTransformationExtraArgs:
   r""":func:`optax.lamb`, with optax's arguments, defaults and mask (True = decay).
@@ -667,7 +673,11 @@ def optax_lamb(
   Adam's direction :math:`d = \hat m / (\sqrt{\hat v + \epsilon_{root}} + \epsilon)`,
   :math:`u = d + \lambda w` on ``mask``'s leaves, :math:`u \leftarrow \rho u`
   with :math:`\rho = \|w\| / \|u\|` (1 when a norm is 0) on every leaf,
-  :math:`w \leftarrow w - \alpha_t u`.
+  :math:`w \leftarrow w - \alpha_t u`. As optax does, it takes one trust
+  ratio per leaf, and so one per stack of a scanned model (``stacked=None``,
+  the default; ``init`` warns when leaves carry Flax ``"layers"`` partition
+  metadata). ``stacked=lars_optax.stacked.FROM_METADATA`` gives one per layer,
+  as the unrolled model has (the default of :func:`lars_optax.lamb`).
 
   References:
     optax ``optax.lamb``; You et al., `Large Batch Optimization for Deep
@@ -686,16 +696,26 @@ def optax_lamb(
             scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
             base.learning_rate_part(learning_rate)]
 
-  return _finish_layer_wise(layer_wise, "optax_lamb", opts,
-                            masks_by_arg={"mask": _optax_mask(mask, "mask")},
-                            hyperparams=[("learning_rate", learning_rate),
-                                         ("weight_decay", weight_decay), ("eps", eps, True),
-                                         ("eps_root", eps_root, True)])
+  tx = _finish_layer_wise(layer_wise, "optax_lamb", opts,
+                          masks_by_arg={"mask": _optax_mask(mask, "mask")},
+                          hyperparams=[("learning_rate", learning_rate),
+                                       ("weight_decay", weight_decay), ("eps", eps, True),
+                                       ("eps_root", eps_root, True)])
+  return _as_optax_stacks(tx, stacked, "optax_lamb", "optax.lamb")
 
 
 # --------------------------------------------------------------------------
 # BYOL, SimCLR, ALBERT
 # --------------------------------------------------------------------------
+
+
+def _as_optax_stacks(tx: GradientTransformationExtraArgs, stacked: Any, name: str,
+                     peer: str) -> GradientTransformationExtraArgs:
+  """``tx``; with ``stacked=None`` (optax's one ratio per stack, the drop-ins' default),
+  one whose ``init`` warns on leaves with Flax ``"layers"`` metadata."""
+  if stacked is not None:
+    return tx
+  return stacked_mod.warn_one_ratio_per_stack(tx, name, peer)
 
 
 def _key(entry: Any) -> Any:

@@ -348,6 +348,29 @@ def _stacks_by_name(named: Sequence[tuple[str, Any]], ks: Sequence[int]) -> list
   return prefixes
 
 
+def warn_one_ratio_per_stack(tx: Any, name: str, peer: str) -> Any:
+  """``tx`` whose ``init`` warns when leaves carry Flax ``"layers"`` partition metadata
+  (a scanned or vmapped stack) that ``tx``, with ``stacked=None`` as its peer ``peer``
+  has it, does not read. The state and the update are ``tx``'s own."""
+  def init_fn(params: Any) -> Any:
+    try:
+      ks = resolve(FROM_METADATA, params)
+    except ValueError:  # (metadata that stacked= could not read anyway)
+      ks = []
+    hits = [n for (n, _), k in zip(masks.named_leaves(params), ks) if k]
+    if hits:
+      more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
+      warnings.warn(
+          f"stacked: {hits[:3]}{more} carry Flax 'layers' partition metadata (a stack of "
+          f"layers, from nn.scan or nnx.vmap). {name} takes one trust ratio per stack, as "
+          f"{peer} does; the unrolled model takes one per layer. Pass "
+          "stacked=lars_optax.stacked.FROM_METADATA for one per layer (the default of "
+          "lars_optax's own lars, lamb and lans).", UserWarning, stacklevel=2)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
+
+
 def warn_unstacked(tx: Any, stacked: StackedLike, name: str) -> Any:
   """``tx`` whose ``init`` warns when ``stacked`` is the default and leaves look stacked.
 

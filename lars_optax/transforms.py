@@ -28,6 +28,7 @@ debiasing)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -453,6 +454,21 @@ def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
   return items
 
 
+def _warn_inverted(arg: str, exempt: Sequence[bool], params: Any) -> None:
+  """Warns when an exemption mask (True = left out) exempts every leaf of two or
+  more axes and none of one or none: an optax mask (True = apply), inverted."""
+  big = [np.ndim(p) > 1 for p in jax.tree.leaves(params)]
+  if all(big) or not any(big) or list(exempt) != big:
+    return
+  warnings.warn(
+      f"{arg}: exempts every weight (each leaf of 2 or more axes) and no bias or norm "
+      f"scale (the leaves of 0 or 1 axis), the reverse of the usual rule. {arg} takes "
+      "True = left out, the reverse of an optax mask (True = applied): this looks like "
+      "an optax mask passed as it is. Pass its inverse, e.g. "
+      "jax.tree.map(operator.not_, mask) or lars_optax.by_ndim(1) (the leaves of "
+      "at most one axis).", UserWarning, stacklevel=3)
+
+
 @v.keyword_hints({})
 def check_inputs(
     name: str = "optimizer",
@@ -516,7 +532,9 @@ def check_inputs(
       masks.check_unique_names(params)
     for arg, mask, hint in names:
       masks.check_matches(mask, params, arg, hint=hint)
-      masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, a callable's bools
+      chosen = masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, bools
+      if arg in v.EXEMPT_MASKS:
+        _warn_inverted(arg, chosen, params)
     for arg, spec in leaf_values:
       masks.resolve_leaf_values(spec, params, arg, check_names=True, check_layers=False)
     return optax.EmptyState()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import warnings
 
 import chex
 import jax
@@ -230,6 +231,28 @@ def test_a_mask_hint_states_the_polarity():
   with pytest.raises(TypeError, match=r"^mask: lamb\(\) has no argument 'mask'; it takes "
                                       r"wd_skip= .*True = exempt.*reverse of optax's mask"):
     lars_optax.lamb(1e-3, mask=lambda p: p)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: lars_optax.lamb(1e-3, wd=0.01, wd_skip=m),
+    lambda m: lars_optax.lars(0.1, momentum=0.9, wd=1e-4, skip="flax", wd_skip=m),
+    lambda m: lars_optax.lars(0.1, momentum=0.9, skip=m),
+    lambda m: lars_optax.lans(1e-3, wd=0.01, wd_skip=m),
+], ids=["lamb_wd_skip", "lars_wd_skip", "lars_skip", "lans_wd_skip"])
+def test_an_optax_mask_passed_as_an_exemption_warns_at_init(make):
+  """#52 item 2: optax's masks mark the leaves that get decay, ours the leaves left
+  out. An optax mask passed as it is (every weight exempt, no bias or norm scale)
+  warns at init, naming the argument; its inverse does not."""
+  params = {"dense": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones(3)},
+            "norm": {"scale": jnp.ones(3)}, "out": {"kernel": jnp.ones((3, 2))}}
+  optax_mask = jax.tree.map(lambda p: p.ndim > 1, params)  # optax's: True = decay
+  with pytest.warns(UserWarning, match=r"^(wd_skip|skip): exempts every weight .* an optax "
+                                       r"mask passed as it is"):
+    make(optax_mask).init(params)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    make(jax.tree.map(lambda m: not m, optax_mask)).init(params)
+    make(lars_optax.by_ndim(1)).init(params)
 
 
 def test_the_hints_take_numpy_and_jax_values_too():

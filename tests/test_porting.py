@@ -245,6 +245,75 @@ def test_optax_lamb_equals_optax_lamb():
                               _random_run(optax.lamb(sched, **kw)), rtol=2e-6, atol=1e-7)
 
 
+def _stacked_run(tx, params, steps=4):
+  """``steps`` updates of a stacked tree (boxes and Variables kept) with random gradients."""
+  key = jax.random.key(3)
+  state = tx.init(params)
+  for i in range(steps):
+    g = jax.tree.map(lambda p, i=i: jax.random.normal(jax.random.fold_in(key, i), p.shape),
+                     params)
+    updates, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+  return jax.tree.leaves(params)
+
+
+def _linen_layers_stack():
+  """Params as linen's nn.scan with metadata_params={nn.PARTITION_NAME: "layers"} boxes
+  them: a stack of 4 layers, and a head."""
+  nn = pytest.importorskip("flax.linen")
+  key = jax.random.key(1)
+  box = lambda shape, names, k: nn.Partitioned(
+      jax.random.normal(jax.random.fold_in(key, k), shape), names=names)
+  return {"blocks": {"Dense_0": {"kernel": box((4, 8, 8), ("layers", None, "mlp"), 0),
+                                 "bias": box((4, 8), ("layers", "mlp"), 1)}},
+          "head": {"kernel": jax.random.normal(key, (8, 3)), "bias": jnp.zeros(3)}}
+
+
+def _nnx_layers_stack():
+  """nnx.state of an nnx.vmap stack of 4 layers whose Variables carry 'layers'."""
+  nnx = pytest.importorskip("flax.nnx")
+
+  class Model(nnx.Module):
+    def __init__(self, rngs):
+      @nnx.split_rngs(splits=4)
+      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+      def make(rngs):
+        return nnx.Linear(8, 8, rngs=rngs, kernel_init=nnx.with_partitioning(
+            nnx.initializers.lecun_normal(), (None, "mlp")), bias_init=nnx.with_partitioning(
+                nnx.initializers.normal(0.1), ("mlp",)))
+
+      self.blocks = make(rngs)
+      self.head = nnx.Linear(8, 3, rngs=rngs)
+
+  from jax.sharding import Mesh  # partition names need a mesh that knows them
+  with jax.set_mesh(Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("layers", "mlp"))):
+    return nnx.state(Model(nnx.Rngs(0)), nnx.Param)
+
+
+@pytest.mark.parametrize("stack", ["linen_boxes", "nnx_variables"])
+@pytest.mark.parametrize("name", ["optax_lars", "optax_lamb"])
+def test_optax_drop_ins_equal_optax_on_a_scanned_stack_and_warn_at_init(name, stack):
+  """#52 item 1: on a stack with 'layers' metadata the drop-ins take optax's one ratio
+  per stack by default (they ended 0.31 and 0.25 of the move away from optax with the
+  per-layer default), and init says so; stacked=FROM_METADATA gives one per layer."""
+  params = (_linen_layers_stack if stack == "linen_boxes" else _nnx_layers_stack)()
+  ours, peer = {"optax_lars": (P.optax_lars, optax.lars),
+                "optax_lamb": (P.optax_lamb, optax.lamb)}[name]
+  kw = {"weight_decay": 1e-3}
+  with pytest.warns(UserWarning, match=rf"^stacked: \['blocks/.*carry Flax 'layers' "
+                                       rf"partition metadata.*{name} takes one trust ratio "
+                                       r"per stack, as optax\.la[mr][bs] does"):
+    got = _stacked_run(ours(0.1, **kw), params)
+  want = _stacked_run(peer(0.1, **kw), params)
+  chex.assert_trees_all_close(got, want, rtol=2e-6, atol=1e-6)
+  per_layer = _stacked_run(ours(0.1, stacked=lars_optax.stacked.FROM_METADATA, **kw), params)
+  # One ratio per layer: the stacked kernel takes other steps (by 5% of its move at least).
+  (k,) = [i for i, a in enumerate(want) if a.ndim == 3]
+  start = jax.tree.leaves(params)[k]
+  gap, move = jnp.max(jnp.abs(per_layer[k] - want[k])), jnp.max(jnp.abs(want[k] - start))
+  assert gap > 0.05 * move, (gap, move)
+
+
 def test_optax_lars_logs_ratios_and_takes_stacked_and_lr_mult():
   tx = P.optax_lars(0.1, weight_decay=1e-3, lr_mult={"w": 0.5}, stacked=None)
   params, state = _run(tx, steps=2)
