@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
@@ -51,6 +52,7 @@ from lars_optax import stacked as stacked_mod
 from lars_optax.lamb import scale_by_lamb_adam
 from lars_optax.momentum import check_torch_momentum, dampened_trace, mxnet_momentum
 from lars_optax.mxnet.adam_family import adam as _mxnet_adam
+from lars_optax.sparse.lazy import lazy_update
 from lars_optax.sparse.optax_compat import clip_by_global_norm
 from lars_optax.transforms import (
     add_decayed_weights_per_leaf,
@@ -114,11 +116,13 @@ def _finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], nam
                        opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
                        exempt: Sequence[tuple[str, Any]] = (),
                        hyperparams: Sequence[tuple[Any, ...]], with_lr_mult: bool = True,
+                       pre: Sequence[Any] = (),
                        ) -> GradientTransformationExtraArgs:
   """:func:`_finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
   peer's masks by argument name), ``lr_mult`` last unless ``layer_wise`` placed it.
   With ``group_by_shape`` they run on the leaves stacked by shape, and the
-  ``opts`` and masks they get are the stacks' (``stacked``, ``lr_mult``)."""
+  ``opts`` and masks they get are the stacks' (``stacked``, ``lr_mult``). ``pre``:
+  links on the whole tree before them (a global-norm clip)."""
   def build(stacked: Any, lr_mult: Any = None, **chosen: Any) -> list:
     o = {**opts, "stacked": stacked, "lr_mult": lr_mult}
     return [*layer_wise(o, chosen), *(_lr_mult(o) if with_lr_mult else [])]
@@ -127,14 +131,23 @@ def _finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], nam
   parts = _grouping.maybe_by_shape(opts["group_by_shape"], build, masks_by_arg=given,
                                    values_by_arg={"lr_mult": opts["lr_mult"]},
                                    stacked=opts["stacked"])
-  return _finish(parts, name, opts, exempt=exempt, hyperparams=hyperparams, lr_mult=False)
+  return _finish([*pre, *parts], name, opts, exempt=exempt, hyperparams=hyperparams,
+                 lr_mult=False)
 
 
 def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:
   """``u + weight_decay * w``, none on the ``exempt`` leaves (the peer's argument
-  ``arg_name``, named in errors); nothing for 0."""
+  ``arg_name``, named in errors); nothing for 0. A schedule (optax's drop-ins take
+  one) is called with its own count, from 0 at the first update, as
+  :func:`optax.add_decayed_weights` calls it."""
   if utils.is_const(weight_decay, 0):
     return []
+  if callable(weight_decay):
+    def applies(params: Any) -> Any:  # optax's polarity: True = decayed
+      flat = masks.resolve_mask(exempt, params, arg_name)
+      return jax.tree.unflatten(jax.tree.structure(params), [not e for e in flat])
+
+    return [optax.add_decayed_weights(weight_decay, mask=None if exempt is None else applies)]
   rules = None if exempt is None else [(exempt, 0.0)]
   return [add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name=arg_name,
                                        stacked=opts["stacked"])]
@@ -496,31 +509,39 @@ def torch_sparse_adam(
     *,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    maximize: bool = False,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
 ) -> optax.GradientTransformation:
-  r"""``torch.optim.SparseAdam(params, lr, betas, eps)``: lazy Adam on row-sparse gradients.
+  r"""``torch.optim.SparseAdam(params, lr, betas, eps, maximize)``: lazy Adam on row-sparse
+  gradients.
 
   Only the rows of a row-sparse gradient (:func:`lars_optax.sparse.value_and_grad`)
   move, and only their moments decay; :math:`\epsilon` is added to
   :math:`\sqrt{v_t}` before the bias correction, as in PyTorch. It is
   :func:`lars_optax.mxnet.adam` with ``lazy_update=True`` (MXNet's rule is
   PyTorch's); dense gradients update the rows whose gradient is not all zero.
+  ``maximize=True`` ascends: the step of the negated gradient, as PyTorch takes it.
 
   References:
     PyTorch ``torch.optim.SparseAdam``; Kingma and Ba, `Adam
     <https://arxiv.org/abs/1412.6980>`_, 2015.
   """
   b1, b2 = _betas("betas", betas)
+  maximize = v.check_flag("maximize", maximize)
   try:  # MXNet's rule checks the arguments; its errors name them in torch's words
-    return _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True,
-                       lr_mult=lr_mult, multi_precision=multi_precision)
+    tx = _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True,
+                     lr_mult=lr_mult, multi_precision=multi_precision)
   except (TypeError, ValueError) as e:
     text = str(e)
     for mxnet_name, torch_name in (("learning_rate:", "lr:"), ("epsilon:", "eps:")):
       if text.startswith(mxnet_name):
         raise type(e)(torch_name + text[len(mxnet_name):]) from None
     raise
+  if not maximize:
+    return tx
+  # The gradient negated on its rows (a row-sparse gradient stays row-sparse).
+  return optax.chain(lazy_update(optax.scale(-1.0)), tx)
 
 
 @v.renamed_keywords({})
@@ -532,6 +553,15 @@ def keras_lamb(
     epsilon: float = 1e-7,
     weight_decay: float | None = None,
     exclude_from_weight_decay: Iterable[str] | None = None,
+    clipnorm: float | None = None,
+    clipvalue: float | None = None,
+    global_clipnorm: float | None = None,
+    use_ema: bool = False,
+    ema_momentum: float = 0.99,
+    ema_overwrite_frequency: int | None = None,
+    loss_scale_factor: float | None = None,
+    gradient_accumulation_steps: int | None = None,
+    name: str | None = None,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
@@ -548,10 +578,24 @@ def keras_lamb(
   ``optimizer.exclude_from_weight_decay(var_names=...)``: a leaf whose name
   contains one of them is not decayed.
 
+  The base optimizer's clips act on the gradients first, as in Keras (one of
+  them at most): ``clipnorm`` scales each leaf's gradient to a norm of at most
+  ``clipnorm``, ``global_clipnorm`` the whole tree's
+  (:func:`lars_optax.sparse.clip_by_global_norm`, which inside ``shard_map``
+  takes the norm of the whole tree), ``clipvalue`` clips each entry to
+  :math:`[-v, v]`. ``name`` and, without ``use_ema``, ``ema_momentum`` and
+  ``ema_overwrite_frequency`` change no number and are accepted as Keras takes
+  them. ``use_ema``, ``loss_scale_factor`` and ``gradient_accumulation_steps``
+  are refused with the optax way to do the same.
+
   References:
     Keras 3 ``keras.optimizers.Lamb``.
   """
   opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
+  clip = _keras_clip(clipnorm, clipvalue, global_clipnorm, axis_name)
+  _keras_refused(use_ema, loss_scale_factor, gradient_accumulation_steps)
+  if name is not None and not isinstance(name, str):
+    raise TypeError(f"name: expected a string or None, got {name!r}.")
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
   v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
@@ -577,11 +621,54 @@ def keras_lamb(
         wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=o["lr_mult"],
         stacked=o["stacked"])]
 
-  return _finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False,
+  return _finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False, pre=clip,
                             masks_by_arg={"exclude_from_weight_decay": exempt},
                             hyperparams=[("learning_rate", learning_rate),
                                          ("weight_decay", weight_decay),
                                          ("epsilon", epsilon, True)])
+
+
+def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: Any) -> list:
+  """Keras's base-optimizer gradient clips, as links (at most one, as Keras asserts)."""
+  given = {k: x for k, x in (("clipnorm", clipnorm), ("clipvalue", clipvalue),
+                             ("global_clipnorm", global_clipnorm)) if x is not None}
+  if len(given) > 1:
+    raise ValueError(f"{', '.join(given)}: Keras takes only one of clipnorm, clipvalue and "
+                     "global_clipnorm.")
+  for k, x in given.items():
+    v.check_scalar(k, x, low=0.0, low_open=True)
+  if clipvalue is not None:
+    return [optax.clip(clipvalue)]
+  if global_clipnorm is not None:
+    return [clip_by_global_norm(global_clipnorm,
+                                axis_name=axis_name if isinstance(axis_name, str) else None)]
+  if clipnorm is not None:
+    def one(g: jax.Array) -> jax.Array:  # g * c / max(|g|, c), Keras's form
+      norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))
+      return (g * (clipnorm / jnp.maximum(norm, clipnorm))).astype(g.dtype)
+
+    return [optax.stateless(lambda updates, params=None: jax.tree.map(one, updates))]
+  return []
+
+
+def _keras_refused(use_ema: Any, loss_scale_factor: Any, steps: Any) -> None:
+  """Keras's arguments with no port, each refused with the optax way to do the same."""
+  if v.check_flag("use_ema", use_ema):
+    raise ValueError(
+        "use_ema: lars_optax keeps no moving average of the weights inside the optimizer. "
+        "Keep one beside it: ema = optax.incremental_update(params, ema, "
+        "step_size=1 - ema_momentum) after each step.")
+  if loss_scale_factor is not None:
+    raise ValueError(
+        "loss_scale_factor: scale the loss before jax.grad and divide the gradients by the "
+        "same factor before update (or use a loss-scaling library such as jmp); the "
+        "optimizer takes the true gradients.")
+  if steps is not None:
+    raise ValueError(
+        "gradient_accumulation_steps: not ported. Keras counts every call in Adam's bias "
+        "correction and the schedule, accumulating or not, which optax.MultiSteps "
+        "(lars_optax.sparse.multi_steps) does not; use optax.MultiSteps for its own "
+        "semantics.")
 
 
 # --------------------------------------------------------------------------
@@ -593,7 +680,7 @@ def keras_lamb(
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
-    weight_decay: float = 0.0,
+    weight_decay: optax.ScalarOrSchedule = 0.0,
     weight_decay_mask: Any = True,
     trust_coefficient: float = 0.001,
     eps: float = 0.0,
@@ -627,7 +714,7 @@ def optax_lars(
   """
   opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_learning_rate("weight_decay", weight_decay)  # (a schedule too, as optax takes)
   v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
@@ -660,7 +747,7 @@ def optax_lamb(
     b2: float = 0.999,
     eps: float = 1e-6,
     eps_root: float = 0.0,
-    weight_decay: float = 0.0,
+    weight_decay: optax.ScalarOrSchedule = 0.0,
     mask: Any = None,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
@@ -688,7 +775,7 @@ def optax_lamb(
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_betas(b1, b2, eps)
   v.check_scalar("eps_root", eps_root, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  v.check_learning_rate("weight_decay", weight_decay)  # (a schedule too, as optax takes)
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),

@@ -326,6 +326,45 @@ def test_optax_lars_logs_ratios_and_takes_stacked_and_lr_mult():
 # --------------------------------------------------------------------------
 
 
+def test_keras_lamb_takes_the_base_optimizers_arguments_and_refuses_what_has_no_port():
+  """#52 item 3: Keras's clips are ported (the fixtures check their numbers), ``name``
+  and the EMA settings without ``use_ema`` change nothing, and what cannot be ported is
+  refused with the optax way to do it."""
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
+  grads = jax.tree.map(lambda p: 3.0 * p, params)
+  plain = P.keras_lamb(0.01).update(grads, P.keras_lamb(0.01).init(params), params)[0]
+  named = P.keras_lamb(0.01, name="lamb", ema_momentum=0.9, ema_overwrite_frequency=3)
+  chex.assert_trees_all_close(named.update(grads, named.init(params), params)[0], plain)
+  with pytest.raises(ValueError, match=r"^clipnorm, global_clipnorm: Keras takes only one"):
+    P.keras_lamb(clipnorm=1.0, global_clipnorm=1.0)
+  with pytest.raises(ValueError, match=r"^clipvalue: must be > 0"):
+    P.keras_lamb(clipvalue=0.0)
+  with pytest.raises(ValueError, match=r"^use_ema: .*optax\.incremental_update"):
+    P.keras_lamb(use_ema=True)
+  with pytest.raises(ValueError, match=r"^loss_scale_factor: scale the loss"):
+    P.keras_lamb(loss_scale_factor=128.0)
+  with pytest.raises(ValueError, match=r"^gradient_accumulation_steps: not ported"):
+    P.keras_lamb(gradient_accumulation_steps=4)
+  with pytest.raises(TypeError, match=r"^name: expected a string"):
+    P.keras_lamb(name=3)
+
+
+def test_optax_drop_ins_take_a_weight_decay_schedule_and_check_it():
+  """optax's lars and lamb take ``weight_decay`` as a schedule (the fixtures check the
+  numbers); a negative constant is still an error naming it."""
+  sched = optax.linear_schedule(1e-3, 1e-4, 10)
+  for make in (P.optax_lars, P.optax_lamb):
+    params = _random_run(make(0.1, weight_decay=sched), steps=2)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+    with pytest.raises(ValueError, match=r"^weight_decay"):
+      make(0.1, weight_decay=-1.0)
+
+
+def test_torch_sparse_adam_maximize_is_checked():
+  with pytest.raises(TypeError, match=r"^maximize"):
+    P.torch_sparse_adam(maximize="yes")
+
+
 def test_keras_exclude_from_weight_decay_takes_name_parts():
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)}}
   zeros = jax.tree.map(jnp.zeros_like, params)

@@ -119,6 +119,22 @@ ROWS = {
         lambda lr: P.albert_lamb(lr, weight_decay_rate=LAMB_WD,
                                  exclude_from_weight_decay=EXCLUDE), LAMB_LR, ADAM_TOL),
     "torch_sparse_adam": (lambda lr: P.torch_sparse_adam(lr), 0.01, ADAM_TOL),
+    "torch_sparse_adam_maximize": (lambda lr: P.torch_sparse_adam(lr, maximize=True), 0.01,
+                                   ADAM_TOL),
+    "keras_lamb_clipnorm": (lambda lr: P.keras_lamb(lr, weight_decay=LAMB_WD, clipnorm=0.1),
+                            LAMB_LR, ADAM_TOL),
+    "keras_lamb_global_clipnorm": (lambda lr: P.keras_lamb(lr, global_clipnorm=0.5),
+                                   LAMB_LR, ADAM_TOL),
+    "keras_lamb_clipvalue": (lambda lr: P.keras_lamb(lr, clipvalue=0.05), LAMB_LR, ADAM_TOL),
+    "optax_lars_wd_schedule": (
+        lambda lr: P.optax_lars(lr, weight_decay=optax.linear_schedule(LARS_WD, 0.1 * LARS_WD,
+                                                                       case.STEPS),
+                                weight_decay_mask=_keep, trust_coefficient=ETA,
+                                trust_ratio_mask=_keep, momentum=MU), LARS_LR, LARS_TOL),
+    "optax_lamb_wd_schedule": (
+        lambda lr: P.optax_lamb(lr, weight_decay=optax.linear_schedule(LAMB_WD, 0.1 * LAMB_WD,
+                                                                       case.STEPS),
+                                mask=_keep), LAMB_LR, ADAM_TOL),
 }
 
 
@@ -141,7 +157,7 @@ def run_row(key, mode):
   """The final weights of ``key``'s lars_optax call, ``{leaf name: array}``."""
   make, base, _ = ROWS[key]
   tx = make(schedule(base) if mode == "warmup" else base)
-  if key == "torch_sparse_adam":
+  if key.startswith("torch_sparse_adam"):
     table, steps = case.embedding_case()
     grads = []
     for rows, values in steps:

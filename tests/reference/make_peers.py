@@ -131,20 +131,26 @@ def timm_rows():
 
 
 def sparse_adam_row():
-  """torch.optim.SparseAdam on an embedding table (constant and scheduled rate)."""
+  """torch.optim.SparseAdam on an embedding table (constant and scheduled rate), and
+  with maximize=True."""
   import torch
-  out = {"peer": "torch.optim.SparseAdam(params, lr=0.01)"}
-  for mode, schedule in (("constant", False), ("warmup", True)):
-    table, grads = case.embedding_case()
-    weight = torch.nn.Parameter(torch.tensor(table))
-    opt = torch.optim.SparseAdam([weight], lr=0.01)
-    for lr, (rows, values) in zip(_lrs(0.01, schedule), grads):
-      opt.param_groups[0]["lr"] = lr
-      weight.grad = torch.sparse_coo_tensor(torch.tensor([rows]), torch.tensor(values),
-                                            case.EMBED_SHAPE)
-      opt.step()
-    out[mode] = {"embedding": weight.detach().numpy().copy()}
-  return {"torch_sparse_adam": out}
+  rows_out = {}
+  for key, kw in (("torch_sparse_adam", {}), ("torch_sparse_adam_maximize",
+                                              {"maximize": True})):
+    out = {"peer": "torch.optim.SparseAdam(params, lr=0.01"
+                   + "".join(f", {k}={v}" for k, v in kw.items()) + ")"}
+    for mode, schedule in (("constant", False), ("warmup", True)):
+      table, grads = case.embedding_case()
+      weight = torch.nn.Parameter(torch.tensor(table))
+      opt = torch.optim.SparseAdam([weight], lr=0.01, **kw)
+      for lr, (rows, values) in zip(_lrs(0.01, schedule), grads):
+        opt.param_groups[0]["lr"] = lr
+        weight.grad = torch.sparse_coo_tensor(torch.tensor([rows]), torch.tensor(values),
+                                              case.EMBED_SHAPE)
+        opt.step()
+      out[mode] = {"embedding": weight.detach().numpy().copy()}
+    rows_out[key] = out
+  return rows_out
 
 
 # --------------------------------------------------------------------------
@@ -178,6 +184,17 @@ def keras_rows():
       "keras_lamb_weight_decay": (
           lambda lr: keras.optimizers.Lamb(learning_rate=lr, weight_decay=LAMB_WD),
           "keras.optimizers.Lamb(learning_rate, weight_decay=0.01)"),
+      # The base optimizer's clips, at bounds the case's gradients cross.
+      "keras_lamb_clipnorm": (
+          lambda lr: keras.optimizers.Lamb(learning_rate=lr, weight_decay=LAMB_WD,
+                                           clipnorm=0.1),
+          "keras.optimizers.Lamb(learning_rate, weight_decay=0.01, clipnorm=0.1)"),
+      "keras_lamb_global_clipnorm": (
+          lambda lr: keras.optimizers.Lamb(learning_rate=lr, global_clipnorm=0.5),
+          "keras.optimizers.Lamb(learning_rate, global_clipnorm=0.5)"),
+      "keras_lamb_clipvalue": (
+          lambda lr: keras.optimizers.Lamb(learning_rate=lr, clipvalue=0.05),
+          "keras.optimizers.Lamb(learning_rate, clipvalue=0.05)"),
   }
   return {key: {"peer": desc, "constant": _run_keras(make, False, LAMB_LR),
                 "warmup": _run_keras(make, True, LAMB_LR)}
@@ -212,6 +229,11 @@ def _run_optax(make_tx, schedule, base_lr):
   return {k: np.asarray(v) for k, v in case.flat(params).items()}
 
 
+def _wd_schedule(wd):
+  import optax
+  return optax.linear_schedule(wd, 0.1 * wd, case.STEPS)
+
+
 def optax_rows():
   import optax
   rows = {
@@ -231,6 +253,15 @@ def optax_rows():
       "optax_lamb_eps_root": (lambda lr: optax.lamb(lr, weight_decay=LAMB_WD, mask=_keep,
                                                     eps_root=1e-6), LAMB_LR,
                               "optax.lamb(lr, weight_decay=0.01, mask=keep, eps_root=1e-6)"),
+      # weight_decay as a schedule (optax calls it with its own count, from 0).
+      "optax_lars_wd_schedule": (
+          lambda lr: optax.lars(lr, weight_decay=_wd_schedule(LARS_WD),
+                                weight_decay_mask=_keep, trust_coefficient=LARS_ETA,
+                                trust_ratio_mask=_keep, momentum=MOMENTUM), LARS_LR,
+          "optax.lars(..., weight_decay=optax.linear_schedule(wd, 0.1 wd, 12))"),
+      "optax_lamb_wd_schedule": (
+          lambda lr: optax.lamb(lr, weight_decay=_wd_schedule(LAMB_WD), mask=_keep), LAMB_LR,
+          "optax.lamb(..., weight_decay=optax.linear_schedule(0.01, 0.001, 12))"),
   }
   return {key: {"peer": desc, "constant": _run_optax(make, False, base),
                 "warmup": _run_optax(make, True, base)}
