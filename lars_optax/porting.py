@@ -32,6 +32,7 @@ common arguments).
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -404,6 +405,101 @@ def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
                                               "no_weight_decay)")
 
 
+def _names_list(arg: str, names: Any) -> list[str]:
+  """A list of names or patterns (a lone string is an error naming ``arg``)."""
+  if isinstance(names, str) or not isinstance(names, Iterable):
+    raise TypeError(f"{arg}: expected a list of names, got {names!r}.")
+  return [str(n) for n in names]
+
+
+class _TimmLayers:
+  """timm's ``param_groups_layer_decay``: layer ids from a ``group_matcher`` dict, the
+  rate scale of each layer, the frozen leaves and the no-decay group, from leaf names."""
+
+  def __init__(self, layer_decay: Any, group_matcher: Any, min_scale: Any, no_opt_scale: Any,
+               exclude_1d: bool, no_weight_decay: Any):
+    v.check_scalar("layer_decay", layer_decay, low=0.0, low_open=True)
+    v.check_scalar("layer_decay_min_scale", min_scale, low=0.0)
+    if no_opt_scale is not None:
+      v.check_scalar("layer_decay_no_opt_scale", no_opt_scale, low=0.0)
+    if not isinstance(group_matcher, Mapping):
+      raise TypeError("group_matcher: expected the model's group_matcher(coarse=False) dict "
+                      f"(group name: regex, or a list of (regex, suffix)), got "
+                      f"{group_matcher!r}; layer_decay needs it.")
+    self.compiled: list[tuple[Any, tuple, Any]] = []
+    for ordinal, (group, spec) in enumerate(group_matcher.items()):
+      if spec is None:
+        continue
+      entries = spec if isinstance(spec, (list, tuple)) else [(spec, None)]
+      for entry in entries:
+        try:
+          regex, suffix = entry
+          self.compiled.append((re.compile(regex), (ordinal,), suffix))
+        except (TypeError, ValueError, re.error) as e:
+          raise ValueError(f"group_matcher: group {group!r} has the entry {entry!r}; "
+                           "expected a regex or (regex, suffix) pairs.") from e
+    self.decay, self.min_scale, self.no_opt_scale = layer_decay, min_scale, no_opt_scale
+    self.exclude_1d = exclude_1d
+    self.no_weight_decay = _names_list("no_weight_decay", no_weight_decay)
+
+  def _ordinal(self, name: str) -> tuple[float, ...]:
+    for regex, prefix, suffix in self.compiled:
+      m = regex.match(name)
+      if m:
+        parts = [prefix, m.groups(), suffix]
+        return tuple(float(x) for part in parts if part for x in part if x is not None)
+    return (float("inf"),)  # the head
+
+  def scales(self, params: Any) -> dict[str, float]:
+    """Each leaf's rate scale (timm's ``lr_scale``), by leaf name."""
+    names = [n for n, _ in masks.named_leaves(params)]
+    keys = {n: self._ordinal(n.replace("/", ".")) for n in names}
+    ids: dict[tuple, int] = {}
+    lid = -1
+    for k in sorted(set(keys.values())):
+      if lid < 0 or k[-1] != 99999:  # timm's MATCH_PREV_GROUP joins the previous layer
+        lid += 1
+      ids[k] = lid
+    top = lid
+    return {n: max(self.min_scale, self.decay ** (top - ids[keys[n]])) for n in names}
+
+  def no_decay(self, name: str, leaf: Any) -> bool:
+    dotted = name.replace("/", ".")
+    return ((self.exclude_1d and np.ndim(leaf) <= 1)
+            or any(fnmatch.fnmatchcase(dotted, p) for p in self.no_weight_decay))
+
+  def optimizer(self, make: Callable[[Any, Any], Any]) -> GradientTransformationExtraArgs:
+    """The optimizer ``make(no_decay, lr_mult)`` builds for a tree's names, built at
+    ``init`` and again (cached) at each ``update`` from the params' names."""
+    built: dict[tuple, Any] = {}
+
+    def get(params: Any) -> Any:
+      key = tuple(n for n, _ in masks.named_leaves(params))
+      if key not in built:
+        scales = self.scales(params)
+        frozen = [n for n, x in scales.items()
+                  if self.no_opt_scale is not None and x < self.no_opt_scale]
+        no_decay = masks.by_predicate(self.no_decay, description="timm's no-decay group")
+        tx = make(no_decay, {n: 0.0 if n in frozen else x for n, x in scales.items()})
+        if frozen:  # timm leaves them out: no step, no share of a global norm
+          names = set(frozen)
+          tx = optax.chain(optax.masked(optax.set_to_zero(), lambda p: jax.tree.unflatten(
+              jax.tree.structure(p), [n in names for n, _ in masks.named_leaves(p)])), tx)
+        built[key] = optax.with_extra_args_support(tx)
+      return built[key]
+
+    def init_fn(params):
+      return get(params).init(params)
+
+    def update_fn(updates, state, params=None, **extra_args):
+      if params is None:
+        raise ValueError("layer_decay: update needs params (the layer ids come from their "
+                         "names).")
+      return get(params).update(updates, state, params, **extra_args)
+
+    return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
 _TIMM_LARS = {"lars": {}, "larc": {"trust_clip": True}, "nlars": {"nesterov": True},
               "nlarc": {"nesterov": True, "trust_clip": True}}
 _TIMM_LAMB = {"lamb": {}, "lambc": {"trust_clip": True}, "lambw": {"decoupled_decay": True},
@@ -422,6 +518,13 @@ def timm_optimizer(
     momentum: float = 0.9,
     filter_bias_and_bn: bool = True,
     no_weight_decay: Iterable[str] = (),
+    layer_decay: float | None = None,
+    group_matcher: Mapping[str, Any] | None = None,
+    layer_decay_min_scale: float = 0.0,
+    layer_decay_no_opt_scale: float | None = None,
+    fallback_list: Iterable[str] = (),
+    fallback_no_weight_decay: bool = False,
+    foreach: bool | None = None,
     **kwargs: Any,
 ) -> GradientTransformationExtraArgs:
   r"""timm's ``create_optimizer_v2(model, opt, lr, weight_decay, momentum, ...)``.
@@ -441,6 +544,27 @@ def timm_optimizer(
   ``eps``, ``betas``, ``max_grad_norm``, ...) go to the optimizer's class,
   whose defaults apply otherwise (``lr=None`` too).
 
+  ``layer_decay`` is timm's layer-wise rate decay (BEiT, MAE and ViT
+  fine-tuning recipes): ``group_matcher`` is the model's
+  ``group_matcher(coarse=False)`` dict (a regex, or a list of ``(regex,
+  suffix)``, per group), matched against the leaf names with ``/`` read as
+  ``.`` (``blocks/3/attn/qkv/kernel`` as ``blocks.3.attn.qkv.kernel``), and the
+  leaves get timm's layer ids (numbers the regexes capture order them within
+  a group; a ``(99999,)`` suffix joins the previous layer; a leaf no regex
+  matches is the last layer, the head). Layer ``i`` of ``n`` takes the rate
+  scale ``max(layer_decay_min_scale, layer_decay ** (n - 1 - i))``, as timm's
+  scheduler applies the groups' ``lr_scale`` (timm applies it through its
+  schedulers: with a constant rate and no scheduler it applies none). A leaf
+  whose scale is below ``layer_decay_no_opt_scale`` is frozen (timm sets
+  ``requires_grad=False``: no step, and no share of a clipped global norm).
+  On this path timm's no-decay group is ``ndim <= 1`` (with
+  ``filter_bias_and_bn``) and the names ``no_weight_decay`` matches as
+  ``fnmatch`` patterns (dotted names). The layer ids come from the leaf names
+  at ``init``, so ``update`` needs ``params``. ``fallback_list`` and
+  ``fallback_no_weight_decay`` choose a hybrid optimizer's fallback (Muon's),
+  which LARS and LAMB do not have, and ``foreach`` how PyTorch loops: none of
+  the three changes a number here.
+
   >>> import lars_optax
   >>> tx = lars_optax.porting.timm_optimizer("lamb", lr=2e-3, weight_decay=0.01)
 
@@ -451,8 +575,28 @@ def timm_optimizer(
     raise ValueError(f"opt: expected one of {', '.join(_TIMM_NAMES)}, got {opt!r}.")
   opt = opt.lower()
   filter_bias_and_bn = v.check_flag("filter_bias_and_bn", filter_bias_and_bn)
+  v.check_flag("fallback_no_weight_decay", fallback_no_weight_decay)
+  if foreach is not None:
+    v.check_flag("foreach", foreach)
+  _names_list("fallback_list", fallback_list)
+  if layer_decay is not None:
+    layers = _TimmLayers(layer_decay, group_matcher, layer_decay_min_scale,
+                         layer_decay_no_opt_scale, filter_bias_and_bn, no_weight_decay)
+    if opt == "cadamw" or "lr_mult" in kwargs:
+      raise ValueError("layer_decay: takes a LARS or LAMB opt, without lr_mult (the layer "
+                       "scales are its per-leaf rates).")
+    _timm_groups(opt, lr, weight_decay, momentum, None, kwargs)  # (checks the rest now)
+    return layers.optimizer(lambda no_decay, lr_mult: _timm_groups(
+        opt, lr, weight_decay, momentum, no_decay, {**kwargs, "lr_mult": lr_mult}))
   no_decay = (_timm_no_decay(no_weight_decay)
               if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
+  return _timm_groups(opt, lr, weight_decay, momentum, no_decay, kwargs)
+
+
+def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: Any,
+                 kwargs: dict) -> GradientTransformationExtraArgs:
+  """:func:`timm_optimizer` once its no-decay group is known."""
+  kwargs = dict(kwargs)
   shared = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
   opts = _shared(shared.get("lr_mult"), shared.get("multi_precision", False),
                  shared.get("axis_name"), shared.get("stacked", stacked_mod.FROM_METADATA),

@@ -326,6 +326,43 @@ def test_optax_lars_logs_ratios_and_takes_stacked_and_lr_mult():
 # --------------------------------------------------------------------------
 
 
+def test_timm_layer_decay_numbers_the_layers_as_timm_and_checks_its_arguments():
+  """#52 item 3: timm's layer ids from a ViT-style group_matcher (numbers captured by a
+  regex order a group; a (99999,) suffix joins the previous layer; unmatched is the head),
+  and its arguments checked when built (the fixtures check the numbers)."""
+  params = {"patch_embed": {"kernel": jnp.ones((4, 2))},
+            "blocks": {str(i): {"kernel": jnp.ones((2, 2))} for i in (0, 1, 10)},
+            "norm": {"scale": jnp.ones(2)}, "head": {"kernel": jnp.ones((2, 2))}}
+  matcher = {"stem": r"^patch_embed", "blocks": [(r"^blocks\.(\d+)", None),
+                                                 (r"^norm", (99999,))]}
+  tx = P.timm_optimizer("lamb", lr=0.1, weight_decay=0.05, layer_decay=0.5,
+                        group_matcher=matcher)
+  state = tx.init(params)
+  g = jax.tree.map(jnp.ones_like, params)
+  u, _ = tx.update(g, state, params)
+  # Layers: stem 0, blocks 0/1/10 -> 1/2/3 (10 after 1, numerically), norm with block 10,
+  # head 4: scales 0.5**4 .. 1. Every leaf here takes the same step but for its scale.
+  got = {n: float(jnp.abs(x).max()) for n, x in masks.named_leaves(u)}
+  head = got["head/kernel"]
+  for name, layer in [("patch_embed/kernel", 0), ("blocks/0/kernel", 1), ("blocks/1/kernel", 2),
+                      ("blocks/10/kernel", 3)]:
+    np.testing.assert_allclose(got[name] / head, 0.5 ** (4 - layer), rtol=1e-5)
+  with pytest.raises(TypeError, match=r"^group_matcher: expected the model's group_matcher"):
+    P.timm_optimizer("lamb", layer_decay=0.75)
+  with pytest.raises(ValueError, match=r"^group_matcher: group 'blocks' has the entry"):
+    P.timm_optimizer("lamb", layer_decay=0.75, group_matcher={"blocks": [("^b",)]})
+  with pytest.raises(ValueError, match=r"^layer_decay: must be > 0"):
+    P.timm_optimizer("lamb", layer_decay=-1.0, group_matcher=matcher)
+  with pytest.raises(ValueError, match=r"^layer_decay: takes a LARS or LAMB opt"):
+    P.timm_optimizer("cadamw", layer_decay=0.75, group_matcher=matcher)
+  with pytest.raises(TypeError, match=r"^betaz: timm's 'lamb' optimizer takes no such"):
+    P.timm_optimizer("lamb", layer_decay=0.75, group_matcher=matcher, betaz=1)
+  with pytest.raises(ValueError, match=r"^layer_decay: update needs params"):
+    tx.update(g, state)
+  with pytest.raises(TypeError, match=r"^fallback_list: expected a list"):
+    P.timm_optimizer("lamb", fallback_list="x")
+
+
 def test_keras_lamb_takes_the_base_optimizers_arguments_and_refuses_what_has_no_port():
   """#52 item 3: Keras's clips are ported (the fixtures check their numbers), ``name``
   and the EMA settings without ``use_ema`` change nothing, and what cannot be ported is

@@ -36,6 +36,9 @@ LARS_LR, ETA, LARS_WD, MU = HP["lars_lr"], HP["lars_eta"], HP["lars_wd"], HP["mo
 LAMB_LR, LAMB_WD = HP["lamb_lr"], HP["lamb_wd"]
 LARS_TOL, ADAM_TOL = 1e-6, 2e-5
 
+# The fixture model's group_matcher() (make_peers.py), timm's regexes as they are.
+GROUP_MATCHER = {"stem": r"^conv", "blocks": [(r"^(?:batch_norm|linear)\.", None),
+                                              (r"^frozen", (99999,))]}
 NO_DECAY = lars_optax.by_ndim(1)  # timm's and optax's no-decay group: biases and norms
 EXCLUDE = ["batch_norm", "/b:", "/b$"]  # the SimCLR and ALBERT generators' exclude lists
 P = lars_optax.porting
@@ -78,6 +81,11 @@ ROWS = {
     "timm_lamb_no_grad_averaging": (_timm("lamb", grad_averaging=False), LAMB_LR, ADAM_TOL),
     "timm_lamb_class": (lambda lr: P.timm_lamb(lr), LAMB_LR, ADAM_TOL),
     "timm_cadamw": (_timm("cadamw"), LAMB_LR, ADAM_TOL),
+    "timm_lamb_layer_decay": (_timm("lamb", layer_decay=0.75, group_matcher=GROUP_MATCHER),
+                              LAMB_LR, ADAM_TOL),
+    "timm_lars_layer_decay_no_opt": (
+        _timm("lars", layer_decay=0.5, layer_decay_min_scale=0.2, layer_decay_no_opt_scale=0.3,
+              group_matcher=GROUP_MATCHER), LARS_LR, LARS_TOL),
     "keras_lamb": (lambda lr: P.keras_lamb(lr), LAMB_LR, ADAM_TOL),
     "keras_lamb_weight_decay": (lambda lr: P.keras_lamb(lr, weight_decay=LAMB_WD),
                                 LAMB_LR, ADAM_TOL),

@@ -70,6 +70,13 @@ def _torch_model():
       for module, arrays in case.nested(case.initial_params()).items():
         setattr(self, module, Leaf(arrays))
 
+    def group_matcher(self, coarse=False):
+      """As timm's models write it: a stem, blocks (the frozen layer joins the previous
+      group through timm's (99999,) suffix), and the rest (zero_init) the head."""
+      del coarse
+      return {"stem": r"^conv", "blocks": [(r"^(?:batch_norm|linear)\.", None),
+                                           (r"^frozen", (99999,))]}
+
   return Model()
 
 
@@ -81,7 +88,7 @@ def _run_torch(make_optimizer, schedule, base_lr):
   for t, (lr, grads) in enumerate(zip(_lrs(base_lr, schedule), case.gradients())):
     del t
     for group in opt.param_groups:
-      group["lr"] = lr
+      group["lr"] = lr * group.get("lr_scale", 1.0)  # as timm's schedulers set it
     for name, g in grads.items():
       named[name.replace("/", ".")].grad = torch.tensor(g)
     opt.step()
@@ -118,6 +125,15 @@ def timm_rows():
       "timm_clamb": (factory("clamb", LAMB_LR, **lamb_kw), LAMB_LR, "... 'clamb' ..."),
       "timm_lamb_no_grad_averaging": (factory("lamb", LAMB_LR, grad_averaging=False, **lamb_kw),
                                       LAMB_LR, "... 'lamb', grad_averaging=False ..."),
+      # Layer-wise rate decay (timm's param_groups_layer_decay; scales applied as its
+      # schedulers apply them).
+      "timm_lamb_layer_decay": (factory("lamb", LAMB_LR, layer_decay=0.75, **lamb_kw),
+                                LAMB_LR, "... 'lamb', layer_decay=0.75 (group_matcher)"),
+      "timm_lars_layer_decay_no_opt": (
+          factory("lars", LARS_LR, layer_decay=0.5, layer_decay_min_scale=0.2,
+                  layer_decay_no_opt_scale=0.3, **lars_kw), LARS_LR,
+          ("... 'lars', layer_decay=0.5, layer_decay_min_scale=0.2, "
+          "layer_decay_no_opt_scale=0.3")),
       "timm_cadamw": (factory("cadamw", LAMB_LR, **lamb_kw), LAMB_LR,
                       "create_optimizer_v2(model, 'cadamw', lr, weight_decay=0.01)"),
       "timm_lamb_class": (lambda model: Lamb(model.parameters(), lr=LAMB_LR), LAMB_LR,
