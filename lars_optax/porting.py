@@ -858,7 +858,8 @@ def optax_lars(
   """
   opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   v.check_learning_rate("learning_rate", learning_rate)
-  v.check_learning_rate("weight_decay", weight_decay)  # (a schedule too, as optax takes)
+  if not callable(weight_decay):  # (a schedule too, as optax takes)
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
   v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
@@ -919,7 +920,8 @@ def optax_lamb(
   v.check_learning_rate("learning_rate", learning_rate)
   v.check_betas(b1, b2, eps)
   v.check_scalar("eps_root", eps_root, low=0.0)
-  v.check_learning_rate("weight_decay", weight_decay)  # (a schedule too, as optax takes)
+  if not callable(weight_decay):  # (a schedule too, as optax takes)
+    v.check_scalar("weight_decay", weight_decay, low=0.0)
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
