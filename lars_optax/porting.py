@@ -145,7 +145,9 @@ def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: st
     return []
   if callable(weight_decay):
     def applies(params: Any) -> Any:  # optax's polarity: True = decayed
-      flat = masks.resolve_mask(exempt, params, arg_name)
+      # (A stacked leaf is judged as one layer, as the constant's per-leaf link judges it.)
+      flat = masks.resolve_mask(exempt, params, arg_name,
+                                stacked_mod.resolve(opts["stacked"], params))
       return jax.tree.unflatten(jax.tree.structure(params), [not e for e in flat])
 
     return [optax.add_decayed_weights(weight_decay, mask=None if exempt is None else applies)]

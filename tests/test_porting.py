@@ -397,6 +397,23 @@ def test_optax_drop_ins_take_a_weight_decay_schedule_and_check_it():
       make(0.1, weight_decay=-1.0)
 
 
+def test_a_weight_decay_schedule_judges_a_stacked_leaf_as_one_layer():
+  """A constant schedule decays the leaves the constant decays: on a stack of layers, the
+  optax mask sees one layer (a stacked bias has one axis there, and is not decayed)."""
+  key = jax.random.key(0)
+  params = {"blocks": {"kernel": jax.random.normal(key, (4, 3, 3)),
+                       "bias": jax.random.normal(jax.random.fold_in(key, 1), (4, 3))},
+            "head": jax.random.normal(jax.random.fold_in(key, 2), (3, 2))}
+  grads = jax.tree.map(lambda p: jnp.sin(3.0 * p), params)  # (not along the weights)
+  kw = {"mask": _keep, "stacked": lars_optax.by_regex("^blocks/")}
+
+  def run(tx):
+    return tx.update(grads, tx.init(params), params)[0]
+
+  chex.assert_trees_all_close(run(P.optax_lamb(0.1, weight_decay=lambda c: 0.5, **kw)),
+                              run(P.optax_lamb(0.1, weight_decay=0.5, **kw)), rtol=1e-6)
+
+
 def test_torch_sparse_adam_maximize_is_checked():
   with pytest.raises(TypeError, match=r"^maximize"):
     P.torch_sparse_adam(maximize="yes")
