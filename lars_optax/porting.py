@@ -33,6 +33,7 @@ common arguments).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -213,8 +214,11 @@ def _betas(arg_name: str, betas: Any) -> tuple[Any, Any]:
 
 def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_decay: Any,
                nesterov: bool, trust_coeff: Any, eps: Any, trust_clip: bool,
-               always_adapt: bool, no_decay: masks.MaskLike, opts: Shared):
+               always_adapt: bool, foreach: bool | None = None, no_decay: masks.MaskLike,
+               opts: Shared):
   v.check_learning_rate("lr", lr)
+  if foreach is not None:
+    v.check_flag("foreach", foreach)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
   v.check_scalar("trust_coeff", trust_coeff, low=0.0)
   v.check_scalar("eps", eps, low=0.0)
@@ -254,6 +258,7 @@ def timm_lars(
     eps: float = 1e-8,
     trust_clip: bool = False,
     always_adapt: bool = False,
+    foreach: bool | None = None,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
@@ -277,7 +282,8 @@ def timm_lars(
 
   ``lr`` is a scalar or an optax schedule. ``momentum``, ``dampening``,
   ``weight_decay``, ``nesterov``, ``trust_coeff``, ``eps``, ``trust_clip`` and
-  ``always_adapt`` are timm's, with timm's defaults; ``lr_mult``,
+  ``always_adapt`` are timm's, with timm's defaults; ``foreach`` (how
+  PyTorch loops) is accepted and changes no number. ``lr_mult``,
   ``multi_precision``, ``axis_name``, ``stacked`` and ``group_by_shape`` are
   the shared options ("Common arguments" in docs/optimizers.md).
 
@@ -287,15 +293,19 @@ def timm_lars(
   """
   return _timm_lars("timm_lars", lr, momentum=momentum, dampening=dampening,
                     weight_decay=weight_decay, nesterov=nesterov, trust_coeff=trust_coeff,
-                    eps=eps, trust_clip=trust_clip, always_adapt=always_adapt, no_decay=None,
+                    eps=eps, trust_clip=trust_clip, always_adapt=always_adapt,
+                    foreach=foreach, no_decay=None,
                     opts=_shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape))
 
 
 def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: Any,
                weight_decay: Any, grad_averaging: bool, max_grad_norm: Any, trust_clip: bool,
                always_adapt: bool, caution: bool, decoupled_decay: bool,
-               no_decay: masks.MaskLike, opts: Shared):
+               corrected_weight_decay: bool = False, max_lr: Any = None,
+               foreach: bool | None = None, no_decay: masks.MaskLike, opts: Shared):
   v.check_learning_rate("lr", lr)
+  if foreach is not None:
+    v.check_flag("foreach", foreach)
   b1, b2 = _betas("betas", betas)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
@@ -304,8 +314,9 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
   flags = {k: v.check_flag(k, x) for k, x in (
       ("bias_correction", bias_correction), ("grad_averaging", grad_averaging),
       ("trust_clip", trust_clip), ("always_adapt", always_adapt), ("caution", caution),
-      ("decoupled_decay", decoupled_decay))}
+      ("decoupled_decay", decoupled_decay), ("corrected_weight_decay", corrected_weight_decay))}
   decays = not utils.is_const(weight_decay, 0)
+  decay_lr = _timm_decay_rate(lr, flags["corrected_weight_decay"], max_lr)
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     no_decay = m["no_weight_decay"]
@@ -326,10 +337,12 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
     parts = ([] if max_grad_norm is None
              else [clip_by_global_norm(max_grad_norm, axis_name=clip_axis)])
     if decays and flags["decoupled_decay"]:
+      wd_mult = [] if no_decay is None else [(no_decay, 0.0)]
+      if decay_lr is not lr:  # timm's (lr·s)²/max_lr: a group's rate scale s enters twice
+        wd_mult += _rules_of(o["lr_mult"])
       parts.append(add_decoupled_weight_decay(
-          optax.chain(*step), learning_rate=lr, weight_decay=weight_decay,
-          wd_mult=None if no_decay is None else [(no_decay, 0.0)], lr_mult=o["lr_mult"],
-          stacked=o["stacked"]))
+          optax.chain(*step), learning_rate=decay_lr, weight_decay=weight_decay,
+          wd_mult=wd_mult or None, lr_mult=o["lr_mult"], stacked=o["stacked"]))
     else:
       parts += step
     return parts
@@ -355,6 +368,9 @@ def timm_lamb(
     always_adapt: bool = False,
     caution: bool = False,
     decoupled_decay: bool = False,
+    corrected_weight_decay: bool = False,
+    foreach: bool | None = None,
+    max_lr: float | None = None,
     lr_mult: masks.LeafValues = None,
     multi_precision: bool = False,
     axis_name: stacked_mod.AxisNameLike = None,
@@ -368,14 +384,22 @@ def timm_lamb(
   default; without ``grad_averaging`` the first moment adds the whole
   gradient), masked by ``caution`` as in C-Optim; :math:`u = d + \lambda w`
   (``decoupled_decay``: :math:`w \leftarrow (1 - \alpha_t\lambda) w` before
-  the step instead); when ``weight_decay != 0`` or ``always_adapt``,
-  :math:`u \leftarrow \rho u` with :math:`\rho = \|w\| / \|u\|` (1 when a norm
-  is 0; at most 1 under ``trust_clip``); :math:`w \leftarrow w - \alpha_t u`.
+  the step instead; with ``corrected_weight_decay`` too, :math:`w \leftarrow
+  (1 - \alpha_t^2\lambda/\alpha_{max}) w`); when ``weight_decay != 0`` or
+  ``always_adapt``, :math:`u \leftarrow \rho u` with :math:`\rho = \|w\| /
+  \|u\|` (1 when a norm is 0; at most 1 under ``trust_clip``); :math:`w
+  \leftarrow w - \alpha_t u`.
 
   ``lr`` is a scalar or an optax schedule. ``bias_correction``, ``betas``,
   ``eps``, ``weight_decay``, ``grad_averaging``, ``max_grad_norm`` (None: no
-  global clip), ``trust_clip``, ``always_adapt``, ``caution`` and
-  ``decoupled_decay`` are timm's, with timm's defaults; ``lr_mult``,
+  global clip), ``trust_clip``, ``always_adapt``, ``caution``,
+  ``decoupled_decay`` and ``corrected_weight_decay`` are timm's, with timm's
+  defaults; ``foreach`` (how PyTorch loops) is accepted and changes no number.
+  :math:`\alpha_{max}` is the rate timm's constructor took, the peak of its
+  scheduler: ``lr`` when it is a number; with ``lr`` a schedule, pass it as
+  ``max_lr`` (used only with ``corrected_weight_decay``). A leaf whose rate
+  ``lr_mult`` scales by :math:`s` decays by :math:`(s\alpha_t)^2\lambda/\alpha_{max}`,
+  as a timm group with ``lr_scale`` :math:`s` does. ``lr_mult``,
   ``multi_precision``, ``axis_name``, ``stacked`` and ``group_by_shape`` are
   the shared options ("Common arguments" in docs/optimizers.md).
 
@@ -388,8 +412,44 @@ def timm_lamb(
                     weight_decay=weight_decay, grad_averaging=grad_averaging,
                     max_grad_norm=max_grad_norm, trust_clip=trust_clip,
                     always_adapt=always_adapt, caution=caution,
-                    decoupled_decay=decoupled_decay, no_decay=None,
+                    decoupled_decay=decoupled_decay,
+                    corrected_weight_decay=corrected_weight_decay, max_lr=max_lr,
+                    foreach=foreach, no_decay=None,
                     opts=_shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape))
+
+
+def _timm_decay_rate(lr: Any, corrected: bool, max_lr: Any) -> Any:
+  """The rate of timm's decoupled decay: ``lr``, or ``lr ** 2 / max_lr`` when corrected."""
+  if not corrected:
+    if max_lr is not None:
+      raise ValueError("max_lr: it is the peak rate of corrected_weight_decay=True; without "
+                       "it, leave max_lr out.")
+    return lr
+  if max_lr is None:
+    if callable(lr):
+      raise ValueError(
+          "max_lr: corrected_weight_decay=True with lr a schedule needs the peak rate, which "
+          "timm takes from the constructor's lr (the scheduler's base): pass max_lr=<peak>.")
+    max_lr = lr
+  v.check_scalar("max_lr", max_lr, low=0.0, low_open=True)
+  if callable(lr):
+    return lambda count: lr(count) ** 2 / max_lr
+  return lr ** 2 / max_lr
+
+
+def _named_as(name: str, leaf_name: str, leaf: Any) -> bool:
+  del leaf
+  return leaf_name == name
+
+
+def _rules_of(values: masks.LeafValues) -> list:
+  """``values`` (a dict by leaf name, or rules) as ``(mask, value)`` rules."""
+  if values is None:
+    return []
+  if isinstance(values, Mapping):
+    return [(masks.by_predicate(functools.partial(_named_as, name), description=name), x)
+            for name, x in values.items()]
+  return list(values)
 
 
 def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
@@ -452,10 +512,25 @@ class _TimmLayers:
         return tuple(float(x) for part in parts if part for x in part if x is not None)
     return (float("inf"),)  # the head
 
-  def scales(self, params: Any) -> dict[str, float]:
-    """Each leaf's rate scale (timm's ``lr_scale``), by leaf name."""
-    names = [n for n, _ in masks.named_leaves(params)]
-    keys = {n: self._ordinal(n.replace("/", ".")) for n in names}
+  def unrolled(self, name: str, layers: int) -> list[str]:
+    """The dotted names of a stacked leaf's layers in the unrolled model: the layer index
+    goes after the first part of the name that makes a ``group_matcher`` regex capture it
+    (``blocks/attn/kernel`` as ``blocks.3.attn.kernel``); the stacked name for each layer
+    when no position does."""
+    parts = name.split("/")
+    for at in range(len(parts) + 1):
+      names = [".".join([*parts[:at], str(i), *parts[at:]]) for i in range(layers)]
+      if layers > 1 and self._ordinal(names[0]) != self._ordinal(names[1]):
+        return names
+    return [".".join(parts)] * layers
+
+  def scales(self, params: Any, layer_axes: Sequence[int]) -> dict[str, Any]:
+    """Each leaf's rate scale (timm's ``lr_scale``), by leaf name: a float, or for a
+    stacked leaf one per layer (a numpy array), as its layers would get unrolled."""
+    named = masks.named_leaves(params)
+    dotted = {n: ([n.replace("/", ".")] if not k else self.unrolled(n, np.shape(x)[0]))
+              for (n, x), k in zip(named, layer_axes)}
+    keys = {d: self._ordinal(d) for ds in dotted.values() for d in ds}
     ids: dict[tuple, int] = {}
     lid = -1
     for k in sorted(set(keys.values())):
@@ -463,30 +538,43 @@ class _TimmLayers:
         lid += 1
       ids[k] = lid
     top = lid
-    return {n: max(self.min_scale, self.decay ** (top - ids[keys[n]])) for n in names}
+
+    def scale(d: str) -> float:
+      return max(self.min_scale, self.decay ** (top - ids[keys[d]]))
+
+    return {n: (scale(ds[0]) if not k else np.array([scale(d) for d in ds]))
+            for ((n, _), k), ds in zip(zip(named, layer_axes), dotted.values())}
 
   def no_decay(self, name: str, leaf: Any) -> bool:
-    dotted = name.replace("/", ".")
+    """timm's no-decay group; ``leaf`` is one layer of a stacked leaf (the masks' view),
+    and the patterns are matched against the name of its first layer when unrolled."""
+    dotted = self._dotted.get(name, name.replace("/", "."))
     return ((self.exclude_1d and np.ndim(leaf) <= 1)
             or any(fnmatch.fnmatchcase(dotted, p) for p in self.no_weight_decay))
 
-  def optimizer(self, make: Callable[[Any, Any], Any]) -> GradientTransformationExtraArgs:
-    """The optimizer ``make(no_decay, lr_mult)`` builds for a tree's names, built at
-    ``init`` and again (cached) at each ``update`` from the params' names."""
+  def optimizer(self, make: Callable[[Any, Any], Any],
+                stacked: Any) -> GradientTransformationExtraArgs:
+    """The optimizer ``make(no_decay, lr_mult)`` builds for a tree's names (and layer
+    axes, ``stacked``), built at ``init`` and again (cached) at each ``update``."""
     built: dict[tuple, Any] = {}
+    self._dotted: dict[str, str] = {}
 
     def get(params: Any) -> Any:
-      key = tuple(n for n, _ in masks.named_leaves(params))
+      named = masks.named_leaves(params)
+      ks = stacked_mod.resolve(stacked, params)
+      key = tuple((n, k, np.shape(x)[:1] if k else ()) for (n, x), k in zip(named, ks))
       if key not in built:
-        scales = self.scales(params)
-        frozen = [n for n, x in scales.items()
-                  if self.no_opt_scale is not None and x < self.no_opt_scale]
+        scales = self.scales(params, ks)
+        self._dotted.update({n: self.unrolled(n, np.shape(x)[0])[0]
+                             for (n, x), k in zip(named, ks) if k})
+        keep = {n: np.asarray(x) >= self.no_opt_scale for n, x in scales.items()
+                if self.no_opt_scale is not None}
+        keep = {n: m for n, m in keep.items() if not np.all(m)}
         no_decay = masks.by_predicate(self.no_decay, description="timm's no-decay group")
-        tx = make(no_decay, {n: 0.0 if n in frozen else x for n, x in scales.items()})
-        if frozen:  # timm leaves them out: no step, no share of a global norm
-          names = set(frozen)
-          tx = optax.chain(optax.masked(optax.set_to_zero(), lambda p: jax.tree.unflatten(
-              jax.tree.structure(p), [n in names for n, _ in masks.named_leaves(p)])), tx)
+        tx = make(no_decay, {n: _where(keep[n], x) if n in keep else x
+                             for n, x in scales.items()})
+        if keep:  # timm leaves them out: no step, no share of a global norm
+          tx = optax.chain(_frozen(keep), tx)
         built[key] = optax.with_extra_args_support(tx)
       return built[key]
 
@@ -500,6 +588,29 @@ class _TimmLayers:
       return get(params).update(updates, state, params, **extra_args)
 
     return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _where(keep: Any, scale: Any) -> Any:
+  """``scale`` where ``keep``, else 0: a float for a leaf, an array for a stack's layers."""
+  out = np.where(keep, scale, 0.0)
+  return float(out) if np.ndim(out) == 0 else out
+
+
+def _frozen(keep: Mapping[str, Any]) -> GradientTransformation:
+  """Zeroes the gradients of the leaves (or layers of a stacked leaf) not in ``keep``."""
+  def zero(updates: Any, params: Any = None) -> Any:
+    del params
+    def one(name: str, g: Any) -> Any:
+      if name not in keep:
+        return g
+      m = keep[name]
+      return (jnp.zeros_like(g) if not np.any(m)
+              else jnp.where(stacked_mod.per_layer(jnp.asarray(m), g), g, jnp.zeros_like(g)))
+    names = [n for n, _ in masks.named_leaves(updates)]
+    flat, treedef = jax.tree.flatten(updates)
+    return jax.tree.unflatten(treedef, [one(n, g) for n, g in zip(names, flat)])
+
+  return optax.stateless(zero)
 
 
 _TIMM_LARS = {"lars": {}, "larc": {"trust_clip": True}, "nlars": {"nesterov": True},
@@ -561,8 +672,11 @@ def timm_optimizer(
   ``requires_grad=False``: no step, and no share of a clipped global norm).
   On this path timm's no-decay group is ``ndim <= 1`` (with
   ``filter_bias_and_bn``) and the names ``no_weight_decay`` matches as
-  ``fnmatch`` patterns (dotted names). The layer ids come from the leaf names
-  at ``init``, so ``update`` needs ``params``. ``fallback_list`` and
+  ``fnmatch`` patterns (dotted names). A stacked leaf (``stacked=``) reads as
+  its layers unrolled, the layer index placed where a regex captures it
+  (``blocks/attn/kernel`` as ``blocks.3.attn.kernel``), and gets one scale per
+  layer. The layer ids come from the leaf names at ``init``, so ``update``
+  needs ``params``. ``fallback_list`` and
   ``fallback_no_weight_decay`` choose a hybrid optimizer's fallback (Muon's),
   which LARS and LAMB do not have, and ``foreach`` how PyTorch loops: none of
   the three changes a number here.
@@ -589,7 +703,8 @@ def timm_optimizer(
                        "scales are its per-leaf rates).")
     _timm_groups(opt, lr, weight_decay, momentum, None, kwargs)  # (checks the rest now)
     return layers.optimizer(lambda no_decay, lr_mult: _timm_groups(
-        opt, lr, weight_decay, momentum, no_decay, {**kwargs, "lr_mult": lr_mult}))
+        opt, lr, weight_decay, momentum, no_decay, {**kwargs, "lr_mult": lr_mult}),
+        kwargs.get("stacked", stacked_mod.FROM_METADATA))
   no_decay = (_timm_no_decay(no_weight_decay)
               if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
   return _timm_groups(opt, lr, weight_decay, momentum, no_decay, kwargs)
@@ -731,15 +846,21 @@ def keras_lamb(
   takes the norm of the whole tree), ``clipvalue`` clips each entry to
   :math:`[-v, v]`. ``name`` and, without ``use_ema``, ``ema_momentum`` and
   ``ema_overwrite_frequency`` change no number and are accepted as Keras takes
-  them. ``use_ema``, ``loss_scale_factor`` and ``gradient_accumulation_steps``
-  are refused with the optax way to do the same.
+  them. ``use_ema`` and ``loss_scale_factor`` are refused with the optax way to
+  do the same.
+
+  ``gradient_accumulation_steps=n`` steps every ``n`` calls, with the mean of
+  the ``n`` gradients (clipped after the mean), and returns zero updates in
+  between (:class:`optax.MultiSteps` around the chain). As in Keras 3, Adam's
+  bias correction counts the steps taken, and a schedule reads every call:
+  the ``j``-th step (from 0) takes the rate of call :math:`(j + 1)n - 1`.
 
   References:
     Keras 3 ``keras.optimizers.Lamb``.
   """
   opts = _shared(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   clip = _keras_clip(clipnorm, clipvalue, global_clipnorm, axis_name)
-  _keras_refused(use_ema, loss_scale_factor, gradient_accumulation_steps)
+  _keras_refused(use_ema, loss_scale_factor)
   if name is not None and not isinstance(name, str):
     raise TypeError(f"name: expected a string or None, got {name!r}.")
   v.check_learning_rate("learning_rate", learning_rate)
@@ -748,6 +869,10 @@ def keras_lamb(
   v.check_scalar("epsilon", epsilon, low=0.0)
   if weight_decay is not None:
     v.check_scalar("weight_decay", weight_decay, low=0.0)
+  every = _keras_accumulation(gradient_accumulation_steps)
+  if every > 1 and callable(learning_rate):
+    # The j-th update is Keras's call (j + 1)·n - 1, the count its schedule reads.
+    learning_rate = functools.partial(_keras_accumulated_rate, learning_rate, every)
   exempt = None
   if exclude_from_weight_decay:
     if isinstance(exclude_from_weight_decay, str):
@@ -767,11 +892,33 @@ def keras_lamb(
         wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=o["lr_mult"],
         stacked=o["stacked"])]
 
-  return _finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False, pre=clip,
-                            masks_by_arg={"exclude_from_weight_decay": exempt},
-                            hyperparams=[("learning_rate", learning_rate),
-                                         ("weight_decay", weight_decay),
-                                         ("epsilon", epsilon, True)])
+  tx = _finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False, pre=clip,
+                          masks_by_arg={"exclude_from_weight_decay": exempt},
+                          hyperparams=[("learning_rate", learning_rate),
+                                       ("weight_decay", weight_decay),
+                                       ("epsilon", epsilon, True)])
+  if every > 1:
+    return optax.with_extra_args_support(
+        optax.MultiSteps(tx, every_k_schedule=every).gradient_transformation())
+  return tx
+
+
+def _keras_accumulation(steps: Any) -> int:
+  """Keras's ``gradient_accumulation_steps``: None, or an int >= 2 (Keras's check)."""
+  if steps is None:
+    return 1
+  if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)):
+    raise TypeError(f"gradient_accumulation_steps: expected an int >= 2 or None, got "
+                    f"{steps!r}.")
+  if steps < 2:
+    raise ValueError(f"gradient_accumulation_steps: must be an int >= 2 (Keras's bound), "
+                     f"got {steps}.")
+  return int(steps)
+
+
+def _keras_accumulated_rate(schedule: Callable[[Any], Any], every: int, count: Any) -> Any:
+  """Keras's schedule under accumulation: it reads every call, (count + 1)·every - 1."""
+  return schedule((count + 1) * every - 1)
 
 
 def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: Any) -> list:
@@ -797,7 +944,7 @@ def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: 
   return []
 
 
-def _keras_refused(use_ema: Any, loss_scale_factor: Any, steps: Any) -> None:
+def _keras_refused(use_ema: Any, loss_scale_factor: Any) -> None:
   """Keras's arguments with no port, each refused with the optax way to do the same."""
   if v.check_flag("use_ema", use_ema):
     raise ValueError(
@@ -809,12 +956,6 @@ def _keras_refused(use_ema: Any, loss_scale_factor: Any, steps: Any) -> None:
         "loss_scale_factor: scale the loss before jax.grad and divide the gradients by the "
         "same factor before update (or use a loss-scaling library such as jmp); the "
         "optimizer takes the true gradients.")
-  if steps is not None:
-    raise ValueError(
-        "gradient_accumulation_steps: not ported. Keras counts every call in Adam's bias "
-        "correction and the schedule, accumulating or not, which optax.MultiSteps "
-        "(lars_optax.sparse.multi_steps) does not; use optax.MultiSteps for its own "
-        "semantics.")
 
 
 # --------------------------------------------------------------------------

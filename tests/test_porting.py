@@ -380,10 +380,35 @@ def test_keras_lamb_takes_the_base_optimizers_arguments_and_refuses_what_has_no_
     P.keras_lamb(use_ema=True)
   with pytest.raises(ValueError, match=r"^loss_scale_factor: scale the loss"):
     P.keras_lamb(loss_scale_factor=128.0)
-  with pytest.raises(ValueError, match=r"^gradient_accumulation_steps: not ported"):
-    P.keras_lamb(gradient_accumulation_steps=4)
+  with pytest.raises(ValueError, match=r"^gradient_accumulation_steps: must be an int >= 2"):
+    P.keras_lamb(gradient_accumulation_steps=1)
+  with pytest.raises(TypeError, match=r"^gradient_accumulation_steps: expected an int"):
+    P.keras_lamb(gradient_accumulation_steps=True)
   with pytest.raises(TypeError, match=r"^name: expected a string"):
     P.keras_lamb(name=3)
+
+
+def test_timm_classes_take_foreach_and_corrected_weight_decay_checks_its_peak_rate():
+  """``foreach`` changes no number; ``corrected_weight_decay`` needs the peak rate under a
+  schedule (the fixtures check its numbers), and ``max_lr`` means nothing without it."""
+  for make in (P.timm_lars, P.timm_lamb):
+    plain = _random_run(make(0.1, weight_decay=0.01), steps=2)
+    chex.assert_trees_all_equal(_random_run(make(0.1, weight_decay=0.01, foreach=False),
+                                            steps=2), plain)
+    with pytest.raises(TypeError, match=r"^foreach"):
+      make(0.1, foreach="yes")
+  sched = optax.linear_schedule(0.1, 0.01, 10)
+  with pytest.raises(ValueError, match=r"^max_lr: corrected_weight_decay=True with lr a "
+                     r"schedule needs the peak rate"):
+    P.timm_lamb(sched, decoupled_decay=True, corrected_weight_decay=True)
+  with pytest.raises(ValueError, match=r"^max_lr: must be > 0"):
+    P.timm_optimizer("lambw", lr=sched, corrected_weight_decay=True, max_lr=0.0)
+  with pytest.raises(ValueError, match=r"^max_lr: it is the peak rate"):
+    P.timm_lamb(0.1, max_lr=0.1)
+  # A constant rate is its own peak: corrected decay is timm's plain decay then.
+  chex.assert_trees_all_close(
+      _random_run(P.timm_lamb(0.1, decoupled_decay=True, corrected_weight_decay=True), steps=2),
+      _random_run(P.timm_lamb(0.1, decoupled_decay=True), steps=2), rtol=1e-6)
 
 
 def test_optax_drop_ins_take_a_weight_decay_schedule_and_check_it():
@@ -673,3 +698,46 @@ def test_a_constant_beyond_the_params_dtype_is_named_in_the_peers_words(make, kw
   tx = make(**kwargs, **{arg: 1e39})
   with pytest.raises(ValueError, match=rf"^{arg}: 1e\+39 is beyond the range of float32"):
     tx.init({"w": jnp.ones((2, 2))})
+
+
+@pytest.mark.parametrize("opt", ["lamb", "lars"])
+def test_timm_layer_decay_on_a_scanned_stack_equals_the_unrolled_blocks(opt):
+  """#52 item 3: a stacked leaf's layers take the layer ids and scales (and freezing) that
+  the unrolled model's blocks get from the same group_matcher; the unrolled model is the
+  one the timm fixtures check."""
+  key = jax.random.key(3)
+  normal = lambda i, shape: jax.random.normal(jax.random.fold_in(key, i), shape)
+  unrolled = {"conv": {"kernel": normal(0, (3, 4))},
+              "blocks": {str(i): {"attn": {"kernel": normal(1 + i, (4, 4)),
+                                           "bias": normal(9 + i, (4,))}} for i in range(3)},
+              "head": {"kernel": normal(20, (4, 2))}}
+  stack = {"conv": unrolled["conv"], "head": unrolled["head"],
+           "blocks": {"attn": jax.tree.map(lambda *xs: jnp.stack(xs),
+                                           *[unrolled["blocks"][str(i)]["attn"]
+                                             for i in range(3)])}}
+  matcher = {"stem": r"^conv", "blocks": r"^blocks\.(\d+)"}
+  kw = ({"weight_decay": 0.01, "momentum": 0.9} if opt == "lars"
+        else {"weight_decay": 0.05, "opt": "lambw", "corrected_weight_decay": True})
+  opt = kw.pop("opt", opt)
+
+  def run(params, **more):
+    tx = P.timm_optimizer(opt, lr=0.1, layer_decay=0.5, group_matcher=matcher,
+                          layer_decay_no_opt_scale=0.1, **kw, **more)
+    state = tx.init(params)
+    for i in range(3):
+      g = jax.tree.map(lambda p, i=i: jnp.cos(p * (i + 1)), params)
+      updates, state = tx.update(g, state, params)
+      params = optax.apply_updates(params, updates)
+    return params
+
+  flat = run(unrolled)
+  stacked = run(stack, stacked=lars_optax.by_substring("blocks"))
+  chex.assert_trees_all_close(stacked["blocks"]["attn"], jax.tree.map(
+      lambda *xs: jnp.stack(xs), *[flat["blocks"][str(i)]["attn"] for i in range(3)]),
+      rtol=1e-5, atol=1e-6)
+  chex.assert_trees_all_close({k: stacked[k] for k in ("conv", "head")},
+                              {k: flat[k] for k in ("conv", "head")}, rtol=1e-5, atol=1e-6)
+  # The stem is layer 0 of 5 (scale 0.0625 < 0.1: frozen), block 0 is layer 1 (0.125).
+  chex.assert_trees_all_equal(stacked["conv"], stack["conv"])
+  assert not np.allclose(stacked["blocks"]["attn"]["kernel"][0],
+                         stack["blocks"]["attn"]["kernel"][0])

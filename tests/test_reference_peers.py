@@ -62,6 +62,13 @@ def _timm(opt, **kw):
   return lambda lr: P.timm_optimizer(opt, lr=lr, **args, **kw)
 
 
+def _corrected(**kw):
+  """timm's corrected decay: its constructor's rate (the peak) is max_lr; under a
+  schedule the port takes it as max_lr=."""
+  return lambda lr: P.timm_optimizer("lambw", lr=lr, corrected_weight_decay=True,
+                                     max_lr=LAMB_LR if callable(lr) else None, **kw)
+
+
 # row -> (the porting call from a learning rate, base rate, tolerance): the peer's
 # call with its prefix changed.
 ROWS = {
@@ -86,6 +93,13 @@ ROWS = {
     "timm_lars_layer_decay_no_opt": (
         _timm("lars", layer_decay=0.5, layer_decay_min_scale=0.2, layer_decay_no_opt_scale=0.3,
               group_matcher=GROUP_MATCHER), LARS_LR, LARS_TOL),
+    "timm_lambw_corrected": (_corrected(weight_decay=0.1), LAMB_LR, ADAM_TOL),
+    "timm_lambw_corrected_layer_decay": (
+        _corrected(weight_decay=0.5, layer_decay=0.75, group_matcher=GROUP_MATCHER),
+        LAMB_LR, ADAM_TOL),
+    "keras_lamb_accumulation": (
+        lambda lr: P.keras_lamb(lr, weight_decay=LAMB_WD, global_clipnorm=0.5,
+                                gradient_accumulation_steps=3), LAMB_LR, ADAM_TOL),
     "keras_lamb": (lambda lr: P.keras_lamb(lr), LAMB_LR, ADAM_TOL),
     "keras_lamb_weight_decay": (lambda lr: P.keras_lamb(lr, weight_decay=LAMB_WD),
                                 LAMB_LR, ADAM_TOL),

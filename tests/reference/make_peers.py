@@ -134,6 +134,16 @@ def timm_rows():
                   layer_decay_no_opt_scale=0.3, **lars_kw), LARS_LR,
           ("... 'lars', layer_decay=0.5, layer_decay_min_scale=0.2, "
           "layer_decay_no_opt_scale=0.3")),
+      # timm's corrected decay, lr**2 / max_lr (max_lr: the constructor's rate, the
+      # scheduler's peak), with and without the layer scales (a group decays by its
+      # scaled rate, squared).
+      "timm_lambw_corrected": (factory("lambw", LAMB_LR, corrected_weight_decay=True,
+                                       weight_decay=0.1), LAMB_LR,
+                               "... 'lambw', weight_decay=0.1, corrected_weight_decay=True"),
+      "timm_lambw_corrected_layer_decay": (
+          factory("lambw", LAMB_LR, corrected_weight_decay=True, layer_decay=0.75,
+                  weight_decay=0.5), LAMB_LR,
+          "... 'lambw', weight_decay=0.5, corrected_weight_decay=True, layer_decay=0.75"),
       "timm_cadamw": (factory("cadamw", LAMB_LR, **lamb_kw), LAMB_LR,
                       "create_optimizer_v2(model, 'cadamw', lr, weight_decay=0.01)"),
       "timm_lamb_class": (lambda model: Lamb(model.parameters(), lr=LAMB_LR), LAMB_LR,
@@ -211,6 +221,13 @@ def keras_rows():
       "keras_lamb_clipvalue": (
           lambda lr: keras.optimizers.Lamb(learning_rate=lr, clipvalue=0.05),
           "keras.optimizers.Lamb(learning_rate, clipvalue=0.05)"),
+      # Accumulation: a step every 3 calls from the mean gradient; the schedule reads
+      # every call, the bias correction counts steps.
+      "keras_lamb_accumulation": (
+          lambda lr: keras.optimizers.Lamb(learning_rate=lr, weight_decay=LAMB_WD,
+                                           global_clipnorm=0.5, gradient_accumulation_steps=3),
+          ("keras.optimizers.Lamb(learning_rate, weight_decay=0.01, global_clipnorm=0.5, "
+           "gradient_accumulation_steps=3)")),
   }
   return {key: {"peer": desc, "constant": _run_keras(make, False, LAMB_LR),
                 "warmup": _run_keras(make, True, LAMB_LR)}
