@@ -79,7 +79,7 @@ def lars(
   >>> tx = lars_optax.lars(1.0, momentum=0.9, wd=1e-4, skip="flax", wd_skip="flax")
 
   The chain is ``scale_by_lars_trust_ratio(chain(clip, add_decayed_weights_per_leaf),
-  rescale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
+  grad_scale=rescale_grad)`` followed by :func:`mxnet_momentum`. The per-leaf
   ratios of the last step are in the state: :func:`lars_optax.trust_ratios`.
 
   The LARS of timm, optax, BYOL and SimCLR differ in where the rate meets
@@ -152,8 +152,8 @@ def lars(
     # rescale is the ratio transformation's own and the rest runs inside it.
     inner = base.preprocess(1.0, clip_gradient, wd, wd_mult, stacked)
     ratio = scale_by_lars_trust_ratio(
-        optax.chain(*inner) if inner else None, eta=eta, ratio_weight_decay=wd,
-        epsilon=epsilon, skip=skip, rescale=rescale_grad, wd_mult=wd_mult,
+        optax.chain(*inner) if inner else None, trust_coefficient=eta, ratio_weight_decay=wd,
+        eps=epsilon, skip=skip, grad_scale=rescale_grad, wd_mult=wd_mult,
         axis_name=axis_name, stacked=stacked)
     return [ratio, *base.lr_mult_part(lr_mult, stacked),
             mxnet_momentum(learning_rate, momentum=momentum)]
@@ -286,7 +286,7 @@ def tf_lars(
   def layer_wise(skip, stacked):
     return [scale_by_lars_trust_ratio(
                 utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
-                eta=eeta, ratio_weight_decay=weight_decay, epsilon=epsilon, skip=skip,
+                trust_coefficient=eeta, ratio_weight_decay=weight_decay, eps=epsilon, skip=skip,
                 axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate)]
 

@@ -234,8 +234,8 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
       # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
       decay = _decay(weight_decay, no_decay, o, "no_weight_decay")
       parts.append(scale_by_lars_trust_ratio(
-          optax.chain(*decay) if decay else None, eta=trust_coeff,
-          ratio_weight_decay=weight_decay, epsilon=eps, skip=None if always_adapt else no_decay,
+          optax.chain(*decay) if decay else None, trust_coefficient=trust_coeff,
+          ratio_weight_decay=weight_decay, eps=eps, skip=None if always_adapt else no_decay,
           wd_mult=decay_mult, axis_name=o["axis_name"], stacked=o["stacked"],
           larc_learning_rate=lr if trust_clip else None))
     return parts + _torch_momentum(lr, momentum, dampening, nesterov)
@@ -1012,7 +1012,7 @@ def optax_lars(
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [*_decay(weight_decay, m["weight_decay_mask"], o, "weight_decay_mask"),
-            scale_by_lars_trust_ratio(eta=trust_coefficient, epsilon=eps,
+            scale_by_lars_trust_ratio(trust_coefficient=trust_coefficient, eps=eps,
                                       skip=m["trust_ratio_mask"], axis_name=o["axis_name"],
                                       stacked=o["stacked"]),
             mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
@@ -1155,7 +1155,7 @@ def byol_lars(
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [*_decay(weight_decay, m["weight_decay_filter"], o, "weight_decay_filter"),
-            scale_by_lars_trust_ratio(eta=eta, epsilon=0.0, axis_name=o["axis_name"],
+            scale_by_lars_trust_ratio(trust_coefficient=eta, eps=0.0, axis_name=o["axis_name"],
                                       stacked=o["stacked"], skip=m["lars_adaptation_filter"]),
             *_torch_momentum(learning_rate, momentum, 0.0, False)]
 
@@ -1216,7 +1216,7 @@ def simclr_lars(
   no_ratio = no_decay if no_ratio is None else no_ratio
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
-    ratio = scale_by_lars_trust_ratio(eta=eeta, epsilon=0.0,
+    ratio = scale_by_lars_trust_ratio(trust_coefficient=eeta, eps=0.0,
                                       skip=m["exclude_from_layer_adaptation"],
                                       axis_name=o["axis_name"], stacked=o["stacked"])
     if classic_momentum:

@@ -30,6 +30,17 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import stacked as stacked_mod
 
+# The names the LARS links took before they took optax's (docs/from_optax.md).
+_LINK_NAMES = {
+    "eta": "the links take optax's name, trust_coefficient= (MXNet's eta, TF's eeta).",
+    "epsilon": "the links take optax's name, eps=.",
+    "rescale": "the gradient factor is grad_scale= (MXNet's rescale_grad).",
+    "rescale_grad": "the gradient factor is grad_scale= in the links (rescale_grad in "
+                    "lars_optax.lars and lars_optax.mxnet).",
+    "weight_decay": "the ratio's lambda is ratio_weight_decay= (it enters the ratio only; "
+                    "add the decay itself with optax.add_decayed_weights).",
+}
+
 __all__ = [
     "ScaleByLambTrustRatioState",
     "ScaleByLarsTrustRatioState",
@@ -41,13 +52,14 @@ __all__ = [
 ]
 
 
+@v.keyword_hints(_LINK_NAMES)
 def lars_trust_ratio(
     param: jax.Array,
     grad: jax.Array,
     *,
-    eta: float = 0.001,
-    weight_decay: float = 0.0,
-    epsilon: float = 0.0,
+    trust_coefficient: float = 0.001,
+    ratio_weight_decay: float = 0.0,
+    eps: float = 0.0,
     grad_scale: float = 1.0,
     axis_name: str | None = None,
     layer_axes: int = 0,
@@ -60,7 +72,8 @@ def lars_trust_ratio(
     \qquad \rho = 1 \text{ if } \|w\| = 0,\ \|s g\| = 0
     \text{ or any of them is not finite,}
 
-  with :math:`s` = ``grad_scale`` and :math:`\lambda` = ``weight_decay``.
+  with :math:`\eta` = ``trust_coefficient``, :math:`s` = ``grad_scale``,
+  :math:`\lambda` = ``ratio_weight_decay`` and :math:`\epsilon` = ``eps``.
   Norms are taken over the whole leaf in float32 (float64 for float64
   leaves). :math:`\|s g\|` is computed as :math:`|s| \, \|g\|`, so the scaled
   gradient is never materialised. The fallback is MXNet's (ratio 1 when a
@@ -80,8 +93,8 @@ def lars_trust_ratio(
     an array of shape ``param.shape[:k]``, one ratio per layer.
 
   Raises:
-    ValueError: for an ``eta``, ``weight_decay`` or ``epsilon`` that is not
-      a finite number >= 0, or a ``grad_scale`` that is not finite (as the
+    ValueError: for a ``trust_coefficient``, ``ratio_weight_decay`` or ``eps``
+      that is not a finite number >= 0, or a ``grad_scale`` that is not finite (as the
       optimizers do; the message starts with the argument's name).
     TypeError: for a hyperparameter that is not a real number, or a
       ``param``/``grad`` that is not a real floating point array.
@@ -90,9 +103,9 @@ def lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  v.check_scalar("eta", eta, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("epsilon", epsilon, low=0.0)
+  v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
+  v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
+  v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("grad_scale", grad_scale)
   v.check_axis_name(axis_name)
   for arg, x in (("param", param), ("grad", grad)):
@@ -100,13 +113,15 @@ def lars_trust_ratio(
     dtype = np.asarray(x).dtype if dtype is None else dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
-  for arg, value in (("eta", eta), ("weight_decay", weight_decay), ("epsilon", epsilon)):
+  for arg, value in (("trust_coefficient", trust_coefficient),
+                     ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
     v.check_representable(arg, value, param, compute=True)
   if not stacked_mod.is_int(layer_axes) or not 0 <= layer_axes < max(np.ndim(param), 1):
     raise ValueError(f"layer_axes: expected an int in [0, param.ndim), got {layer_axes!r} "
                      f"for a param of shape {np.shape(param)}.")
   [(w2, g2)] = stacked_mod.layer_sq_norms([(param, grad)], [int(layer_axes)], axis_name)
-  return _ratios.ratio_from_squares(w2, g2, eta, weight_decay, epsilon, grad_scale)
+  return _ratios.ratio_from_squares(w2, g2, trust_coefficient, ratio_weight_decay, eps,
+                                    grad_scale)
 
 
 @_ratios.ratio_state
@@ -153,15 +168,15 @@ class TrustClipState(NamedTuple):
   inner_state: optax.OptState
 
 
-@v.keyword_hints({})
+@v.keyword_hints(_LINK_NAMES)
 def scale_by_lars_trust_ratio(
     inner: GradientTransformation | None = None,
     *,
-    eta: float = 0.001,
+    trust_coefficient: float = 0.001,
     ratio_weight_decay: float = 0.0,
-    epsilon: float = 0.0,
+    eps: float = 0.0,
     skip: masks.MaskLike = None,
-    rescale: float = 1.0,
+    grad_scale: float = 1.0,
     wd_mult: masks.LeafValues = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
@@ -177,7 +192,8 @@ def scale_by_lars_trust_ratio(
     \rho = \frac{\eta \, \|w\|}{\|g_r\| + \lambda \|w\| + \epsilon}, \qquad
     u = \rho \cdot \mathrm{inner}(g_r)
 
-  (:math:`s` = ``rescale``, :math:`\lambda` = ``ratio_weight_decay``; see
+  (:math:`\eta` = ``trust_coefficient``, :math:`s` = ``grad_scale``,
+  :math:`\lambda` = ``ratio_weight_decay``, :math:`\epsilon` = ``eps``; see
   :func:`lars_trust_ratio` for the fallback to 1). The ratio is taken from the
   gradient as it enters this transformation, whatever ``inner`` does to it
   afterwards, so
@@ -185,12 +201,12 @@ def scale_by_lars_trust_ratio(
   * MXNet's LARS (ratio from the rescaled, unclipped gradient, applied after
     clipping and weight decay) is
     ``scale_by_lars_trust_ratio(chain(clip(c), add_decayed_weights(wd)),
-    rescale=s, ...)`` followed by :func:`mxnet_momentum`;
+    grad_scale=s, ...)`` followed by :func:`mxnet_momentum`;
   * TensorFlow's (ratio from the raw gradient, applied after the momentum
     accumulation) is ``scale_by_lars_trust_ratio(trace(momentum), ...)``
     followed by :func:`optax.scale_by_learning_rate`.
 
-  ``rescale`` does what chaining ``optax.scale(s)`` in front would do, but the
+  ``grad_scale`` does what chaining ``optax.scale(s)`` in front would do, but the
   gradient norm is computed as :math:`|s|\,\|g\|`, so XLA never has to write
   the rescaled gradient to memory: one pass over the gradients less per step.
 
@@ -209,15 +225,16 @@ def scale_by_lars_trust_ratio(
 
   Args:
     inner: the transformation whose output is scaled (default: identity).
-    eta: the LARS coefficient :math:`\eta` (MXNet ``eta``, TF ``eeta``).
+    trust_coefficient: the LARS coefficient :math:`\eta` (optax's name; MXNet's
+      ``eta``, TF's ``eeta``).
     ratio_weight_decay: :math:`\lambda` in the ratio's denominator. It only
       enters the ratio (hence its name); add the decay itself with
       ``optax.add_decayed_weights`` or inside ``inner``.
-    epsilon: added to the denominator.
+    eps: :math:`\epsilon`, added to the denominator.
     skip: leaves whose ratio is 1 (a :class:`~lars_optax.masks.Mask`, a
       callable returning a bool pytree, or a bool pytree). Skipped leaves cost
       no norm computation.
-    rescale: the factor :math:`s` applied to the incoming gradient first
+    grad_scale: the factor :math:`s` applied to the incoming gradient first
       (MXNet's ``rescale_grad``).
     wd_mult: per-leaf multipliers of ``ratio_weight_decay`` (MXNet's ``wd_mult``): a
       dict ``{leaf name: multiplier}`` or ``(mask, multiplier)`` rules; see
@@ -241,10 +258,10 @@ def scale_by_lars_trust_ratio(
   """
   checks = v.link_checks()
   if checks:
-    v.check_scalar("eta", eta, low=0.0)
+    v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
     v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
-    v.check_scalar("epsilon", epsilon, low=0.0)
-    v.check_scalar("rescale", rescale, low=0.0, low_open=True)
+    v.check_scalar("eps", eps, low=0.0)
+    v.check_scalar("grad_scale", grad_scale, low=0.0, low_open=True)
     if inner is not None:
       v.check_transformation(inner)
     masks.check_mask_like(skip, "skip")
@@ -259,10 +276,10 @@ def scale_by_lars_trust_ratio(
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
     if checks:
       v.check_float_params(params, name, allow_complex=True)
-      for arg, value in (("eta", eta), ("ratio_weight_decay", ratio_weight_decay),
-                         ("epsilon", epsilon)):
+      for arg, value in (("trust_coefficient", trust_coefficient),
+                         ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
         v.check_representable(arg, value, params, compute=True)
-      v.check_representable("rescale", rescale, params)
+      v.check_representable("grad_scale", grad_scale, params)
       masks.check_unique_names(params)
       masks.check_matches(skip, params, "skip")
     if skip is masks.MXNET_DEFAULT:
@@ -294,12 +311,12 @@ def scale_by_lars_trust_ratio(
       count, inner_state = inner_state
       rate = larc_learning_rate
       bound = rate(count) if callable(rate) else rate
-    ratios = _ratios.leaf_ratios(flat_p, flat_g, skipped, eta,
-                          [utils.times(ratio_weight_decay, m) for m in mults], epsilon, rescale,
+    ratios = _ratios.leaf_ratios(flat_p, flat_g, skipped, trust_coefficient,
+                          [utils.times(ratio_weight_decay, m) for m in mults], eps, grad_scale,
                           stacked_mod.resolve_axis_names(axis_name, params, ks), ks,
                           larc_bound=bound)
-    if not utils.is_const(rescale, 1):
-      updates = jax.tree.map(lambda g: g * utils.cast(rescale, g.dtype), updates)
+    if not utils.is_const(grad_scale, 1):
+      updates = jax.tree.map(lambda g: g * utils.cast(grad_scale, g.dtype), updates)
     inner_updates, inner_state = inner_tx.update(updates, inner_state, params, **extra_args)
     if larc_learning_rate is not None:
       inner_state = TrustClipState(optax.safe_int32_increment(count), inner_state)
@@ -448,7 +465,7 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
   Through ``optax.partition``, ``optax.multi_transform`` or ``optax.masked``,
   where LARS covers only some leaves, the ratios of the leaves it covers are
   returned: the dict leaves out the others, and the vector holds -1 for them.
-  Several LARS sub-states (e.g. two labels with different ``eta``) are
+  Several LARS sub-states (e.g. two labels with different ``trust_coefficient``) are
   merged. Which leaves are covered is read from the vector's values, so under
   ``jit`` (where they are unknown) the dict keeps every leaf, -1 for those
   routed elsewhere.

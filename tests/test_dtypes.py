@@ -213,7 +213,7 @@ def test_norms_accumulate_in_float32(dtype):
   # In bfloat16 a running sum of 4096 ones stops at 256; in float16 300^2 * 4 overflows.
   w = jnp.ones((4096,), dtype)
   g = jnp.full((4096,), 0.5, dtype)
-  ratio = lars_optax.lars_trust_ratio(w, g, eta=1.0, epsilon=1.0)
+  ratio = lars_optax.lars_trust_ratio(w, g, trust_coefficient=1.0, eps=1.0)
   assert ratio.dtype == jnp.float32
   np.testing.assert_allclose(float(ratio), 64.0 / 33.0, rtol=1e-6)
   w = jnp.full((4, 4), 300.0, dtype)
@@ -227,7 +227,7 @@ def test_norms_accumulate_in_float32(dtype):
 def test_float64_norms_are_float64():
   with x64():
     w = jnp.full((3,), 1.0 + 1e-12, jnp.float64)
-    ratio = lars_optax.lars_trust_ratio(w, jnp.ones((3,), jnp.float64), eta=1.0)
+    ratio = lars_optax.lars_trust_ratio(w, jnp.ones((3,), jnp.float64), trust_coefficient=1.0)
     assert ratio.dtype == jnp.float64
     np.testing.assert_allclose(float(ratio), 1.0 + 1e-12, rtol=1e-15)
 

@@ -63,7 +63,7 @@ def _poison(grads, value):
     lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.01, skip=None),
     lambda: lars_optax.lars(0.1, eta=0.01, wd=1e-3, skip=None, multi_precision=True),
     lambda: lars_optax.tf_lars(0.1),
-    lambda: lars_optax.scale_by_lars_trust_ratio(eta=0.01, rescale=0.5),
+    lambda: lars_optax.scale_by_lars_trust_ratio(trust_coefficient=0.01, grad_scale=0.5),
 ], ids=["lars", "lars_mp", "tf_lars", "scale_by_lars_trust_ratio"])
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_nonfinite_gradient_never_makes_a_trust_ratio_nan(make, bad):

@@ -671,7 +671,7 @@ def test_larc_clip_with_a_zero_coefficient_and_a_rate_of_zero_stays_finite():
   params, state = _run(tx, steps=4)
   chex.assert_tree_all_finite(params)
   chex.assert_tree_all_finite(lars_optax.trust_ratios(state))
-  tx = lars_optax.scale_by_lars_trust_ratio(eta=0.0, larc_learning_rate=0.0)
+  tx = lars_optax.scale_by_lars_trust_ratio(trust_coefficient=0.0, larc_learning_rate=0.0)
   p = {"w": jnp.ones(3)}
   _, state = tx.update(p, tx.init(p), p)
   assert float(lars_optax.trust_ratios(state)[0]) == 1.0

@@ -301,16 +301,16 @@ def test_building_blocks_take_stacked():
   gu = jax.grad(loss_unrolled)(unroll(p0), *data(0))
   for make in (lambda **kw: lars_optax.normalize_per_leaf(**kw),
                lambda **kw: lars_optax.scale_by_lamb_trust_ratio(**kw),
-               lambda **kw: lars_optax.scale_by_lars_trust_ratio(eta=0.01, **kw)):
+               lambda **kw: lars_optax.scale_by_lars_trust_ratio(trust_coefficient=0.01, **kw)):
     tx = make(stacked=STACK)
     u, _ = tx.update(g, tx.init(p0), p0)
     txu = make()
     uu, _ = txu.update(gu, txu.init(unroll(p0)), unroll(p0))
     assert_close(u, restack(uu))
   ratio = lars_optax.lars_trust_ratio(p0["blocks"]["kernel"], g["blocks"]["kernel"],
-                                      eta=0.01, layer_axes=1)
+                                      trust_coefficient=0.01, layer_axes=1)
   want = [lars_optax.lars_trust_ratio(p0["blocks"]["kernel"][i], g["blocks"]["kernel"][i],
-                                      eta=0.01) for i in range(L)]
+                                      trust_coefficient=0.01) for i in range(L)]
   np.testing.assert_allclose(ratio, want, rtol=1e-6)
 
 

@@ -27,7 +27,7 @@ class TrustRatioTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_ratio_values_and_fallbacks(self):
     ratio = self.variant(lambda w, g, eta, wd, eps, scale=1.0: lars_optax.lars_trust_ratio(
-        w, g, eta=eta, weight_decay=wd, epsilon=eps, grad_scale=scale))
+        w, g, trust_coefficient=eta, ratio_weight_decay=wd, eps=eps, grad_scale=scale))
     w = jnp.arange(6.0).reshape(2, 3)
     g = jnp.full((2, 3), 0.5)
     np.testing.assert_allclose(ratio(w, g, 0.1, 0.01, 1e-3), _np_ratio(w, g, 0.1, 0.01, 1e-3),
@@ -44,7 +44,7 @@ class TrustRatioTest(chex.TestCase):
   def test_norm_dtype_is_float32_or_wider(self):
     w = jnp.full((300,), 300.0, jnp.float16)  # |w|^2 overflows float16
     g = jnp.ones((300,), jnp.float16)
-    r = lars_optax.lars_trust_ratio(w, g, eta=1.0)
+    r = lars_optax.lars_trust_ratio(w, g, trust_coefficient=1.0)
     self.assertEqual(r.dtype, jnp.float32)
     np.testing.assert_allclose(r, 300.0, rtol=1e-3)
 
@@ -52,7 +52,7 @@ class TrustRatioTest(chex.TestCase):
     params = {"fc_weight": jnp.ones((4, 3)), "fc_bias": jnp.ones((3,))}
     grads = {"fc_weight": jnp.full((4, 3), 2.0), "fc_bias": jnp.full((3,), 2.0)}
     tx = lars_optax.scale_by_lars_trust_ratio(
-        optax.scale(3.0), eta=0.5, skip=lars_optax.masks.MXNET_SKIP)
+        optax.scale(3.0), trust_coefficient=0.5, skip=lars_optax.masks.MXNET_SKIP)
     state = tx.init(params)
     out, state = tx.update(grads, state, params)
     r = _np_ratio(params["fc_weight"], grads["fc_weight"], 0.5, 0.0, 0.0)
@@ -66,7 +66,8 @@ class TrustRatioTest(chex.TestCase):
     """The ratio uses the gradient entering the transformation, not the inner's output."""
     params = {"w": jnp.ones((4,))}
     grads = {"w": jnp.array([10.0, 0.0, 0.0, 0.0])}
-    tx = lars_optax.scale_by_lars_trust_ratio(optax.clip(1.0), eta=1.0, rescale=0.5)
+    tx = lars_optax.scale_by_lars_trust_ratio(optax.clip(1.0), trust_coefficient=1.0,
+                                              grad_scale=0.5)
     out, state = tx.update(grads, tx.init(params), params)
     r = _np_ratio(params["w"], 0.5 * grads["w"], 1.0, 0.0, 0.0)
     np.testing.assert_allclose(out["w"], r * np.array([1.0, 0, 0, 0]), rtol=1e-6)
@@ -74,7 +75,7 @@ class TrustRatioTest(chex.TestCase):
 
   def test_inner_state_is_kept(self):
     params = {"w": jnp.ones((3,))}
-    tx = lars_optax.scale_by_lars_trust_ratio(optax.trace(0.9), eta=1.0)
+    tx = lars_optax.scale_by_lars_trust_ratio(optax.trace(0.9), trust_coefficient=1.0)
     state = tx.init(params)
     for _ in range(3):
       _, state = tx.update({"w": jnp.ones((3,))}, state, params)
@@ -86,9 +87,10 @@ class TrustRatioTest(chex.TestCase):
       tx.update({"w": jnp.ones(2)}, tx.init({"w": jnp.ones(2)}))
 
   def test_bad_hyperparameters(self):
-    for kwargs, arg in [({"eta": -1.0}, "eta"), ({"epsilon": float("nan")}, "epsilon"),
+    for kwargs, arg in [({"trust_coefficient": -1.0}, "trust_coefficient"),
+                        ({"eps": float("nan")}, "eps"),
                         ({"ratio_weight_decay": -1e-4}, "ratio_weight_decay"),
-                        ({"rescale": 0.0}, "rescale")]:
+                        ({"grad_scale": 0.0}, "grad_scale")]:
       with pytest.raises(ValueError, match=arg):
         lars_optax.scale_by_lars_trust_ratio(**kwargs)
     with pytest.raises(TypeError, match="inner"):
@@ -102,7 +104,7 @@ class TrustRatioTest(chex.TestCase):
         lars_optax.scale_by_lars_trust_ratio(
             optax.chain(optax.scale_by_adam(),
                         optax.add_decayed_weights(0.01, mask=~lars_optax.masks.FLAX_SKIP)),
-            eta=1.0, skip=lars_optax.masks.FLAX_SKIP),
+            trust_coefficient=1.0, skip=lars_optax.masks.FLAX_SKIP),
         optax.scale_by_learning_rate(0.1))
     state = tx.init(params)
     updates, state = jax.jit(tx.update)(grads, state, params)
@@ -120,8 +122,8 @@ def test_mxnet_chain_equals_lars():
   b = optax.chain(
       lars_optax.scale_by_lars_trust_ratio(
           optax.chain(optax.clip(0.3), optax.add_decayed_weights(1e-3)),
-          eta=0.01, ratio_weight_decay=1e-3, epsilon=1e-8, skip=masks.MXNET_SKIP,
-          rescale=0.5),
+          trust_coefficient=0.01, ratio_weight_decay=1e-3, eps=1e-8, skip=masks.MXNET_SKIP,
+          grad_scale=0.5),
       lars_optax.mxnet_momentum(0.1, momentum=0.9))
   sa, sb = a.init(params), b.init(params)
   for _ in range(3):
@@ -132,7 +134,7 @@ def test_mxnet_chain_equals_lars():
 
 def test_lars_wd_mult_enters_the_trust_ratio():
   p, g = {"a_weight": jnp.array([3.0, 4.0])}, {"a_weight": jnp.array([0.6, 0.8])}
-  tx = lars_optax.scale_by_lars_trust_ratio(eta=1.0, ratio_weight_decay=0.1,
+  tx = lars_optax.scale_by_lars_trust_ratio(trust_coefficient=1.0, ratio_weight_decay=0.1,
                                             wd_mult={"a_weight": 2.0})
   _, state = tx.update(g, tx.init(p), p)
   np.testing.assert_allclose(state.trust_ratio[0], 5.0 / (1.0 + 0.2 * 5.0), rtol=1e-6)
@@ -291,3 +293,19 @@ def test_lamb_upper_bound_caps_an_overflowing_weight_norm_and_nan_falls_back():
   unbounded = lars_optax.scale_by_lamb_trust_ratio()
   _, state = unbounded.update(updates, unbounded.init(params), params)
   assert float(lars_optax.trust_ratios(state, params)["w"]) == 1.0  # infinite norm: fallback
+
+
+def test_the_lars_links_take_one_name_per_meaning_and_name_it_for_the_old_ones():
+  """#52 item 5: optax's trust_coefficient and eps, ratio_weight_decay for the ratio's
+  lambda, grad_scale for the gradient factor, in both links; the old names say which."""
+  w, g = jnp.ones((3,)), jnp.full((3,), 2.0)
+  for old, new in (("eta", "trust_coefficient"), ("epsilon", "eps"), ("rescale", "grad_scale"),
+                   ("weight_decay", "ratio_weight_decay")):
+    for call in (lambda **kw: lars_optax.lars_trust_ratio(w, g, **kw),
+                 lambda **kw: lars_optax.scale_by_lars_trust_ratio(**kw)):
+      with pytest.raises(TypeError, match=rf"^{old}: .*{new}="):
+        call(**{old: 0.1})
+  ratio = lars_optax.lars_trust_ratio(w, g, trust_coefficient=0.5, ratio_weight_decay=0.25,
+                                      eps=0.1, grad_scale=0.5)
+  np.testing.assert_allclose(ratio, 0.5 * np.sqrt(3) / (np.sqrt(3) + 0.25 * np.sqrt(3) + 0.1),
+                             rtol=1e-6)

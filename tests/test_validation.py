@@ -146,8 +146,8 @@ REQUIRED = {"tf_lars": {"learning_rate": 0.1}}
 # The building blocks' hyperparameters.
 TRANSFORMS = {
     "scale_by_lars_trust_ratio": (lars_optax.scale_by_lars_trust_ratio, {},
-                                  {"eta": "nonneg", "ratio_weight_decay": "nonneg",
-                                   "epsilon": "nonneg", "rescale": "pos"}),
+                                  {"trust_coefficient": "nonneg", "ratio_weight_decay": "nonneg",
+                                   "eps": "nonneg", "grad_scale": "pos"}),
     "mxnet_momentum": (lars_optax.mxnet_momentum, {"learning_rate": 0.1},
                        {"learning_rate": "lr", "momentum": "unit", "nesterov": "flag"}),
     "scale_by_mxnet_adam": (lars_optax.mxnet.scale_by_mxnet_adam, {},
@@ -181,8 +181,8 @@ TRANSFORMS = {
                                      {"weight_decay": 0.1}, {"weight_decay": "nonneg"}),
     "lars_trust_ratio": (lars_optax.lars_trust_ratio,
                          {"param": jnp.ones(3), "grad": jnp.ones(3)},
-                         {"eta": "nonneg", "weight_decay": "nonneg", "epsilon": "nonneg",
-                          "grad_scale": "finite"}),
+                         {"trust_coefficient": "nonneg", "ratio_weight_decay": "nonneg",
+                          "eps": "nonneg", "grad_scale": "finite"}),
     "mxnet_schedule": (lars_optax.mxnet.mxnet_schedule, {"lr_scheduler": lambda n: 0.1},
                        {"begin_num_update": "step"}),
     "scale_by_lamb_trust_ratio": (lars_optax.scale_by_lamb_trust_ratio, {},
