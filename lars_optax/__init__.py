@@ -23,15 +23,15 @@ Each origin has its namespace:
 """
 
 from lars_optax import masks, mxnet, porting, sparse, stacked, svrg
-from lars_optax.lamb import lamb, scale_by_lamb_adam
-from lars_optax.lans import (
+from lars_optax._lamb import lamb, scale_by_lamb_adam
+from lars_optax._lans import (
     NormalizePerLeafState,
     ScaleByLansState,
     lans,
     normalize_per_leaf,
     scale_by_lans,
 )
-from lars_optax.lars import lars, tf_lars
+from lars_optax._lars import lars, tf_lars
 from lars_optax.masks import (
     Mask,
     by_leaf_name,

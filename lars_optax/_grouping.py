@@ -32,10 +32,11 @@ import numpy as np
 import optax
 from optax import GradientTransformation
 
-from lars_optax import _ratios, masks
+from lars_optax import _ratios
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import stacked as stacked_mod
+from lars_optax import _stacked as stacked_mod
 
 
 @_ratios.ratio_state

@@ -10,8 +10,8 @@ import optax
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import stacked as stacked_mod
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.sparse.lazy import lazy_update as _lazy_update
 from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse

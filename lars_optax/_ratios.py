@@ -17,8 +17,8 @@ import optax
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import stacked as stacked_mod
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
 
 
 class PackedLeaves(list):
@@ -67,7 +67,7 @@ def packed_map(fn: Any, squares: Sequence[Any], *leaf_args: Sequence[Any]) -> An
   for dt, idx in by_dtype.items():
     shapes = [np.shape(squares[i][0]) for i in idx]
     # One flat concatenation, leaf by leaf, of each leaf's norms in turn (a
-    # small leaf's are one reduction's output already: stacked.layer_sq_norms),
+    # small leaf's are one reduction's output already: _stacked.layer_sq_norms),
     # read back with a stride; nested concatenations would cost a kernel a leaf.
     arity_in = len(squares[idx[0]])
     # (A stacked leaf's per-layer norms, split with its layers over explicit

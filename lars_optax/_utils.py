@@ -14,7 +14,7 @@ import numpy as np
 from optax import GradientTransformation
 
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 
 
 def norm_dtype(dtype: Any) -> jnp.dtype:
@@ -168,6 +168,9 @@ class LowPrecisionWarning(UserWarning):
   ``warnings.filterwarnings("ignore", category=lars_optax.LowPrecisionWarning)``.
   """
 
+
+# The dtypes that multi_precision keeps float32 masters for.
+LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 BLOW_UP = "the updates blow up on ordinary data"
 DEGRADES = ("Adam's direction degrades towards m / epsilon on ordinary data (the trust "

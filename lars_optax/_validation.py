@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lars_optax import masks
+from lars_optax import _masks as masks
 
 
 def _is_traced(value: Any) -> bool:

@@ -27,7 +27,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax.precision import LOW_PRECISION, MultiPrecisionState
+from lars_optax.precision import MultiPrecisionState
 from lars_optax.sparse import _rows
 
 __all__ = ["skip_nonfinite"]
@@ -70,7 +70,7 @@ def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
     if (dtype is None or not jnp.issubdtype(dtype, jnp.floating)
         or not jnp.issubdtype(getattr(g, "dtype", jnp.int32), jnp.floating)):
       return g
-    if masters and jnp.dtype(dtype) in LOW_PRECISION:
+    if masters and jnp.dtype(dtype) in utils.LOW_PRECISION:
       dtype = jnp.float32
     if jnp.finfo(dtype).max >= jnp.finfo(g.dtype).max:
       return g

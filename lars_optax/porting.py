@@ -49,9 +49,9 @@ from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import stacked as stacked_mod
-from lars_optax.lamb import scale_by_lamb_adam
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
+from lars_optax._lamb import scale_by_lamb_adam
 from lars_optax.momentum import check_torch_momentum, dampened_trace, mxnet_momentum
 from lars_optax.mxnet.adam_family import adam as _mxnet_adam
 from lars_optax.sparse.lazy import lazy_update

@@ -16,20 +16,18 @@ import jax.numpy as jnp
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _row_wise, masks
+from lars_optax import _row_wise
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.sparse import _rows, _types
 from lars_optax.sparse._rows import is_row_sparse
 
-__all__ = ["LOW_PRECISION", "MultiPrecisionState", "master_params", "multi_precision"]
-
-LOW_PRECISION = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-"""The dtypes that get a float32 master copy."""
+__all__ = ["MultiPrecisionState", "master_params", "multi_precision"]
 
 
 def _is_low(x: Any) -> bool:
-  return jnp.dtype(getattr(x, "dtype", jnp.float32)) in LOW_PRECISION
+  return jnp.dtype(getattr(x, "dtype", jnp.float32)) in utils.LOW_PRECISION
 
 
 @_row_wise.row_wise("master")

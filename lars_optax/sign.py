@@ -24,7 +24,7 @@ import optax
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.transforms import add_decayed_weights_per_leaf
 
 __all__ = ["signsgd", "signum"]

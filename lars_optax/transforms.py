@@ -40,8 +40,8 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import stacked as stacked_mod
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
 from lars_optax._utils import LowPrecisionWarning
 from lars_optax.sparse import _checks
 
@@ -485,7 +485,7 @@ def check_inputs(
   * ``init``: every parameter is real floating point, and every name given in
     ``names`` (``(argument, mask, hint)``: e.g. ``("skip", skip, None)``) and
     in ``leaf_values`` (``(argument, lr_mult-style spec)``) matches a leaf
-    (see :func:`lars_optax.masks.check_matches`), and every constant in
+    (as :class:`lars_optax.masks.Mask` says), and every constant in
     ``hyperparams`` (``(argument, value)``) is finite in every parameter's
     dtype (``learning_rate=1e39`` overflows float32, ``1e5`` float16);
   * ``update``: no gradient is a row-sparse BCOO (those are taken by

@@ -11,8 +11,8 @@
 
 Every one of them takes ``stacked=`` (:mod:`lars_optax.stacked`): a leaf that
 holds a stack of layers gets one norm and one ratio per layer, as the
-unrolled model would, and all take their norms through
-:func:`lars_optax.stacked.layer_sq_norms`.
+unrolled model would, and all take their norms in one place (the private
+``layer_sq_norms``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _ratios, masks
+from lars_optax import _ratios
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import stacked as stacked_mod
+from lars_optax import _stacked as stacked_mod
 
 # The names the LARS links took before they took optax's (docs/from_optax.md).
 _LINK_NAMES = {

@@ -3,7 +3,11 @@ keyword-only arguments after the first, and hints for optax's keywords."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pathlib
+import pkgutil
+import re
 import types
 import warnings
 
@@ -30,6 +34,53 @@ def _public_functions():
         seen.add(id(obj))
         out.append((f"{ns.__name__}.{name}", obj))
   return out
+
+
+# --------------------------------------------------------------------------
+# The public surface: the API reference, and no shadowed module
+# --------------------------------------------------------------------------
+
+API_REFERENCE = pathlib.Path(__file__).parent.parent / "docs" / "api.rst"
+
+
+def _public_modules() -> list[types.ModuleType]:
+  """Every module of the package whose dotted name has no part starting with ``_``."""
+  found = [lars_optax]
+  for info in pkgutil.walk_packages(lars_optax.__path__, "lars_optax."):
+    if not any(part.startswith("_") for part in info.name.split(".")):
+      found.append(importlib.import_module(info.name))
+  return found
+
+
+def _resolve(path: str):
+  parts = path.split(".")
+  obj = importlib.import_module(parts[0])
+  for part in parts[1:]:
+    obj = getattr(obj, part)
+  return obj
+
+
+def test_the_api_reference_lists_every_public_name_and_only_those():
+  """#52 item 6: a name in a public module's ``__all__`` is documented (under some public
+  path), and every documented name is in some ``__all__``: the two are equal."""
+  public: dict[int, str] = {}
+  for module in _public_modules():
+    for name in getattr(module, "__all__", ()):
+      obj = getattr(module, name)
+      if not isinstance(obj, types.ModuleType):
+        public.setdefault(id(obj), f"{module.__name__}.{name}")
+  paths = re.findall(r"^\.\. auto(?:function|class|data):: (\S+)", API_REFERENCE.read_text(),
+                     re.MULTILINE)
+  documented = {id(_resolve(p)): p for p in paths}
+  assert sorted(public[k] for k in public.keys() - documented.keys()) == []
+  assert sorted(documented[k] for k in documented.keys() - public.keys()) == []
+
+
+def test_no_public_module_is_shadowed_by_a_function_of_its_name():
+  """``lars_optax.lamb`` is the function; no public module is named ``lamb``."""
+  for module in _public_modules()[1:]:
+    parent, _, short = module.__name__.rpartition(".")
+    assert getattr(importlib.import_module(parent), short) is module, module.__name__
 
 
 # --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from conftest import public, x64
 
 import lars_optax
-from lars_optax.precision import LOW_PRECISION
+from lars_optax._utils import LOW_PRECISION
 
 OPTIMIZERS = {
     "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,

@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import lars_optax
-from lars_optax import masks
+from lars_optax import _masks, masks
 
 
 def _flax_params():
@@ -406,14 +406,14 @@ def test_mask_rule_reading_values_fails_under_jit():
 
 def test_resolve_mask_none_is_all_false():
   params = _flax_params()
-  assert masks.resolve_mask(None, params) == [False] * 6
-  assert masks.resolve_mask(None, {}) == []
+  assert _masks.resolve_mask(None, params) == [False] * 6
+  assert _masks.resolve_mask(None, {}) == []
 
 
 def test_resolve_mask_bool_pytree():
   params = {"a": jnp.ones(2), "b": {"c": jnp.ones(3), "d": jnp.ones(1)}}
   value = {"a": True, "b": {"c": False, "d": np.bool_(True)}}
-  out = masks.resolve_mask(value, params)
+  out = _masks.resolve_mask(value, params)
   assert out == [True, False, True]
   assert all(type(v) is bool for v in out)
 
@@ -421,16 +421,16 @@ def test_resolve_mask_bool_pytree():
 def test_resolve_mask_callable():
   params = _flax_params()
   expected = [True, True, True, False, True, True]
-  assert masks.resolve_mask(lars_optax.masks.FLAX_SKIP, params) == expected
+  assert _masks.resolve_mask(lars_optax.masks.FLAX_SKIP, params) == expected
   # Any callable returning a bool pytree (optax's convention).
   plain = lambda p: jax.tree.map(lambda x: x.ndim == 1, p)
-  assert masks.resolve_mask(plain, params) == expected
+  assert _masks.resolve_mask(plain, params) == expected
 
 
 def test_resolve_mask_single_bool():
   params = {"a": jnp.ones(2), "b": jnp.ones(3)}
-  assert masks.resolve_mask(True, params) == [True, True]
-  assert masks.resolve_mask(lambda p: False, params) == [False, False]
+  assert _masks.resolve_mask(True, params) == [True, True]
+  assert _masks.resolve_mask(lambda p: False, params) == [False, False]
 
 
 @pytest.mark.parametrize("bad", [
@@ -441,14 +441,14 @@ def test_resolve_mask_single_bool():
 def test_resolve_mask_mismatched_tree(bad):
   params = {"a": jnp.ones(2), "b": jnp.ones(3)}
   with pytest.raises(ValueError, match="my_skip"):
-    masks.resolve_mask(bad, params, "my_skip")
+    _masks.resolve_mask(bad, params, "my_skip")
 
 
 @pytest.mark.parametrize("leaf", [jnp.array(True), np.array([True]), 1, "yes"])
 def test_resolve_mask_non_bool_leaf(leaf):
   params = {"a": jnp.ones(2), "b": jnp.ones(3)}
   with pytest.raises(TypeError, match="static") as e:
-    masks.resolve_mask({"a": True, "b": leaf}, params, "skip")
+    _masks.resolve_mask({"a": True, "b": leaf}, params, "skip")
   assert "skip" in str(e.value) and "'b'" in str(e.value)
 
 
@@ -457,7 +457,7 @@ def test_resolve_mask_traced_bool_rejected():
 
   @jax.jit
   def f(params):
-    return masks.resolve_mask(lambda p: jax.tree.map(lambda x: x.sum() > 0, p), params)
+    return _masks.resolve_mask(lambda p: jax.tree.map(lambda x: x.sum() > 0, p), params)
 
   with pytest.raises(TypeError, match="static"):
     f(params)
@@ -541,31 +541,31 @@ _MULT_TREE = {"fc1_weight": np.ones((2, 2)), "fc1_bias": np.ones(2), "bn_gamma":
 
 
 def test_leaf_values_none_gives_the_default():
-  assert masks.resolve_leaf_values(None, _MULT_TREE, "lr_mult") == [1.0, 1.0, 1.0]
-  assert masks.resolve_leaf_values(None, _MULT_TREE, "x", default=0.5) == [0.5] * 3
+  assert _masks.resolve_leaf_values(None, _MULT_TREE, "lr_mult") == [1.0, 1.0, 1.0]
+  assert _masks.resolve_leaf_values(None, _MULT_TREE, "x", default=0.5) == [0.5] * 3
 
 
 def test_leaf_values_dict_by_name():
   # jax.tree.leaves order: bn_gamma, fc1_bias, fc1_weight
-  got = masks.resolve_leaf_values({"fc1_bias": 0.0, "fc1_weight": 2}, _MULT_TREE, "wd_mult")
+  got = _masks.resolve_leaf_values({"fc1_bias": 0.0, "fc1_weight": 2}, _MULT_TREE, "wd_mult")
   assert got == [1.0, 0.0, 2.0]
 
 
 def test_leaf_values_rules_first_match_wins():
   rules = [(masks.by_suffix("bias"), 0.0), ("mxnet", 3.0), (masks.everything, 0.5)]
-  got = masks.resolve_leaf_values(rules, _MULT_TREE, "lr_mult")
+  got = _masks.resolve_leaf_values(rules, _MULT_TREE, "lr_mult")
   assert got == [3.0, 0.0, 0.5]
 
 
 def test_leaf_values_rule_with_a_bool_pytree_mask():
   mask = {"fc1_weight": True, "fc1_bias": False, "bn_gamma": False}
-  assert masks.resolve_leaf_values([(mask, 4.0)], _MULT_TREE, "lr_mult") == [1.0, 1.0, 4.0]
+  assert _masks.resolve_leaf_values([(mask, 4.0)], _MULT_TREE, "lr_mult") == [1.0, 1.0, 4.0]
 
 
 def test_leaf_values_unknown_name_suggests_close_ones():
   with pytest.raises(ValueError, match=r"wd_mult: no parameter is named 'fc1_weigth' \(did you "
                      r"mean \['fc1_weight'"):
-    masks.resolve_leaf_values({"fc1_weigth": 0.0}, _MULT_TREE, "wd_mult")
+    _masks.resolve_leaf_values({"fc1_weigth": 0.0}, _MULT_TREE, "wd_mult")
 
 
 @pytest.mark.parametrize("spec, exc, match", [
@@ -582,7 +582,7 @@ def test_leaf_values_unknown_name_suggests_close_ones():
 ])
 def test_leaf_values_bad_specs(spec, exc, match):
   with pytest.raises(exc, match="lr_mult: .*" + match):
-    masks.check_leaf_values(spec, "lr_mult")
+    _masks.check_leaf_values(spec, "lr_mult")
 
 
 @pytest.mark.parametrize("pattern", [b"bias", re.compile(b"bias")])
@@ -595,13 +595,13 @@ def test_by_regex_rejects_bytes_patterns(pattern):
                                    jnp.complex64(3)])
 def test_leaf_values_reject_complex_numbers(value):
   with pytest.raises(TypeError, match=r"^lr_mult: the value for 'w' must be a real number"):
-    masks.check_leaf_values({"w": value}, "lr_mult")
+    _masks.check_leaf_values({"w": value}, "lr_mult")
   with pytest.raises(TypeError, match=r"^lr_mult: the value for .* must be a real number"):
-    masks.check_leaf_values([("mxnet", value)], "lr_mult")
+    _masks.check_leaf_values([("mxnet", value)], "lr_mult")
 
 
 def test_check_unique_names():
-  masks.check_unique_names({"a": {"b": 1}, "a_b": 2})
+  _masks.check_unique_names({"a": {"b": 1}, "a_b": 2})
   with pytest.raises(ValueError, match=r"^params: the leaves at \['a'\]\['b'\] and "
                                        r"\['a/b'\] share the name 'a/b'"):
-    masks.check_unique_names({"a/b": 1, "a": {"b": 2}})
+    _masks.check_unique_names({"a/b": 1, "a": {"b": 2}})

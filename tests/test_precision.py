@@ -24,7 +24,7 @@ from conftest import as_row_sparse, x64
 
 import lars_optax
 from lars_optax import MultiPrecisionState, master_params, multi_precision
-from lars_optax.precision import LOW_PRECISION
+from lars_optax._utils import LOW_PRECISION
 
 LOW_DTYPES = [jnp.float16, jnp.bfloat16]
 

@@ -29,7 +29,7 @@ from conftest import public, x64
 
 import lars_optax
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks
 
 # --------------------------------------------------------------------------
 # Hyperparameters
@@ -628,9 +628,9 @@ def test_unmatched_and_check_matches():
   assert repr(mask.optional()) == repr(mask)
   assert mask.optional()(_tree()) == mask(_tree())
   with pytest.raises(ValueError, match=r"^my_arg: no parameter name ends with 'gamma'"):
-    masks.check_matches(mask, _tree(), "my_arg")
-  masks.check_matches(mask, {}, "my_arg")
-  masks.check_matches("mxnet", _tree(), "my_arg")
+    _masks.check_matches(mask, _tree(), "my_arg")
+  _masks.check_matches(mask, {}, "my_arg")
+  _masks.check_matches("mxnet", _tree(), "my_arg")
   # Calling a mask (as optax does) never checks.
   assert lars_optax.by_suffix("bais")(_tree())["fc1_bias"] is False
 

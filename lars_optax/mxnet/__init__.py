@@ -18,9 +18,9 @@ same objects as :func:`lars_optax.lars` and the others at the top level.
 >>> tx = lars_optax.mxnet.adam(1e-3, wd=1e-4)  # the same optimizer
 """
 
-from lars_optax.lamb import lamb
-from lars_optax.lans import lans
-from lars_optax.lars import lars
+from lars_optax._lamb import lamb
+from lars_optax._lans import lans
+from lars_optax._lars import lars
 from lars_optax.mxnet import lr_scheduler
 from lars_optax.mxnet.adagrad_family import (
     FtrlProximalState,
@@ -54,7 +54,7 @@ from lars_optax.mxnet.adam_family import (
     scale_by_mxnet_belief,
     scale_by_mxnet_nadam,
 )
-from lars_optax.mxnet.registry import create, mxnet_schedule, register, registered
+from lars_optax.mxnet.registry import BASE_ARGS, create, mxnet_schedule, register, registered
 from lars_optax.mxnet.sgd_family import (
     AddLangevinNoiseState,
     DelayCompensationState,
@@ -68,6 +68,7 @@ from lars_optax.mxnet.sgd_family import (
 from lars_optax.sign import signsgd, signum
 
 __all__ = [
+    "BASE_ARGS",
     "AddLangevinNoiseState",
     "DelayCompensationState",
     "FtrlProximalState",

@@ -43,7 +43,8 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _row_wise, masks
+from lars_optax import _row_wise
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax.momentum import mxnet_momentum

@@ -28,9 +28,9 @@ import optax
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import precision
-from lars_optax.lamb import lamb
-from lars_optax.lans import lans
-from lars_optax.lars import lars
+from lars_optax._lamb import lamb
+from lars_optax._lans import lans
+from lars_optax._lars import lars
 from lars_optax.mxnet import adagrad_family, adam_family, sgd_family
 from lars_optax.sign import signsgd, signum
 

@@ -37,7 +37,7 @@ from optax import GradientTransformation
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.momentum import mxnet_momentum
 
 __all__ = [

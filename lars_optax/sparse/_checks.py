@@ -10,7 +10,7 @@ import numpy as np
 from jax.experimental.sparse import BCOO
 
 from lars_optax import _utils as utils
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax._utils import raise_at_run_time
 from lars_optax.sparse import _rows
 

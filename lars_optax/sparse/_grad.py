@@ -11,7 +11,7 @@ import numpy as np
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _interpreter, _rows, _types
 
 

@@ -95,7 +95,7 @@ from optax import GradientTransformationExtraArgs
 from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _rows, _types
 
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]

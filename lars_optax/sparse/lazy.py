@@ -21,7 +21,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _lazy_step, _rows
 
 __all__ = ["lazy_update", "present_rows"]

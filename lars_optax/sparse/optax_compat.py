@@ -63,7 +63,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
+from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _grad, _rows, _types
 
 __all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_updates",

@@ -11,10 +11,11 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _grouping, _ratios, masks
+from lars_optax import _grouping, _ratios
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import stacked as stacked_mod
+from lars_optax import _stacked as stacked_mod
 
 __all__ = ["NormalizePerLeafState", "ScaleByLansState", "lans", "normalize_per_leaf",
            "scale_by_lans"]

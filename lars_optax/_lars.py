@@ -14,8 +14,8 @@ from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import masks
-from lars_optax import stacked as stacked_mod
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
 from lars_optax.momentum import mxnet_momentum
 from lars_optax.trust_ratio import scale_by_lars_trust_ratio
 

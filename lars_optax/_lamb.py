@@ -11,10 +11,11 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _grouping, _ratios, masks
+from lars_optax import _grouping, _ratios
+from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax import stacked as stacked_mod
+from lars_optax import _stacked as stacked_mod
 from lars_optax.transforms import add_decayed_weights_per_leaf
 from lars_optax.trust_ratio import scale_by_lamb_trust_ratio
 
