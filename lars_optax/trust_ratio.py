@@ -458,7 +458,9 @@ def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
     order (works under ``jit``); a stacked leaf (see ``stacked=``)
     contributes one entry per layer, its ratios in row-major order, so the
     vector of a stacked model is the vector of its unrolled model with the
-    blocks' entries grouped by leaf;
+    blocks' entries grouped by leaf; inside ``shard_map`` it is each device's
+    own vector, over the blocks it holds (its layers of a stack split by
+    layers), as docs/distributed.md shows;
   * ``params`` a pytree: a ``{leaf name: ratio}`` dict, e.g.
     ``{"Dense_0/kernel": 0.012, ...}``, ready for a logger; a stacked leaf's
     value is an array of shape ``shape[:k]``, one ratio per layer.

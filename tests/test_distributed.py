@@ -455,6 +455,33 @@ def test_one_axis_splitting_layers_and_features_equals_the_unrolled_model(name, 
     _fsdp_step(make(stacked=lars_optax.by_regex("^blocks/"), axis_name=None))(stacked, grads)
 
 
+def test_the_ratio_vector_inside_shard_map_is_each_devices_own_in_leaf_order():
+  """#52 item 7, as docs/distributed.md states it: inside shard_map each device's vector
+  follows jax.tree.leaves of its own blocks; a stack split by layers gives that device's
+  layers, a leaf with its whole ratio (axis_name) the same entry on every device. With
+  out_specs=P(axis) the rows of vec.reshape(devices, -1) are the devices' vectors."""
+  stacked, grads, _ = _fsdp_case()
+  make = _FSDP_MAKE["lamb"]
+  tx = make(stacked=lars_optax.by_regex("^blocks/"),
+            axis_name=[(lars_optax.by_regex("^head/"), "fsdp")])
+  mesh = Mesh(np.array(jax.devices()[:_FSDP_L]), ("fsdp",))
+
+  @jax.jit
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=(_FSDP_SPEC, _FSDP_SPEC),
+                     out_specs=P("fsdp"))
+  def ratios(p, g):
+    return lars_optax.trust_ratios(tx.update(g, tx.init(p), p)[1])
+
+  rows = np.asarray(ratios(stacked, grads)).reshape(_FSDP_L, -1)
+  one = make(stacked=lars_optax.by_regex("^blocks/"))
+  want = np.asarray(lars_optax.trust_ratios(one.update(grads, one.init(stacked), stacked)[1]))
+  # Leaves in order: blocks/bias, blocks/kernel (one layer per device), head/bias, head/kernel.
+  np.testing.assert_allclose(np.concatenate([rows[:, 0], rows[:, 1], rows[0, 2:]]), want,
+                             rtol=1e-5)
+  np.testing.assert_allclose(rows[:, 2:], np.broadcast_to(rows[0, 2:], rows[:, 2:].shape),
+                             rtol=1e-6)
+
+
 def test_per_leaf_axis_name_rules_are_checked():
   with pytest.raises(TypeError, match=r"^axis_name\['w'\]: expected None or the name"):
     lars_optax.lars(0.1, axis_name={"w": 3})
