@@ -43,7 +43,7 @@ from lars_optax.masks import (
     leaf_names,
     named_leaves,
 )
-from lars_optax.momentum import (
+from lars_optax._momentum import (
     DampenedTraceState,
     MXNetMomentumState,
     dampened_trace,
@@ -52,7 +52,7 @@ from lars_optax.momentum import (
 from lars_optax.nonfinite import skip_nonfinite
 from lars_optax.precision import MultiPrecisionState, master_params, multi_precision
 from lars_optax.sign import signsgd, signum
-from lars_optax.transforms import (
+from lars_optax._transforms import (
     AddDecoupledWeightDecayState,
     LowPrecisionWarning,
     PerLeafState,
@@ -63,7 +63,7 @@ from lars_optax.transforms import (
     scale_by_caution,
     scale_per_leaf,
 )
-from lars_optax.trust_ratio import (
+from lars_optax._trust_ratio import (
     ScaleByLambTrustRatioState,
     ScaleByLarsTrustRatioState,
     TrustClipState,

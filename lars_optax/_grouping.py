@@ -193,10 +193,9 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
   are the same. The rule must take one ratio per layer of a stacked leaf
   (the layer-wise rules do) and must not mix leaves otherwise.
   """
-  # Built as the constructor built its links: the constructor checked the arguments
-  # once, and its check_inputs link checks the user's trees (these are stacks of them),
-  # so the links rebuilt at each trace check nothing again.
-  @v.constructor
+  # ``build`` chains the links' unchecked twins, as the constructor does: it checked the
+  # arguments once, when it was built, and its check_inputs link checks the user's trees
+  # (these are stacks of them), so the links rebuilt at each trace check nothing again.
   def inner_tx(plan: _Plan) -> GradientTransformation:
     return optax.chain(*build(**plan.settings))
 

@@ -16,14 +16,13 @@ from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _stacked as stacked_mod
-from lars_optax.transforms import add_decayed_weights_per_leaf
-from lars_optax.trust_ratio import scale_by_lamb_trust_ratio
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
+from lars_optax._trust_ratio import unchecked_scale_by_lamb_trust_ratio
 
 __all__ = ["lamb", "scale_by_lamb_adam"]
 
 
-@v.keyword_hints({})
-def scale_by_lamb_adam(
+def unchecked_scale_by_lamb_adam(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
@@ -31,6 +30,7 @@ def scale_by_lamb_adam(
     bias_correction: bool = True,
     grad_averaging: bool = True,
     eps_root: float = 0.0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adam's direction as LAMB takes it, with or without bias correction.
 
@@ -78,7 +78,7 @@ def scale_by_lamb_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.LAMB``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
     v.check_scalar("eps_root", eps_root, low=0.0)
@@ -89,8 +89,8 @@ def scale_by_lamb_adam(
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     if checks:
       v.check_float_params(params, name, allow_complex=True)
-      v.check_representable("eps", eps, params, compute=True)
-      v.check_representable("eps_root", eps_root, params, compute=True)
+      v.check_representable("eps", eps, params)
+      v.check_representable("eps_root", eps_root, params)
     utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
@@ -116,6 +116,9 @@ def scale_by_lamb_adam(
     return jax.tree.map(step, mu, nu), optax.ScaleByAdamState(count, mu, nu)
 
   return GradientTransformation(init_fn, update_fn)
+
+
+scale_by_lamb_adam = v.public_link(unchecked_scale_by_lamb_adam)
 
 
 @v.mxnet_names
@@ -249,12 +252,13 @@ def lamb(
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
     decay = ([] if utils.is_const(wd, 0) else
-             [add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
-                                           stacked=stacked)])
-    return [scale_by_lamb_adam(beta1, b2=beta2, eps=epsilon, bias_correction=bias_correction),
+             [unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
+                                                     stacked=stacked)])
+    return [unchecked_scale_by_lamb_adam(beta1, b2=beta2, eps=epsilon,
+                                         bias_correction=bias_correction),
             *decay,
-            scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
-                                      skip=skip, axis_name=axis_name, stacked=stacked),
+            unchecked_scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
+                                                skip=skip, axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
 
   parts = [*base.preprocess(rescale_grad, clip_gradient, 0.0, None),
@@ -268,5 +272,5 @@ def lamb(
                    hyperparams=base.hyperparams(
                        learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
                        epsilon=epsilon,
-                       computed={"lower_bound": lower_bound, "upper_bound": upper_bound}))
+                       lower_bound=lower_bound, upper_bound=upper_bound))
   return stacked_mod.warn_unstacked(tx, stacked, "lamb")

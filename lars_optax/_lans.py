@@ -34,11 +34,11 @@ class NormalizePerLeafState(NamedTuple):
   layers: tuple[Any, ...]
 
 
-@v.keyword_hints({})
-def normalize_per_leaf(
+def unchecked_normalize_per_leaf(
     *,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Divides each leaf's update by its own norm (LANS's gradient normalisation).
 
@@ -68,7 +68,7 @@ def normalize_per_leaf(
     54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
     2.0 ``mxnet.optimizer.LANS``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     stacked_mod.check_axis_names(axis_name)
     stacked_mod.check_stacked(stacked)
@@ -96,6 +96,9 @@ def normalize_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
+normalize_per_leaf = v.public_link(unchecked_normalize_per_leaf)
+
+
 @_ratios.ratio_state
 class ScaleByLansState(NamedTuple):
   """State of :func:`scale_by_lans`.
@@ -121,8 +124,7 @@ class ScaleByLansState(NamedTuple):
   layer_grad_trust_ratio: tuple[Any, ...] = ()
 
 
-@v.keyword_hints({})
-def scale_by_lans(
+def unchecked_scale_by_lans(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
@@ -134,6 +136,7 @@ def scale_by_lans(
     skip: masks.MaskLike = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""LANS's scaling: Nesterov-style Adam with a trust ratio on each of its two parts.
 
@@ -183,7 +186,7 @@ def scale_by_lans(
     Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
     v.check_scalar("weight_decay", weight_decay, low=0.0)
@@ -198,8 +201,8 @@ def scale_by_lans(
     ks = _ratios.ratio_axes(params, name, skip, lower_bound, upper_bound, stacked,
                             checks=checks)
     if checks:
-      v.check_representable("eps", eps, params, compute=True)
-      v.check_representable("weight_decay", weight_decay, params, compute=True)
+      v.check_representable("eps", eps, params)
+      v.check_representable("weight_decay", weight_decay, params)
     utils.warn_float16(params, name, utils.DEGRADES)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
@@ -256,6 +259,9 @@ def scale_by_lans(
         _ratios.layer_ratios(params, ks, ratios_g))
 
   return GradientTransformation(init_fn, update_fn)
+
+
+scale_by_lans = v.public_link(unchecked_scale_by_lans)
 
 
 @v.mxnet_names
@@ -366,11 +372,11 @@ def lans(
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
-    return [normalize_per_leaf(axis_name=axis_name, stacked=stacked),
+    return [unchecked_normalize_per_leaf(axis_name=axis_name, stacked=stacked),
             *base.preprocess(1.0, clip_gradient, 0.0, None),
-            scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=wd_mult,
-                          lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
-                          axis_name=axis_name, stacked=stacked),
+            unchecked_scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=wd_mult,
+                                    lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
+                                    axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
 
   parts = _grouping.maybe_by_shape(group_by_shape, layer_wise, masks_by_arg={"skip": skip},
@@ -381,6 +387,5 @@ def lans(
                    leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                    hyperparams=base.hyperparams(
                        learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                       computed={"epsilon": epsilon, "lower_bound": lower_bound,
-                                 "upper_bound": upper_bound}))
+                       epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))
   return stacked_mod.warn_unstacked(tx, stacked, "lans")

@@ -16,8 +16,8 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
-from lars_optax.momentum import mxnet_momentum
-from lars_optax.trust_ratio import scale_by_lars_trust_ratio
+from lars_optax._momentum import unchecked_mxnet_momentum
+from lars_optax._trust_ratio import unchecked_scale_by_lars_trust_ratio
 
 __all__ = ["lars", "tf_lars"]
 
@@ -151,12 +151,12 @@ def lars(
     # The ratio is taken from the rescaled gradient before clipping, so the
     # rescale is the ratio transformation's own and the rest runs inside it.
     inner = base.preprocess(1.0, clip_gradient, wd, wd_mult, stacked)
-    ratio = scale_by_lars_trust_ratio(
+    ratio = unchecked_scale_by_lars_trust_ratio(
         optax.chain(*inner) if inner else None, trust_coefficient=eta, ratio_weight_decay=wd,
         eps=epsilon, skip=skip, grad_scale=rescale_grad, wd_mult=wd_mult,
         axis_name=axis_name, stacked=stacked)
     return [ratio, *base.lr_mult_part(lr_mult, stacked),
-            mxnet_momentum(learning_rate, momentum=momentum)]
+            unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
 
   tx = base.finish(_grouping.maybe_by_shape(
       group_by_shape, layer_wise, masks_by_arg={"skip": skip},
@@ -165,7 +165,7 @@ def lars(
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
-                   ("eta", eta, True), ("epsilon", epsilon, True)])
+                   ("eta", eta), ("epsilon", epsilon)])
   return stacked_mod.warn_unstacked(tx, stacked, "lars")
 
 
@@ -284,7 +284,7 @@ def tf_lars(
   group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
 
   def layer_wise(skip, stacked):
-    return [scale_by_lars_trust_ratio(
+    return [unchecked_scale_by_lars_trust_ratio(
                 utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
                 trust_coefficient=eeta, ratio_weight_decay=weight_decay, eps=epsilon, skip=skip,
                 axis_name=axis_name, stacked=stacked),
@@ -294,7 +294,7 @@ def tf_lars(
                                             masks_by_arg={"skip": skip}, values_by_arg={},
                                             stacked=stacked),
                    "tf_lars", names=names, complex_params=True,
-                   hyperparams=[("learning_rate", learning_rate), ("eeta", eeta, True),
-                                ("weight_decay", weight_decay, True),
-                                ("epsilon", epsilon, True)])
+                   hyperparams=[("learning_rate", learning_rate), ("eeta", eeta),
+                                ("weight_decay", weight_decay),
+                                ("epsilon", epsilon)])
   return stacked_mod.warn_unstacked(tx, stacked, "tf_lars")

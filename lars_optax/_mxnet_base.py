@@ -15,7 +15,9 @@ from lars_optax import _stacked as stacked_mod
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.sparse.lazy import lazy_update as _lazy_update
 from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse
-from lars_optax.transforms import add_decayed_weights_per_leaf, check_inputs, scale_per_leaf
+from lars_optax._transforms import unchecked_scale_per_leaf
+from lars_optax._transforms import unchecked_check_inputs
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
 
 def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult, *,
@@ -64,14 +66,14 @@ def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
   if clip_gradient is not None:
     parts.append(utils.keep_dtypes(optax.clip(clip_gradient), clip_gradient))
   if not utils.is_const(wd, 0):  # wd=0: the params are not read
-    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
-                                              stacked=stacked))
+    parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult",
+                                                        stacked=stacked))
   return parts
 
 
 def decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
   """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
-  parts = [] if utils.is_const(wd_lh, 0) else [add_decayed_weights_per_leaf(wd_lh)]
+  parts = [] if utils.is_const(wd_lh, 0) else [unchecked_add_decayed_weights_per_leaf(wd_lh)]
   return [*parts, learning_rate_part(learning_rate), *lr_mult_part(lr_mult)]
 
 
@@ -79,18 +81,15 @@ def learning_rate_part(learning_rate) -> optax.GradientTransformation:
   return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
 
 
-def hyperparams(*, computed: Mapping[str, Any] | None = None,
-                **values: Any) -> list[tuple[Any, ...]]:
-  """The scalars to check against the params' dtypes at ``init`` (see check_inputs);
-  ``computed``: those used in the float32-or-wider dtype of the computation (an
-  epsilon under a square root or a norm)."""
-  return ([(k, x) for k, x in values.items() if x is not None]
-          + [(k, x, True) for k, x in (computed or {}).items() if x is not None])
+def hyperparams(**values: Any) -> list[tuple[str, Any]]:
+  """The scalars to check against the params' dtypes at ``init`` (see check_inputs;
+  the dtype each is used in comes from its name, v.COMPUTED_ARGUMENTS)."""
+  return [(k, x) for k, x in values.items() if x is not None]
 
 
 def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
-  return [] if lr_mult is None else [scale_per_leaf(lr_mult, arg_name="lr_mult",
-                                                    stacked=stacked)]
+  return [] if lr_mult is None else [unchecked_scale_per_leaf(lr_mult, arg_name="lr_mult",
+                                                              stacked=stacked)]
 
 
 def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
@@ -125,8 +124,8 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
   (see :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls
   ``row_sparse_check``).
   """
-  tx = optax.chain(check_inputs(name, names=names, leaf_values=leaf_values,
-                                hyperparams=hyperparams, complex_params=complex_params),
+  tx = optax.chain(unchecked_check_inputs(name, names=names, leaf_values=leaf_values,
+                                          hyperparams=hyperparams, complex_params=complex_params),
                    *parts)
   if squares:
     tx = warn_float16_squares(tx, name)

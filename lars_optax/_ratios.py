@@ -1,6 +1,6 @@
 """The maths the layer-wise rules share: ratios from norms, their state layout, Adam's moments.
 
-Private: :mod:`lars_optax.trust_ratio`, :mod:`lars_optax.lamb` and
+Private: :mod:`lars_optax._trust_ratio`, :mod:`lars_optax.lamb` and
 :mod:`lars_optax.lans` build on these.
 """
 
@@ -308,12 +308,12 @@ def ratio_axes(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
                upper_bound: Any, stacked: stacked_mod.StackedLike,
                *, checks: bool, allow_complex: bool = False) -> list[int]:
   """The layer axes at ``init`` of LAMB's and LANS's ratios, after their checks
-  (with ``checks``: see :func:`lars_optax._validation.link_checks`)."""
+  (with ``checks``: the public link's, see :func:`lars_optax._validation.public_link`)."""
   if checks:
     v.check_float_params(params, name, allow_complex=allow_complex)
     for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
       if value is not None:
-        v.check_representable(arg, value, params, compute=True)
+        v.check_representable(arg, value, params)
     masks.check_unique_names(params)
     masks.check_matches(skip, params, "skip")
   ks = stacked_mod.resolve(stacked, params)

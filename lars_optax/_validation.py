@@ -7,7 +7,6 @@ leaf) and says what is accepted.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import math
@@ -136,19 +135,33 @@ def known_value(value: Any) -> float | None:
     return None
 
 
-def check_representable(name: str, value: Any, params: Any, *, compute: bool = False,
+# The one table of argument kinds: the hyperparameters used only in the float32-or-wider
+# dtype of the norms (the LARS coefficient, the ratio's lambda, LAMB's bounds on a norm).
+# Every other constant is checked in the params' dtype, the stricter of the two (a value
+# finite there is finite in float32). A name means one thing everywhere, so its kind is
+# the name's, whoever takes it: an epsilon is checked in the params' dtype, where optax's
+# rules (sparse.adam) add it, also where a rule of ours adds it in float32.
+COMPUTED_ARGUMENTS = frozenset({
+    "trust_coefficient", "trust_coeff", "eta", "eeta", "ratio_weight_decay",
+    "lower_bound", "upper_bound",
+})
+
+
+def check_representable(name: str, value: Any, params: Any, *,
                         nonzero: bool = False) -> None:
   """A constant hyperparameter must be finite in the dtype it is used in.
 
   Checked at ``init``, when the params' dtypes are known: ``value`` is cast to
-  each parameter's dtype (with ``compute``, to the float32-or-wider dtype that
-  norms and Adam's division use). A value beyond that dtype's largest finite
+  each parameter's dtype (for a name in :data:`COMPUTED_ARGUMENTS`, to the
+  float32-or-wider dtype that norms and Adam's division use; ``name`` may be
+  ``"prefix: argument"``). A value beyond that dtype's largest finite
   number would become infinite and make the update inf or NaN; with
   ``nonzero``, a value > 0 that rounds to 0 is rejected too (an epsilon that
   would vanish). Schedules and traced values are not checked.
   """
   if not is_constant(value):
     return
+  compute = name.rsplit(": ", 1)[-1] in COMPUTED_ARGUMENTS
   x = float(np.asarray(value, np.float64))
   seen = set()
   for leaf_name, leaf in masks.named_leaves(params):
@@ -364,43 +377,6 @@ _NO_EQUIVALENT = {
 }
 
 
-# True while a public constructor builds its chain (see ``constructor``).
-_BUILDING: contextvars.ContextVar[bool] = contextvars.ContextVar("lars_optax_building",
-                                                                 default=False)
-
-
-def constructor(fn: _F) -> _F:
-  """A decorator for a public optimizer: the links it builds skip the checks it made.
-
-  An argument is checked once, where it enters. An optimizer checks the
-  arguments a user gives it, and its first link (:func:`check_inputs
-  <lars_optax.check_inputs>`) checks the params and gradient trees; the public
-  links it chains then skip their own checks of the same things (see
-  :func:`link_checks`). A link that a user calls directly checks everything.
-  """
-
-  @functools.wraps(fn)
-  def wrapper(*args: Any, **kwargs: Any) -> Any:
-    token = _BUILDING.set(True)
-    try:
-      return fn(*args, **kwargs)
-    finally:
-      _BUILDING.reset(token)
-
-  return cast(_F, wrapper)
-
-
-def link_checks() -> bool:
-  """Whether a link built now checks its arguments and trees itself.
-
-  False while a :func:`constructor` builds its chain: that optimizer has
-  checked the arguments it passes on, and its ``check_inputs`` link checks
-  the params and gradients. Read it when the link is built (not in
-  ``init``/``update``, which run later).
-  """
-  return not _BUILDING.get()
-
-
 def _optax_hint(keyword: str, taken: set[str]) -> str | None:
   """The advice for optax's ``keyword`` in a function taking ``taken``; None if taken."""
   if keyword in taken:
@@ -422,12 +398,10 @@ def _optax_hint(keyword: str, taken: set[str]) -> str | None:
   return advice
 
 
-def keyword_hints(hints: Mapping[str, str], *, builds: bool = False) -> Callable[[_F], _F]:
+def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   """A decorator for a public function: a keyword of ``hints``, or one of optax's,
   that the function does not take raises a TypeError that starts with the
-  keyword and says which one to use (with ``builds``, the function is also a
-  :func:`constructor`; :func:`renamed_keywords` is that). For the links, which
-  check what they are given themselves.
+  keyword and says which one to use.
   """
 
   def decorate(fn: _F) -> _F:
@@ -435,24 +409,51 @@ def keyword_hints(hints: Mapping[str, str], *, builds: bool = False) -> Callable
     wrong = {k: why for k in _OPTAX_EQUIVALENTS.keys() | _NO_EQUIVALENT.keys()
              if (why := _optax_hint(k, taken)) is not None}
     wrong.update({k: why for k, why in hints.items() if k not in taken})
-    call = constructor(fn) if builds else fn
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
       for k in kwargs:
         if k in wrong:
           raise TypeError(f"{k}: {fn.__name__}() has no argument {k!r}; {wrong[k]}")
-      return call(*args, **kwargs)
+      return fn(*args, **kwargs)
 
     return cast(_F, wrapper)
 
   return decorate
 
 
+def public_link(unchecked: _F, hints: Mapping[str, str] | None = None) -> _F:
+  """The public link of ``unchecked_<name>``, its private twin: ``<name>(...)`` is
+  ``unchecked_<name>(..., checked=True)``.
+
+  An argument is checked once, where it enters. A public link checks what it is
+  given, every time, whoever calls it: its arguments when it is built, the params
+  and gradients in ``init`` and ``update``. An optimizer checks its own arguments
+  and, in its first link (:func:`check_inputs <lars_optax.check_inputs>`), the trees,
+  and then chains the twins, which trust them (``checked=False``, the default).
+  ``hints``: as :func:`keyword_hints`.
+  """
+  name = unchecked.__name__.removeprefix("unchecked_")
+  signature = inspect.signature(unchecked)
+
+  @functools.wraps(unchecked)
+  def link(*args: Any, **kwargs: Any) -> Any:
+    if "checked" in kwargs:
+      raise TypeError(f"checked: {name}() has no argument 'checked'; a public link always "
+                      "checks what it is given.")
+    return unchecked(*args, checked=True, **kwargs)
+
+  link.__name__ = link.__qualname__ = name
+  link.__signature__ = signature.replace(  # type: ignore[attr-defined]
+      parameters=[p for p in signature.parameters.values() if p.name != "checked"])
+  del link.__wrapped__  # (its signature is the one above, without ``checked``)
+  return keyword_hints(hints or {})(cast(_F, link))
+
+
 def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
-  """A decorator for a public optimizer: a :func:`constructor` where a keyword of
-  ``hints``, or one of optax's, that the function does not take raises a
-  TypeError that starts with the keyword and says which one to use.
+  """A decorator for a public optimizer: a keyword of ``hints``, or one of optax's,
+  that the function does not take raises a TypeError that starts with the
+  keyword and says which one to use.
 
   ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
   message; optax's keywords (those of ``optax.lars``, ``lamb``, ``adam``,
@@ -460,10 +461,11 @@ def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   none, and for masks the polarity. The function keeps its signature
   (:func:`functools.wraps`), so :func:`inspect.signature`,
   :func:`lars_optax.mxnet.create` and ``optax.inject_hyperparams`` see its own
-  arguments.
+  arguments. An optimizer checks its own arguments and chains the links'
+  unchecked twins (see :func:`public_link`).
   """
 
-  return keyword_hints(hints, builds=True)
+  return keyword_hints(hints)
 
 
 _MXNET_HINTS = {

@@ -51,17 +51,18 @@ from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
-from lars_optax._lamb import scale_by_lamb_adam
-from lars_optax.momentum import check_torch_momentum, dampened_trace, mxnet_momentum
-from lars_optax.mxnet.adam_family import adam as _mxnet_adam
+from lars_optax._lamb import unchecked_scale_by_lamb_adam
+from lars_optax._momentum import check_torch_momentum
+from lars_optax._momentum import unchecked_mxnet_momentum
+from lars_optax._momentum import unchecked_dampened_trace
+from lars_optax.mxnet._adam_family import unchecked_scale_by_mxnet_adam
 from lars_optax.sparse.lazy import lazy_update
 from lars_optax.sparse.optax_compat import clip_by_global_norm
-from lars_optax.transforms import (
-    add_decayed_weights_per_leaf,
-    add_decoupled_weight_decay,
-    scale_by_caution,
-)
-from lars_optax.trust_ratio import scale_by_lamb_trust_ratio, scale_by_lars_trust_ratio
+from lars_optax._transforms import unchecked_scale_by_caution
+from lars_optax._transforms import unchecked_add_decoupled_weight_decay
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
+from lars_optax._trust_ratio import unchecked_scale_by_lars_trust_ratio
+from lars_optax._trust_ratio import unchecked_scale_by_lamb_trust_ratio
 
 __all__ = [
     "albert_lamb",
@@ -153,8 +154,8 @@ def _decay(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: st
 
     return [optax.add_decayed_weights(weight_decay, mask=None if exempt is None else applies)]
   rules = None if exempt is None else [(exempt, 0.0)]
-  return [add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name=arg_name,
-                                       stacked=opts["stacked"])]
+  return [unchecked_add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name=arg_name,
+                                                 stacked=opts["stacked"])]
 
 
 def _torch_momentum(lr: Any, momentum: Any, dampening: Any,
@@ -165,7 +166,7 @@ def _torch_momentum(lr: Any, momentum: Any, dampening: Any,
   elif utils.is_const(dampening, 0):
     trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
   else:
-    trace = [dampened_trace(momentum, dampening=dampening, nesterov=nesterov)]
+    trace = [unchecked_dampened_trace(momentum, dampening=dampening, nesterov=nesterov)]
   return [*trace, base.learning_rate_part(lr)]
 
 
@@ -233,7 +234,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
     if always_adapt or not utils.is_const(weight_decay, 0):
       # timm adapts a group whose weight_decay is not 0, or every group with always_adapt.
       decay = _decay(weight_decay, no_decay, o, "no_weight_decay")
-      parts.append(scale_by_lars_trust_ratio(
+      parts.append(unchecked_scale_by_lars_trust_ratio(
           optax.chain(*decay) if decay else None, trust_coefficient=trust_coeff,
           ratio_weight_decay=weight_decay, eps=eps, skip=None if always_adapt else no_decay,
           wd_mult=decay_mult, axis_name=o["axis_name"], stacked=o["stacked"],
@@ -243,7 +244,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
   return _finish_layer_wise(layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
                             exempt=[("no_weight_decay", no_decay)],
                             hyperparams=[("lr", lr), ("weight_decay", weight_decay),
-                                         ("trust_coeff", trust_coeff, True), ("eps", eps, True)])
+                                         ("trust_coeff", trust_coeff), ("eps", eps)])
 
 
 @v.renamed_keywords({})
@@ -320,38 +321,40 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     no_decay = m["no_weight_decay"]
-    direction: GradientTransformation = scale_by_lamb_adam(
+    direction: GradientTransformation = unchecked_scale_by_lamb_adam(
         b1, b2=b2, eps=eps, bias_correction=flags["bias_correction"],
         grad_averaging=flags["grad_averaging"])
     if flags["caution"]:
-      direction = scale_by_caution(direction, stacked=o["stacked"], axis_name=o["axis_name"])
+      direction = unchecked_scale_by_caution(direction, stacked=o["stacked"],
+                                             axis_name=o["axis_name"])
     step = [direction]
     if not flags["decoupled_decay"]:
       step += _decay(weight_decay, no_decay, o, "no_weight_decay")
     if flags["always_adapt"] or decays:
-      step.append(scale_by_lamb_trust_ratio(
+      step.append(unchecked_scale_by_lamb_trust_ratio(
           skip=None if flags["always_adapt"] else no_decay, axis_name=o["axis_name"],
           stacked=o["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
     step += [base.learning_rate_part(lr), *_lr_mult(o)]
-    clip_axis = o["axis_name"] if isinstance(o["axis_name"], str) else None
-    parts = ([] if max_grad_norm is None
-             else [clip_by_global_norm(max_grad_norm, axis_name=clip_axis)])
+    parts: list = []
     if decays and flags["decoupled_decay"]:
       wd_mult = [] if no_decay is None else [(no_decay, 0.0)]
       if decay_lr is not lr:  # timm's (lr·s)²/max_lr: a group's rate scale s enters twice
         wd_mult += _rules_of(o["lr_mult"])
-      parts.append(add_decoupled_weight_decay(
+      parts.append(unchecked_add_decoupled_weight_decay(
           optax.chain(*step), learning_rate=decay_lr, weight_decay=weight_decay,
           wd_mult=wd_mult or None, lr_mult=o["lr_mult"], stacked=o["stacked"]))
     else:
       parts += step
     return parts
 
+  # timm's global clip, once over the whole tree (built once, also with group_by_shape).
+  clip_axis = opts["axis_name"] if isinstance(opts["axis_name"], str) else None
+  clip = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm, axis_name=clip_axis)]
   return _finish_layer_wise(layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
                             exempt=[("no_weight_decay", no_decay)],
-                            with_lr_mult=False,
+                            with_lr_mult=False, pre=clip,
                             hyperparams=[("lr", lr), ("weight_decay", weight_decay),
-                                         ("eps", eps, True)])
+                                         ("eps", eps)])
 
 
 @v.renamed_keywords({})
@@ -622,7 +625,6 @@ _SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked",
            "group_by_shape")  # the library's options
 
 
-@v.constructor
 def timm_optimizer(
     opt: str,
     *,
@@ -752,8 +754,8 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
   b1, b2 = _betas("betas", betas)
   v.check_scalar("eps", eps, low=0.0)
   v.check_scalar("weight_decay", weight_decay, low=0.0)
-  parts = [scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), stacked=opts["stacked"],
-                            axis_name=opts["axis_name"]),
+  parts = [unchecked_scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+                                      stacked=opts["stacked"], axis_name=opts["axis_name"]),
            *_decay(weight_decay, no_decay, opts, "no_weight_decay"), base.learning_rate_part(lr)]
   return _finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)],
                  hyperparams=[("lr", lr), ("weight_decay", weight_decay)])
@@ -788,17 +790,18 @@ def torch_sparse_adam(
     PyTorch ``torch.optim.SparseAdam``; Kingma and Ba, `Adam
     <https://arxiv.org/abs/1412.6980>`_, 2015.
   """
+  v.check_learning_rate("lr", lr)
   b1, b2 = _betas("betas", betas)
+  v.check_scalar("eps", eps, low=0.0)
   maximize = v.check_flag("maximize", maximize)
-  try:  # MXNet's rule checks the arguments; its errors name them in torch's words
-    tx = _mxnet_adam(lr, beta1=b1, beta2=b2, epsilon=eps, lazy_update=True,
-                     lr_mult=lr_mult, multi_precision=multi_precision)
-  except (TypeError, ValueError) as e:
-    text = str(e)
-    for mxnet_name, torch_name in (("learning_rate:", "lr:"), ("epsilon:", "eps:")):
-      if text.startswith(mxnet_name):
-        raise type(e)(torch_name + text[len(mxnet_name):]) from None
-    raise
+  multi_precision = v.check_flag("multi_precision", multi_precision)
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  # MXNet's lazy Adam (PyTorch's rule), from the links' twins: checked above, in torch's words.
+  tx = base.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
+                    base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
+                   "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
+                   complex_params=True, leaf_values=[("lr_mult", lr_mult)],
+                   hyperparams=base.hyperparams(lr=lr, eps=eps))
   if not maximize:
     return tx
   # The gradient negated on its rows (a row-sparse gradient stays row-sparse).
@@ -882,12 +885,12 @@ def keras_lamb(
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     exempt = m["exclude_from_weight_decay"]
-    step = [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
-            scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
+    step = [unchecked_scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
+            unchecked_scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
             base.learning_rate_part(learning_rate), *_lr_mult(o)]
     if weight_decay is None or utils.is_const(weight_decay, 0):
       return step
-    return [add_decoupled_weight_decay(
+    return [unchecked_add_decoupled_weight_decay(
         optax.chain(*step), learning_rate=learning_rate, weight_decay=weight_decay,
         wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=o["lr_mult"],
         stacked=o["stacked"])]
@@ -896,7 +899,7 @@ def keras_lamb(
                           masks_by_arg={"exclude_from_weight_decay": exempt},
                           hyperparams=[("learning_rate", learning_rate),
                                        ("weight_decay", weight_decay),
-                                       ("epsilon", epsilon, True)])
+                                       ("epsilon", epsilon)])
   if every > 1:
     return optax.with_extra_args_support(
         optax.MultiSteps(tx, every_k_schedule=every).gradient_transformation())
@@ -1012,18 +1015,18 @@ def optax_lars(
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [*_decay(weight_decay, m["weight_decay_mask"], o, "weight_decay_mask"),
-            scale_by_lars_trust_ratio(trust_coefficient=trust_coefficient, eps=eps,
-                                      skip=m["trust_ratio_mask"], axis_name=o["axis_name"],
-                                      stacked=o["stacked"]),
-            mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
+            unchecked_scale_by_lars_trust_ratio(trust_coefficient=trust_coefficient, eps=eps,
+                                                skip=m["trust_ratio_mask"],
+                                                axis_name=o["axis_name"], stacked=o["stacked"]),
+            unchecked_mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
 
   tx = _finish_layer_wise(layer_wise, "optax_lars", opts,
                           masks_by_arg={"weight_decay_mask": no_decay,
                                         "trust_ratio_mask": no_ratio},
                           hyperparams=[("learning_rate", learning_rate),
                                        ("weight_decay", weight_decay),
-                                       ("trust_coefficient", trust_coefficient, True),
-                                       ("eps", eps, True)])
+                                       ("trust_coefficient", trust_coefficient),
+                                       ("eps", eps)])
   return _as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
@@ -1067,16 +1070,16 @@ def optax_lamb(
     v.check_scalar("weight_decay", weight_decay, low=0.0)
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
-    return [scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
+    return [unchecked_scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
             *_decay(weight_decay, m["mask"], o, "mask"),
-            scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
+            unchecked_scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
             base.learning_rate_part(learning_rate)]
 
   tx = _finish_layer_wise(layer_wise, "optax_lamb", opts,
                           masks_by_arg={"mask": _optax_mask(mask, "mask")},
                           hyperparams=[("learning_rate", learning_rate),
-                                       ("weight_decay", weight_decay), ("eps", eps, True),
-                                       ("eps_root", eps_root, True)])
+                                       ("weight_decay", weight_decay), ("eps", eps),
+                                       ("eps_root", eps_root)])
   return _as_optax_stacks(tx, stacked, "optax_lamb", "optax.lamb")
 
 
@@ -1155,8 +1158,9 @@ def byol_lars(
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     return [*_decay(weight_decay, m["weight_decay_filter"], o, "weight_decay_filter"),
-            scale_by_lars_trust_ratio(trust_coefficient=eta, eps=0.0, axis_name=o["axis_name"],
-                                      stacked=o["stacked"], skip=m["lars_adaptation_filter"]),
+            unchecked_scale_by_lars_trust_ratio(trust_coefficient=eta, eps=0.0,
+                                                axis_name=o["axis_name"], stacked=o["stacked"],
+                                                skip=m["lars_adaptation_filter"]),
             *_torch_momentum(learning_rate, momentum, 0.0, False)]
 
   return _finish_layer_wise(
@@ -1166,7 +1170,7 @@ def byol_lars(
           "lars_adaptation_filter": _byol_exempt("lars_adaptation_filter",
                                                  lars_adaptation_filter)},
       hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                   ("eta", eta, True)])
+                   ("eta", eta)])
 
 
 @v.renamed_keywords({})
@@ -1216,11 +1220,12 @@ def simclr_lars(
   no_ratio = no_decay if no_ratio is None else no_ratio
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
-    ratio = scale_by_lars_trust_ratio(trust_coefficient=eeta, eps=0.0,
-                                      skip=m["exclude_from_layer_adaptation"],
-                                      axis_name=o["axis_name"], stacked=o["stacked"])
+    ratio = unchecked_scale_by_lars_trust_ratio(trust_coefficient=eeta, eps=0.0,
+                                                skip=m["exclude_from_layer_adaptation"],
+                                                axis_name=o["axis_name"], stacked=o["stacked"])
     if classic_momentum:
-      tail = [ratio, mxnet_momentum(learning_rate, momentum=momentum, nesterov=use_nesterov)]
+      tail = [ratio, unchecked_mxnet_momentum(learning_rate, momentum=momentum,
+                                              nesterov=use_nesterov)]
     else:
       tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
               ratio, base.learning_rate_part(learning_rate)]
@@ -1231,7 +1236,7 @@ def simclr_lars(
                             masks_by_arg={"exclude_from_weight_decay": no_decay,
                                           "exclude_from_layer_adaptation": no_ratio},
                             hyperparams=[("learning_rate", learning_rate),
-                                         ("weight_decay", weight_decay), ("eeta", eeta, True)])
+                                         ("weight_decay", weight_decay), ("eeta", eeta)])
 
 
 @v.renamed_keywords({})
@@ -1274,11 +1279,11 @@ def albert_lamb(
   no_ratio = no_decay if no_ratio is None else no_ratio
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
-    return [scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
+    return [unchecked_scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon, bias_correction=False),
             *_decay(weight_decay_rate, m["exclude_from_weight_decay"], o,
                     "exclude_from_weight_decay"),
-            scale_by_lamb_trust_ratio(skip=m["exclude_from_layer_adaptation"],
-                                      axis_name=o["axis_name"], stacked=o["stacked"]),
+            unchecked_scale_by_lamb_trust_ratio(skip=m["exclude_from_layer_adaptation"],
+                                                axis_name=o["axis_name"], stacked=o["stacked"]),
             base.learning_rate_part(learning_rate)]
 
   return _finish_layer_wise(layer_wise, "albert_lamb", opts,
@@ -1286,4 +1291,4 @@ def albert_lamb(
                                           "exclude_from_layer_adaptation": no_ratio},
                             hyperparams=[("learning_rate", learning_rate),
                                          ("weight_decay_rate", weight_decay_rate),
-                                         ("epsilon", epsilon, True)])
+                                         ("epsilon", epsilon)])

@@ -25,7 +25,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax.transforms import add_decayed_weights_per_leaf
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
 __all__ = ["signsgd", "signum"]
 
@@ -121,7 +121,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   """
   ema = utils.keep_dtypes(optax.ema(momentum, debias=False), momentum)
   decay = (None if utils.is_const(wd, 0)
-           else add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
+           else unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
 
   def add_decay(updates, params):
     return updates if decay is None else decay.update(updates, optax.EmptyState(), params)[0]
@@ -184,7 +184,8 @@ def signsgd(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = [optax.scale_by_sign()]
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
+    parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
+                                                        arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
   return base.finish(parts, "signsgd", multi_precision=multi_precision,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],

@@ -1,4 +1,4 @@
-"""adagrad, groupadagrad, rmsprop, adadelta and ftrl (``lars_optax.mxnet.adagrad_family``).
+"""adagrad, groupadagrad, rmsprop, adadelta and ftrl (``lars_optax.mxnet._adagrad_family``).
 
 The number-for-number comparison with MXNet is in
 ``test_reference_mxnet_registry.py``, argument checks in ``test_validation.py``

@@ -1,4 +1,4 @@
-"""The Adam family (``lars_optax.mxnet.adam_family``): adam, scale_by_mxnet_adam and the relatives.
+"""The Adam family (``lars_optax.mxnet._adam_family``): adam, scale_by_mxnet_adam and the relatives.
 
 adamw, adamax, nadam, adabelief and ftml: the behaviours MXNet's numbers alone do not pin.
 

@@ -124,10 +124,10 @@ def test_deferred_imports_are_in_the_graph():
 def test_the_graph_sees_every_module():
   graph = import_graph()
   assert {"lars_optax", "lars_optax.sparse", "lars_optax.sparse._interpreter",
-          "lars_optax.mxnet", "lars_optax.mxnet.registry", "lars_optax.trust_ratio",
+          "lars_optax.mxnet", "lars_optax.mxnet.registry", "lars_optax._trust_ratio",
           "lars_optax._row_wise"} <= set(graph)
   assert "lars_optax.sparse._rows" in graph["lars_optax.precision"]
-  assert "lars_optax.transforms" in graph["lars_optax._mxnet_base"]
+  assert "lars_optax._transforms" in graph["lars_optax._mxnet_base"]
 
 
 def test_the_package_imports_have_no_circle():
@@ -202,17 +202,17 @@ HOMES = {
     "lars_optax._lars": ["lars", "tf_lars"],
     "lars_optax._lamb": ["lamb", "scale_by_lamb_adam"],
     "lars_optax._lans": ["lans", "scale_by_lans", "normalize_per_leaf", "ScaleByLansState"],
-    "lars_optax.trust_ratio": ["scale_by_lars_trust_ratio", "lars_trust_ratio", "trust_ratios",
+    "lars_optax._trust_ratio": ["scale_by_lars_trust_ratio", "lars_trust_ratio", "trust_ratios",
                                "scale_by_lamb_trust_ratio", "ScaleByLarsTrustRatioState"],
     "lars_optax.sign": ["signum", "signsgd"],
-    "lars_optax.momentum": ["mxnet_momentum", "MXNetMomentumState", "dampened_trace",
+    "lars_optax._momentum": ["mxnet_momentum", "MXNetMomentumState", "dampened_trace",
                             "DampenedTraceState"],
-    "lars_optax.transforms": ["scale_per_leaf", "add_decayed_weights_per_leaf", "check_inputs",
+    "lars_optax._transforms": ["scale_per_leaf", "add_decayed_weights_per_leaf", "check_inputs",
                               "PerLeafState"],
-    "lars_optax.mxnet.adam_family": ["adam", "scale_by_mxnet_adam", "adamw", "adamax", "nadam",
+    "lars_optax.mxnet._adam_family": ["adam", "scale_by_mxnet_adam", "adamw", "adamax", "nadam",
                                      "adabelief", "ftml", "scale_by_adam_moments"],
-    "lars_optax.mxnet.sgd_family": ["sgd", "nag", "dcasgd", "sgld"],
-    "lars_optax.mxnet.adagrad_family": ["adagrad", "groupadagrad", "rmsprop", "adadelta",
+    "lars_optax.mxnet._sgd_family": ["sgd", "nag", "dcasgd", "sgld"],
+    "lars_optax.mxnet._adagrad_family": ["adagrad", "groupadagrad", "rmsprop", "adadelta",
                                         "ftrl"],
     "lars_optax.sparse.optax_compat": ["clip_by_global_norm", "multi_steps", "apply_updates",
                                        "tree_add", "dense_updates"],

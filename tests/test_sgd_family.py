@@ -1,4 +1,4 @@
-"""The SGD family: sgd, mxnet_momentum, nag, dcasgd and sgld (``lars_optax.mxnet.sgd_family``).
+"""The SGD family: sgd, mxnet_momentum, nag, dcasgd and sgld (``lars_optax.mxnet._sgd_family``).
 
 Their numbers against MXNet 2.0.0b1 are checked in
 ``test_reference_mxnet_registry.py`` (nag, dcasgd); here: what the reference

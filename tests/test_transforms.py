@@ -1,4 +1,4 @@
-"""The links that several families share (``lars_optax.transforms``): per-leaf scale and decay."""
+"""The links that several families share (``lars_optax._transforms``): per-leaf scale and decay."""
 
 import chex
 import jax

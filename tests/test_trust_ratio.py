@@ -1,4 +1,4 @@
-"""The trust-ratio links (``lars_optax.trust_ratio``) on their own and in new chains.
+"""The trust-ratio links (``lars_optax._trust_ratio``) on their own and in new chains.
 
 The optimizers of the family are tested in ``test_lars.py`` (lars, tf_lars)
 and ``test_lamb.py`` (lamb, lans).

@@ -301,8 +301,18 @@ PORTS = {  # every porting constructor, with the options that build all its link
     "simclr_lars": lambda: P.simclr_lars(0.1, weight_decay=1e-6),
     "albert_lamb": lambda: P.albert_lamb(1e-3, weight_decay_rate=0.01),
 }
+GROUPED = {  # the same, stacked by shape: the links rebuilt at each trace check nothing again
+    "lars-group_by_shape": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-4,
+                                                   group_by_shape=True),
+    "tf_lars-group_by_shape": lambda: lars_optax.tf_lars(0.1, group_by_shape=True),
+    "lamb-group_by_shape": lambda: lars_optax.lamb(1e-3, wd=0.01, group_by_shape=True),
+    "lans-group_by_shape": lambda: lars_optax.lans(1e-3, wd=0.01, group_by_shape=True),
+    "timm_lamb-group_by_shape": lambda: P.timm_lamb(caution=True, group_by_shape=True),
+    "optax_lars-group_by_shape": lambda: P.optax_lars(0.1, weight_decay=1e-4,
+                                                      group_by_shape=True),
+}
 ONCE = {**{name: lambda name=name: FACTORIES[name](**REQUIRED.get(name, {})) for name in ARGS},
-        **PORTS}
+        **PORTS, **GROUPED}
 
 
 @pytest.mark.parametrize("name", sorted(ONCE))
@@ -407,7 +417,7 @@ BLOCKS = {
     "check_inputs-leaf_values": (lambda: lars_optax.check_inputs(
         leaf_values=[("lr_mult", {"w": -1.0})]), ValueError, r"^lr_mult: the value for 'w'"),
     "check_inputs-hyperparams": (lambda: lars_optax.check_inputs(hyperparams=3), TypeError,
-                                 r"^hyperparams: expected a sequence of 2 or 3-tuples"),
+                                 r"^hyperparams: expected a sequence of 2-tuples"),
     "lazy_update-axis_name": (lambda: lars_optax.sparse.lazy_update(lars_optax.mxnet.sgd(),
                                                                     axis_name=3),
                               TypeError, r"^axis_name: expected None"),
@@ -1108,3 +1118,27 @@ def test_keyword_hints_leave_a_taken_keyword_alone():
   assert f(wd=2.0) == 2.0
   with pytest.raises(TypeError, match=r"^other: f\(\) has no argument 'other'; use x\.$"):
     f(other=1)
+
+
+def test_a_public_link_checks_what_it_is_given_whoever_calls_it(monkeypatch):
+  """#52 item 4: no link's checks depend on who is up the call stack. A public link built
+  while an optimizer is being built (here from inside lars's own chain) still checks its
+  arguments and trees; the optimizers chain the links' unchecked twins instead."""
+  from lars_optax import _mxnet_base as base
+  real = base.preprocess
+
+  def preprocess(*args, **kwargs):
+    lars_optax.scale_by_lars_trust_ratio(trust_coefficient=-1.0)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(base, "preprocess", preprocess)
+  with pytest.raises(ValueError, match=r"^trust_coefficient: must be >= 0"):
+    lars_optax.lars(0.1)
+  monkeypatch.undo()
+  link = lars_optax.add_decayed_weights_per_leaf(0.1)
+  with pytest.raises(TypeError, match=r"^add_decayed_weights_per_leaf: parameter 'w' has dtype"):
+    link.init({"w": jnp.ones(2, jnp.int32)})
+  assert "checked" not in inspect.signature(lars_optax.scale_by_lars_trust_ratio).parameters
+  with pytest.raises(TypeError, match=r"^checked: scale_by_lars_trust_ratio\(\) has no "
+                     r"argument 'checked'"):
+    lars_optax.scale_by_lars_trust_ratio(checked=False)

@@ -22,7 +22,7 @@ from lars_optax._lamb import lamb
 from lars_optax._lans import lans
 from lars_optax._lars import lars
 from lars_optax.mxnet import lr_scheduler
-from lars_optax.mxnet.adagrad_family import (
+from lars_optax.mxnet._adagrad_family import (
     FtrlProximalState,
     ScaleByGroupAdagradState,
     adadelta,
@@ -35,7 +35,7 @@ from lars_optax.mxnet.adagrad_family import (
     scale_by_group_adagrad,
     scale_by_mxnet_adagrad,
 )
-from lars_optax.mxnet.adam_family import (
+from lars_optax.mxnet._adam_family import (
     ScaleByAdamMomentsState,
     ScaleByBiasCorrectionState,
     ScaleByFTMLState,
@@ -55,7 +55,7 @@ from lars_optax.mxnet.adam_family import (
     scale_by_mxnet_nadam,
 )
 from lars_optax.mxnet.registry import BASE_ARGS, create, mxnet_schedule, register, registered
-from lars_optax.mxnet.sgd_family import (
+from lars_optax.mxnet._sgd_family import (
     AddLangevinNoiseState,
     DelayCompensationState,
     add_delay_compensation,

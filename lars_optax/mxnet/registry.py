@@ -31,7 +31,9 @@ from lars_optax import precision
 from lars_optax._lamb import lamb
 from lars_optax._lans import lans
 from lars_optax._lars import lars
-from lars_optax.mxnet import adagrad_family, adam_family, sgd_family
+from lars_optax.mxnet import _adagrad_family as adagrad_family
+from lars_optax.mxnet import _adam_family as adam_family
+from lars_optax.mxnet import _sgd_family as sgd_family
 from lars_optax.sign import signsgd, signum
 
 __all__ = ["BASE_ARGS", "create", "mxnet_schedule", "register", "registered"]

@@ -16,13 +16,13 @@ links that optax lacks and that optimizers of several families use:
 * :func:`check_inputs` -- the first link of every optimizer.
 
 Each family's own transformations live beside its optimizers:
-:mod:`lars_optax.trust_ratio` (the LARS and LAMB trust ratios),
+:mod:`lars_optax._trust_ratio` (the LARS and LAMB trust ratios),
 :mod:`lars_optax.lans` (LANS's ratios, per-leaf normalisation),
-:mod:`lars_optax.momentum` (:func:`~lars_optax.mxnet_momentum`, SGD momentum
+:mod:`lars_optax._momentum` (:func:`~lars_optax.mxnet_momentum`, SGD momentum
 with the learning rate inside the accumulator, and PyTorch's
-:func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet.adam_family`
+:func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet._adam_family`
 (:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and Adam's relatives) and
-:mod:`lars_optax.mxnet.adagrad_family`. The sign of Signum/signSGD is optax's
+:mod:`lars_optax.mxnet._adagrad_family`. The sign of Signum/signSGD is optax's
 :func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema` (without
 debiasing)."""
 
@@ -89,11 +89,11 @@ def _per_leaf_axes(state: Any, tree: Any) -> list[int]:
   return stacked_mod.axes_from_markers(getattr(state, "layers", ()), len(jax.tree.leaves(tree)))
 
 
-@v.keyword_hints({})
-def scale_per_leaf(multipliers: masks.LeafValues, *,
-                   arg_name: str = "multipliers",
-                   stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-                   ) -> GradientTransformation:
+def unchecked_scale_per_leaf(multipliers: masks.LeafValues, *,
+                             arg_name: str = "multipliers",
+                             stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+                             checked: bool = False,
+                             ) -> GradientTransformation:
   r"""Multiplies each leaf's update by its own constant (MXNet's ``lr_mult``).
 
   .. math:: u_i \leftarrow c_i \, u_i
@@ -119,7 +119,7 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
     A :class:`optax.GradientTransformation`; its state is
     :class:`optax.EmptyState`, or :class:`PerLeafState` when a leaf is stacked.
   """
-  if v.link_checks():
+  if checked:
     masks.check_leaf_values(multipliers, arg_name)
     stacked_mod.check_stacked(stacked)
 
@@ -141,13 +141,16 @@ def scale_per_leaf(multipliers: masks.LeafValues, *,
   return GradientTransformation(init_fn, update_fn)
 
 
-@v.keyword_hints({})
-def add_decayed_weights_per_leaf(
+scale_per_leaf = v.public_link(unchecked_scale_per_leaf)
+
+
+def unchecked_add_decayed_weights_per_leaf(
     weight_decay: float,
     *,
     multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adds :math:`\lambda_i w` to each leaf's update, with a per-leaf rate.
 
@@ -175,7 +178,7 @@ def add_decayed_weights_per_leaf(
     A :class:`optax.GradientTransformation` (state as for
     :func:`scale_per_leaf`); ``update`` needs ``params``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("weight_decay", weight_decay, low=0.0)
     masks.check_leaf_values(multipliers, arg_name)
@@ -209,6 +212,9 @@ def add_decayed_weights_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
+add_decayed_weights_per_leaf = v.public_link(unchecked_add_decayed_weights_per_leaf)
+
+
 class ScaleByCautionState(NamedTuple):
   """State of :func:`scale_by_caution`.
 
@@ -222,12 +228,12 @@ class ScaleByCautionState(NamedTuple):
   layers: tuple[Any, ...] = ()
 
 
-@v.keyword_hints({})
-def scale_by_caution(
+def unchecked_scale_by_caution(
     inner: GradientTransformation,
     *,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     axis_name: stacked_mod.AxisNameLike = None,
+    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Masks the output of ``inner`` where it disagrees in sign with its input.
 
@@ -273,7 +279,7 @@ def scale_by_caution(
     One Line of Code <https://arxiv.org/abs/2411.16085>`_, 2024; timm
     ``timm.optim``'s ``caution``.
   """
-  if v.link_checks():
+  if checked:
     v.check_transformation(inner)
     stacked_mod.check_stacked(stacked)
     stacked_mod.check_axis_names(axis_name)
@@ -317,6 +323,9 @@ def scale_by_caution(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+scale_by_caution = v.public_link(unchecked_scale_by_caution)
+
+
 class AddDecoupledWeightDecayState(NamedTuple):
   """State of :func:`add_decoupled_weight_decay`.
 
@@ -332,8 +341,7 @@ class AddDecoupledWeightDecayState(NamedTuple):
   layers: tuple[Any, ...] = ()
 
 
-@v.keyword_hints({})
-def add_decoupled_weight_decay(
+def unchecked_add_decoupled_weight_decay(
     inner: GradientTransformation,
     *,
     learning_rate: optax.ScalarOrSchedule,
@@ -341,6 +349,7 @@ def add_decoupled_weight_decay(
     wd_mult: masks.LeafValues = None,
     lr_mult: masks.LeafValues = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
+    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Decays the weights first, then runs ``inner`` on the decayed weights.
 
@@ -385,7 +394,7 @@ def add_decoupled_weight_decay(
     <https://arxiv.org/abs/1711.05101>`_, ICLR 2019; Keras 3
     ``keras.optimizers.Optimizer(weight_decay=...)``; timm ``Lamb``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_transformation(inner)
     v.check_learning_rate("learning_rate", learning_rate)
@@ -442,6 +451,9 @@ def add_decoupled_weight_decay(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+add_decoupled_weight_decay = v.public_link(unchecked_add_decoupled_weight_decay)
+
+
 def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
   try:
     items = tuple(value)
@@ -469,14 +481,14 @@ def _warn_inverted(arg: str, exempt: Sequence[bool], params: Any) -> None:
       "at most one axis).", UserWarning, stacklevel=3)
 
 
-@v.keyword_hints({})
-def check_inputs(
+def unchecked_check_inputs(
     name: str = "optimizer",
     *,
     names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
     leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
     hyperparams: Sequence[tuple[Any, ...]] = (),
     complex_params: bool = False,
+    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   """Checks params and gradients; casts each gradient to its param's dtype.
 
@@ -501,9 +513,9 @@ def check_inputs(
     name: how error messages name the optimizer.
     names: masks whose given names must match a leaf.
     leaf_values: per-leaf value specs whose names must match a leaf.
-    hyperparams: ``(argument, value)`` for scalars that meet values in the
-      parameter dtype, ``(argument, value, True)`` for scalars used in the
-      float32-or-wider dtype of norms (a LARS ``eta``).
+    hyperparams: ``(argument, value)`` for the optimizer's scalars; each is
+      checked in the dtype its name is used in (the parameter dtype, or the
+      float32-or-wider dtype of norms for an epsilon or a LARS coefficient).
     complex_params: accept complex params and gradients too (for the
       optimizers whose rule is defined on them, see
       :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`); a complex gradient
@@ -516,8 +528,8 @@ def check_inputs(
     raise TypeError(f"name: expected a string, got {name!r}.")
   names = _check_tuples("names", names, 3)
   leaf_values = _check_tuples("leaf_values", leaf_values, 2)
-  hyperparams = _check_tuples("hyperparams", hyperparams, 2, 3)
-  if v.link_checks():  # inside an optimizer, it has checked them
+  hyperparams = _check_tuples("hyperparams", hyperparams, 2)
+  if checked:  # (an optimizer has checked the arguments it names here)
     for arg, mask, _ in names:
       masks.check_mask_like(mask, arg)
     for arg, spec in leaf_values:
@@ -525,8 +537,8 @@ def check_inputs(
 
   def init_fn(params):
     v.check_float_params(params, name, allow_complex=complex_params)
-    for arg, value, *compute in hyperparams:
-      v.check_representable(arg, value, params, compute=bool(compute and compute[0]))
+    for arg, value in hyperparams:
+      v.check_representable(arg, value, params)
     if any(mask is not None for _, mask, _ in names) or any(
         spec is not None for _, spec in leaf_values):
       masks.check_unique_names(params)
@@ -559,3 +571,8 @@ def check_inputs(
     return updates, state
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+check_inputs = v.public_link(unchecked_check_inputs)
+
+

@@ -57,9 +57,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax.transforms import (
-    add_decayed_weights_per_leaf,
-)
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
 __all__ = [
     "ScaleByAdamMomentsState",
@@ -86,13 +84,13 @@ __all__ = [
 # Transformations
 # --------------------------------------------------------------------------
 
-@v.keyword_hints({})
-def scale_by_mxnet_adam(
+def unchecked_scale_by_mxnet_adam(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
     eps: float = 1e-8,
     initial_count: int = 0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adam's scaling with epsilon outside the bias correction (MXNet's rule).
 
@@ -141,7 +139,7 @@ def scale_by_mxnet_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.Adam``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
     # (an integer array passes: inject_hyperparams)
@@ -150,7 +148,7 @@ def scale_by_mxnet_adam(
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
     if checks:
       v.check_float_params(params, "scale_by_mxnet_adam", allow_complex=True)
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     utils.warn_float16(params, "scale_by_mxnet_adam")
     return optax.ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
@@ -185,6 +183,9 @@ def scale_by_mxnet_adam(
   return GradientTransformation(init_fn, update_fn)
 
 
+scale_by_mxnet_adam = v.public_link(unchecked_scale_by_mxnet_adam)
+
+
 class ScaleByAdamMomentsState(NamedTuple):
   """State of :func:`scale_by_adam_moments`, :func:`scale_by_mxnet_adamax` and
   :func:`scale_by_mxnet_belief`: the first moment ``mu`` and the second-moment
@@ -204,12 +205,12 @@ class ScaleByBiasCorrectionState(NamedTuple):
   count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
-@v.keyword_hints({})
-def scale_by_adam_moments(
+def unchecked_scale_by_adam_moments(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
     eps: float = 1e-8,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adam's moments and their ratio, without bias correction (MXNet's epsilon).
 
@@ -239,7 +240,7 @@ def scale_by_adam_moments(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.AdamW``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
 
@@ -251,6 +252,9 @@ def scale_by_adam_moments(
                            checks=checks)
 
 
+scale_by_adam_moments = v.public_link(unchecked_scale_by_adam_moments)
+
+
 def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
                       checks: bool, squares: bool = True) -> GradientTransformation:
   """``mu = b1 mu + (1 - b1) u``, ``nu = second(nu, u, mu)``, update ``mu / (root(nu) + eps)``."""
@@ -258,7 +262,7 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
   def init_fn(params):
     if checks:
       v.check_float_params(params, where)
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     if squares:  # squared gradients underflow in float16
       utils.warn_float16(params, where)
     return ScaleByAdamMomentsState(mu=jax.tree.map(jnp.zeros_like, params),
@@ -280,12 +284,12 @@ def _ratio_of_moments(b1: Any, eps: Any, second: Any, root: Any, where: str, *,
   return GradientTransformation(init_fn, update_fn)
 
 
-@v.keyword_hints({})
-def scale_by_mxnet_adamax(
+def unchecked_scale_by_mxnet_adamax(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
     eps: float = 1e-8,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""AdaMax's moments and their ratio, as MXNet computes them (no bias correction).
 
@@ -314,7 +318,7 @@ def scale_by_mxnet_adamax(
     <https://arxiv.org/abs/1412.6980>`_, 2014 (section 7.1, AdaMax); Apache
     MXNet 2.0 ``mxnet.optimizer.Adamax``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
 
@@ -326,12 +330,15 @@ def scale_by_mxnet_adamax(
                            checks=checks, squares=False)
 
 
-@v.keyword_hints({})
-def scale_by_mxnet_belief(
+scale_by_mxnet_adamax = v.public_link(unchecked_scale_by_mxnet_adamax)
+
+
+def unchecked_scale_by_mxnet_belief(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
     eps: float = 1e-6,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""AdaBelief's moments and their ratio, as MXNet computes them (no bias correction).
 
@@ -360,7 +367,7 @@ def scale_by_mxnet_belief(
     Observed Gradients <https://arxiv.org/abs/2010.07468>`_, NeurIPS 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.AdaBelief``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
 
@@ -373,16 +380,19 @@ def scale_by_mxnet_belief(
                            checks=checks)
 
 
+scale_by_mxnet_belief = v.public_link(unchecked_scale_by_mxnet_belief)
+
+
 def _check_count(name: str, value: Any) -> None:
   v.check_count(name, value, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
 
 
-@v.keyword_hints({})
-def scale_by_bias_correction(
+def unchecked_scale_by_bias_correction(
     b1: float = 0.9,
     *,
     b2: float | None = 0.999,
     initial_count: int = 0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Multiplies the updates by Adam's bias correction, as MXNet applies it.
 
@@ -413,7 +423,7 @@ def scale_by_bias_correction(
     <https://arxiv.org/abs/1412.6980>`_, 2014 (section 3); Apache MXNet 2.0
     ``mxnet.optimizer.AdamW`` and ``mxnet.optimizer.AdaBelief``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("b1", b1, low=0.0, high=1.0, high_open=True)
     if b2 is not None:
@@ -445,6 +455,9 @@ def scale_by_bias_correction(
   return GradientTransformation(init_fn, update_fn)
 
 
+scale_by_bias_correction = v.public_link(unchecked_scale_by_bias_correction)
+
+
 class ScaleByNadamState(NamedTuple):
   """State of :func:`scale_by_mxnet_nadam`.
 
@@ -468,14 +481,14 @@ def _scalar_dtype(params: Any) -> Any:
                           [utils.norm_dtype(p.dtype) for p in leaves], jnp.dtype(jnp.float32))
 
 
-@v.keyword_hints({})
-def scale_by_mxnet_nadam(
+def unchecked_scale_by_mxnet_nadam(
     b1: float = 0.9,
     *,
     b2: float = 0.999,
     eps: float = 1e-8,
     schedule_decay: float = 0.004,
     initial_count: int = 0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Nadam's scaling as MXNet computes it, with the warming momentum schedule.
 
@@ -516,7 +529,7 @@ def scale_by_mxnet_nadam(
     <https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ>`_, ICLR 2016
     workshop.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_betas(b1, b2, eps)
     v.check_scalar("schedule_decay", schedule_decay, low=0.0)
@@ -526,7 +539,7 @@ def scale_by_mxnet_nadam(
   def init_fn(params):
     if checks:
       v.check_float_params(params, "scale_by_mxnet_nadam")
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     utils.warn_float16(params, "scale_by_mxnet_nadam")
     return ScaleByNadamState(count=jnp.zeros([], jnp.int32),
                              m_schedule=jnp.ones([], _scalar_dtype(params)),
@@ -564,6 +577,9 @@ def scale_by_mxnet_nadam(
   return GradientTransformation(init_fn, update_fn)
 
 
+scale_by_mxnet_nadam = v.public_link(unchecked_scale_by_mxnet_nadam)
+
+
 class ScaleByFTMLState(NamedTuple):
   """State of :func:`scale_by_ftml`, MXNet's three buffers (like the params) and a count.
 
@@ -580,8 +596,7 @@ class ScaleByFTMLState(NamedTuple):
   z: optax.Updates
 
 
-@v.keyword_hints({})
-def scale_by_ftml(
+def unchecked_scale_by_ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
     *,
     b1: float = 0.6,
@@ -589,6 +604,7 @@ def scale_by_ftml(
     eps: float = 1e-8,
     lr_mult: masks.LeafValues = None,
     initial_count: int = 0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""FTML (Follow the Moving Leader), as MXNet's ``ftml_update`` computes it.
 
@@ -626,7 +642,7 @@ def scale_by_ftml(
     Zheng and Kwok, `Follow the Moving Leader in Deep Learning
     <http://proceedings.mlr.press/v70/zheng17a.html>`_, ICML 2017.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_learning_rate("learning_rate", learning_rate, positive=True)
     v.check_betas(b1, b2, eps)
@@ -636,7 +652,7 @@ def scale_by_ftml(
   def init_fn(params):
     if checks:
       v.check_float_params(params, "scale_by_ftml")
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
     utils.warn_float16(params, "scale_by_ftml")
     zeros = functools.partial(jax.tree.map, jnp.zeros_like, params)
@@ -681,6 +697,9 @@ def scale_by_ftml(
   return GradientTransformation(init_fn, update_fn)
 
 
+scale_by_ftml = v.public_link(unchecked_scale_by_ftml)
+
+
 # --------------------------------------------------------------------------
 # Optimizers
 # --------------------------------------------------------------------------
@@ -689,9 +708,9 @@ def _check_betas(beta1: Any, beta2: Any, epsilon: Any) -> None:
   v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
 
 
-def _hyperparams(learning_rate, wd, rescale_grad, **computed):
+def _hyperparams(learning_rate, wd, rescale_grad, **others):
   return base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                          computed=computed)
+                          **others)
 
 
 @v.mxnet_names
@@ -768,7 +787,8 @@ def adam(
   v.check_count("begin_num_update", begin_num_update, maximum=v.MAX_INITIAL_COUNT,
                 why=v.COUNT_WHY)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon, initial_count=begin_num_update),
+  parts += [unchecked_scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon,
+                                           initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
@@ -851,11 +871,13 @@ def adamw(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts.append(scale_by_adam_moments(beta1, b2=beta2, eps=epsilon))
+  parts.append(unchecked_scale_by_adam_moments(beta1, b2=beta2, eps=epsilon))
   if not utils.is_const(wd, 0):
-    parts.append(add_decayed_weights_per_leaf(wd, multipliers=wd_mult, arg_name="wd_mult"))
+    parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
+                                                        arg_name="wd_mult"))
   if correct_bias:
-    parts.append(scale_by_bias_correction(beta1, b2=beta2, initial_count=begin_num_update))
+    parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
+                                                     initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamw", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -922,8 +944,8 @@ def adamax(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
-            scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
+  parts += [unchecked_scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
+            unchecked_scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adamax", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -1000,8 +1022,9 @@ def nadam(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_nadam(beta1, b2=beta2, eps=epsilon, schedule_decay=schedule_decay,
-                                 initial_count=begin_num_update),
+  parts += [unchecked_scale_by_mxnet_nadam(beta1, b2=beta2, eps=epsilon,
+                                            schedule_decay=schedule_decay,
+                                            initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "nadam", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -1074,9 +1097,10 @@ def adabelief(
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, None, wd, wd_mult)
   parts += base.preprocess(1.0, clip_gradient, 0.0, None)
-  parts.append(scale_by_mxnet_belief(beta1, b2=beta2, eps=epsilon))
+  parts.append(unchecked_scale_by_mxnet_belief(beta1, b2=beta2, eps=epsilon))
   if correct_bias:
-    parts.append(scale_by_bias_correction(beta1, b2=beta2, initial_count=begin_num_update))
+    parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
+                                                     initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adabelief", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -1148,8 +1172,8 @@ def ftml(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   _check_count("begin_num_update", begin_num_update)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts.append(scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon, lr_mult=lr_mult,
-                             initial_count=begin_num_update))
+  parts.append(unchecked_scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon,
+                                        lr_mult=lr_mult, initial_count=begin_num_update))
   return base.finish(parts, "ftml", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=_hyperparams(learning_rate, wd, rescale_grad,

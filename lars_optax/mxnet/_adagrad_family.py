@@ -47,7 +47,7 @@ from lars_optax import _row_wise
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
-from lars_optax.momentum import mxnet_momentum
+from lars_optax._momentum import unchecked_mxnet_momentum
 
 __all__ = [
     "FtrlProximalState",
@@ -76,8 +76,8 @@ def _divide(u: jax.Array, h: jax.Array, eps: Any) -> jax.Array:
   return utils.safe_divide(u.astype(dt), denom).astype(u.dtype)
 
 
-@v.keyword_hints({})
-def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
+def unchecked_scale_by_mxnet_adagrad(eps: float = 1e-6, *,
+                                     checked: bool = False) -> optax.GradientTransformation:
   r"""Adagrad's scaling with :math:`\epsilon` outside the square root (MXNet's rule).
 
   .. math::
@@ -103,14 +103,14 @@ def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
     and Stochastic Optimization <https://jmlr.org/papers/v12/duchi11a.html>`_,
     JMLR 2011; Apache MXNet 2.0 ``mxnet.optimizer.AdaGrad``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> optax.ScaleByRssState:
     if checks:
       v.check_float_params(params, "scale_by_mxnet_adagrad")
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     return optax.ScaleByRssState(sum_of_squares=jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):
@@ -120,6 +120,9 @@ def scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
     return updates, optax.ScaleByRssState(sum_of_squares=h)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+scale_by_mxnet_adagrad = v.public_link(unchecked_scale_by_mxnet_adagrad)
 
 
 @_row_wise.row_wise("row_sum_of_squares")
@@ -146,8 +149,8 @@ def _row_mean_square(u: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(wide), axis=tuple(range(1, u.ndim)), keepdims=True).astype(u.dtype)
 
 
-@v.keyword_hints({})
-def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
+def unchecked_scale_by_group_adagrad(eps: float = 1e-6, *,
+                                     checked: bool = False) -> optax.GradientTransformation:
   r"""Adagrad with one accumulator per row (axis 0) of each leaf (MXNet's GroupAdaGrad).
 
   For row :math:`i` of a leaf with :math:`d` entries per row:
@@ -176,14 +179,14 @@ def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
     <https://jmlr.org/papers/v12/duchi11a.html>`_, JMLR 2011; Apache MXNet 2.0
     ``mxnet.optimizer.contrib.GroupAdaGrad``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> ScaleByGroupAdagradState:
     if checks:
       v.check_float_params(params, "scale_by_group_adagrad")
-      v.check_representable("eps", eps, params, compute=True)
+      v.check_representable("eps", eps, params)
     return ScaleByGroupAdagradState(jax.tree.map(
         lambda p: jnp.zeros(_row_shape(jnp.shape(p)), p.dtype), params))
 
@@ -197,8 +200,10 @@ def scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-@v.keyword_hints({})
-def clip_params(max_abs: float) -> optax.GradientTransformation:
+scale_by_group_adagrad = v.public_link(unchecked_scale_by_group_adagrad)
+
+
+def unchecked_clip_params(max_abs: float, checked: bool = False) -> optax.GradientTransformation:
   r"""Updates that keep the params in :math:`[-c, c]` (MXNet's ``clip_weights``).
 
   .. math:: \text{update} = \mathrm{clip}(w + u, -c, c) - w
@@ -216,7 +221,7 @@ def clip_params(max_abs: float) -> optax.GradientTransformation:
   References:
     Apache MXNet 2.0 ``mxnet.optimizer.RMSProp`` (``clip_weights``).
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("max_abs", max_abs, low=0.0, low_open=True)
 
@@ -241,6 +246,9 @@ def clip_params(max_abs: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+clip_params = v.public_link(unchecked_clip_params)
+
+
 @_row_wise.row_wise("z", "n")
 class FtrlProximalState(NamedTuple):
   """State of :func:`ftrl_proximal`.
@@ -256,8 +264,7 @@ class FtrlProximalState(NamedTuple):
   n: optax.Updates
 
 
-@v.keyword_hints({})
-def ftrl_proximal(
+def unchecked_ftrl_proximal(
     learning_rate: optax.ScalarOrSchedule,
     *,
     lamda1: float = 0.01,
@@ -265,6 +272,7 @@ def ftrl_proximal(
     weight_decay: float = 0.0,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
+    checked: bool = False,
 ) -> optax.GradientTransformation:
   r"""FTRL-proximal (McMahan et al.), as MXNet computes it: new weights from the state.
 
@@ -308,7 +316,7 @@ def ftrl_proximal(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_learning_rate("learning_rate", learning_rate, positive=True)
     v.check_scalar("lamda1", lamda1, low=0.0)
@@ -366,6 +374,9 @@ def ftrl_proximal(
         jax.tree.unflatten(treedef, out_n))
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+ftrl_proximal = v.public_link(unchecked_ftrl_proximal)
 
 
 # --------------------------------------------------------------------------
@@ -451,13 +462,13 @@ def adagrad(
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
+  parts += [unchecked_scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
                                                   rescale_grad=rescale_grad,
-                                                  computed={"epsilon": epsilon}),
+                                                  epsilon=epsilon),
                      row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
@@ -515,13 +526,13 @@ def groupadagrad(
   v.check_scalar("epsilon", epsilon, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts += [scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
+  parts += [unchecked_scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
   return base.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate,
                                                   rescale_grad=rescale_grad,
-                                                  computed={"epsilon": epsilon}),
+                                                  epsilon=epsilon),
                      row_sparse=True)
 
 
@@ -611,13 +622,14 @@ def rmsprop(
   if centered:
     parts += [utils.keep_dtypes(optax.scale_by_stddev(rho, epsilon, eps_in_sqrt=True),
                                 rho, epsilon),
-              *base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum)]
+              *base.lr_mult_part(lr_mult),
+              unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
   else:
     parts += [utils.keep_dtypes(optax.scale_by_rms(rho, epsilon, eps_in_sqrt=False),
                                 rho, epsilon),
               base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   if clip_weights is not None:
-    parts.append(clip_params(clip_weights))
+    parts.append(unchecked_clip_params(clip_weights))
   return base.finish(parts, "rmsprop", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
@@ -753,8 +765,8 @@ def ftrl(
   v.check_scalar("beta", beta, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts += [ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
-                          lr_mult=lr_mult, wd_mult=wd_mult)]
+  parts += [unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
+                                    lr_mult=lr_mult, wd_mult=wd_mult)]
   return base.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,

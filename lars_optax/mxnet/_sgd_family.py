@@ -38,7 +38,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax.momentum import mxnet_momentum
+from lars_optax._momentum import unchecked_mxnet_momentum
 
 __all__ = [
     "AddLangevinNoiseState",
@@ -106,7 +106,7 @@ def sgd(
         "or bfloat16 params; for float32 master weights pass lazy_update=False (adam "
         "takes both, on dense gradients).")
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum)]
+  parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
   return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                  leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -174,8 +174,8 @@ def nag(
   v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), mxnet_momentum(learning_rate, momentum=momentum,
-                                                        nesterov=True)]
+  parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum,
+                                                                  nesterov=True)]
   return base.finish(parts, "nag", multi_precision=multi_precision,
                      complex_params=clip_gradient is None,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
@@ -194,8 +194,8 @@ class DelayCompensationState(NamedTuple):
   previous_params: optax.Params
 
 
-@v.keyword_hints({})
-def add_delay_compensation(variance_control: float = 0.04) -> GradientTransformation:
+def unchecked_add_delay_compensation(variance_control: float = 0.04, *,
+                                     checked: bool = False) -> GradientTransformation:
   r"""Adds DC-ASGD's delay compensation to the update (needs ``params``).
 
   .. math::
@@ -223,7 +223,7 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
     Gradient Descent with Delay Compensation
     <https://arxiv.org/abs/1609.08326>`_, ICML 2017.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("variance_control", variance_control, low=0.0)
   name = "add_delay_compensation"
@@ -255,6 +255,9 @@ def add_delay_compensation(variance_control: float = 0.04) -> GradientTransforma
     return updates, DelayCompensationState(params)
 
   return GradientTransformation(init_fn, update_fn)
+
+
+add_delay_compensation = v.public_link(unchecked_add_delay_compensation)
 
 
 @v.mxnet_names
@@ -320,8 +323,8 @@ def dcasgd(
   v.check_scalar("lamda", lamda, low=0.0)
   multi_precision = v.check_flag("multi_precision", multi_precision)
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [add_delay_compensation(lamda), *base.lr_mult_part(lr_mult),
-            mxnet_momentum(learning_rate, momentum=momentum)]
+  parts += [unchecked_add_delay_compensation(lamda), *base.lr_mult_part(lr_mult),
+            unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
   return base.finish(parts, "dcasgd", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
@@ -375,13 +378,13 @@ def _initial_key(key: Any) -> jax.Array:
   return jnp.asarray(key)
 
 
-@v.keyword_hints({})
-def add_langevin_noise(
+def unchecked_add_langevin_noise(
     learning_rate: optax.ScalarOrSchedule,
     *,
     key: Any = 0,
     multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adds Gaussian noise whose variance is the learning rate (Langevin dynamics).
 
@@ -426,7 +429,7 @@ def add_langevin_noise(
     Dynamics <https://www.stats.ox.ac.uk/~teh/research/compstats/WelTeh2011a.pdf>`_,
     ICML 2011.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_learning_rate("learning_rate", learning_rate)
     _check_key("key", key)
@@ -436,7 +439,7 @@ def add_langevin_noise(
   def init_fn(params: optax.Params) -> AddLangevinNoiseState:
     if checks:
       v.check_float_params(params, name)
-      v.check_representable("learning_rate", learning_rate, params, compute=True)
+      v.check_representable("learning_rate", learning_rate, params)
     if multipliers is not None:
       masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)
@@ -458,6 +461,9 @@ def add_langevin_noise(
             AddLangevinNoiseState(optax.safe_int32_increment(state.count), rng_key))
 
   return GradientTransformation(init_fn, update_fn)
+
+
+add_langevin_noise = v.public_link(unchecked_add_langevin_noise)
 
 
 @v.mxnet_names
@@ -544,7 +550,8 @@ def sgld(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [optax.scale(0.5), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult),
-            add_langevin_noise(learning_rate, key=key, multipliers=lr_mult, arg_name="lr_mult")]
+            unchecked_add_langevin_noise(learning_rate, key=key, multipliers=lr_mult,
+                                          arg_name="lr_mult")]
   return base.finish(parts, "sgld", multi_precision=multi_precision,
                      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
                      hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,

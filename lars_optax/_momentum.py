@@ -43,13 +43,13 @@ class MXNetMomentumState(NamedTuple):
   momentum: optax.Updates | None
 
 
-@v.keyword_hints({})
-def mxnet_momentum(
+def unchecked_mxnet_momentum(
     learning_rate: optax.ScalarOrSchedule,
     *,
     momentum: float = 0.0,
     nesterov: bool = False,
     dampening: float = 0.0,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
 
@@ -86,7 +86,7 @@ def mxnet_momentum(
   Returns:
     A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_learning_rate("learning_rate", learning_rate)
     v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
@@ -136,6 +136,9 @@ def mxnet_momentum(
   return GradientTransformation(init_fn, update_fn)
 
 
+mxnet_momentum = v.public_link(unchecked_mxnet_momentum)
+
+
 class DampenedTraceState(NamedTuple):
   """State of :func:`dampened_trace`.
 
@@ -149,12 +152,12 @@ class DampenedTraceState(NamedTuple):
   trace: optax.Updates
 
 
-@v.keyword_hints({})
-def dampened_trace(
+def unchecked_dampened_trace(
     momentum: float,
     *,
     dampening: float = 0.0,
     nesterov: bool = False,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""PyTorch's momentum buffer: :func:`optax.trace` with ``dampening``.
 
@@ -185,7 +188,7 @@ def dampened_trace(
     and momentum in deep learning <https://proceedings.mlr.press/v28/sutskever13.html>`_,
     ICML 2013; PyTorch ``torch.optim.SGD``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     check_torch_momentum(momentum, dampening, nesterov)
 
@@ -212,6 +215,9 @@ def dampened_trace(
     return out, DampenedTraceState(optax.safe_int32_increment(state.count), trace)
 
   return GradientTransformation(init_fn, update_fn)
+
+
+dampened_trace = v.public_link(unchecked_dampened_trace)
 
 
 def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:

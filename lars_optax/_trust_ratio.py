@@ -116,7 +116,7 @@ def lars_trust_ratio(
       raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
   for arg, value in (("trust_coefficient", trust_coefficient),
                      ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
-    v.check_representable(arg, value, param, compute=True)
+    v.check_representable(arg, value, param)
   if not stacked_mod.is_int(layer_axes) or not 0 <= layer_axes < max(np.ndim(param), 1):
     raise ValueError(f"layer_axes: expected an int in [0, param.ndim), got {layer_axes!r} "
                      f"for a param of shape {np.shape(param)}.")
@@ -169,8 +169,7 @@ class TrustClipState(NamedTuple):
   inner_state: optax.OptState
 
 
-@v.keyword_hints(_LINK_NAMES)
-def scale_by_lars_trust_ratio(
+def unchecked_scale_by_lars_trust_ratio(
     inner: GradientTransformation | None = None,
     *,
     trust_coefficient: float = 0.001,
@@ -182,6 +181,7 @@ def scale_by_lars_trust_ratio(
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     larc_learning_rate: optax.ScalarOrSchedule | None = None,
+    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -257,7 +257,7 @@ def scale_by_lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
     v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
@@ -279,7 +279,7 @@ def scale_by_lars_trust_ratio(
       v.check_float_params(params, name, allow_complex=True)
       for arg, value in (("trust_coefficient", trust_coefficient),
                          ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
-        v.check_representable(arg, value, params, compute=True)
+        v.check_representable(arg, value, params)
       v.check_representable("grad_scale", grad_scale, params)
       masks.check_unique_names(params)
       masks.check_matches(skip, params, "skip")
@@ -329,6 +329,9 @@ def scale_by_lars_trust_ratio(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+scale_by_lars_trust_ratio = v.public_link(unchecked_scale_by_lars_trust_ratio, _LINK_NAMES)
+
+
 @_ratios.ratio_state
 class ScaleByLambTrustRatioState(NamedTuple):
   """State of :func:`scale_by_lamb_trust_ratio`.
@@ -346,8 +349,7 @@ class ScaleByLambTrustRatioState(NamedTuple):
   layer_trust_ratio: tuple[Any, ...] = ()
 
 
-@v.keyword_hints({})
-def scale_by_lamb_trust_ratio(
+def unchecked_scale_by_lamb_trust_ratio(
     *,
     lower_bound: float | None = None,
     upper_bound: float | None = None,
@@ -355,6 +357,7 @@ def scale_by_lamb_trust_ratio(
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     max_trust_ratio: float | None = None,
+    checked: bool = False,
 ) -> GradientTransformation:
   r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
 
@@ -405,7 +408,7 @@ def scale_by_lamb_trust_ratio(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
     2.0 ``mxnet.optimizer.LAMB``.
   """
-  checks = v.link_checks()
+  checks = checked
   if checks:
     _ratios.check_bounds(lower_bound, upper_bound)
     masks.check_mask_like(skip, "skip")
@@ -442,6 +445,9 @@ def scale_by_lamb_trust_ratio(
                                        _ratios.layer_ratios(params, ks, ratios)))
 
   return GradientTransformation(init_fn, update_fn)
+
+
+scale_by_lamb_trust_ratio = v.public_link(unchecked_scale_by_lamb_trust_ratio)
 
 
 def trust_ratios(state: optax.OptState, params: Any = None) -> Any:
