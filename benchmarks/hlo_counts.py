@@ -1,7 +1,8 @@
 """HLO instruction counts of every optimizer's compiled step at its defaults.
 
 One jitted step (``update`` + ``optax.apply_updates``) of each optimizer of
-MXNet's registry (``create(name)``) and of ``tf_lars``, on the first 40 leaves
+MXNet's registry (``create(name)``), of ``tf_lars`` and of the porting
+constructors (at their peers' defaults), on the first 40 leaves
 of the ResNet-50 tree, compiled for this machine's backend; prints
 ``name count`` per line, and with ``--json PATH`` writes them. Run it on two
 checkouts to show that a change leaves the compiled steps as they were:
@@ -38,6 +39,19 @@ def optimizers() -> dict:
   reg = _registry()
   out = {name: (lambda name=name: reg.create(name)) for name in reg.registered()}
   out["tf_lars"] = lambda: lars_optax.tf_lars(0.1)
+  porting = getattr(lars_optax, "porting", None)
+  if porting is not None:  # each peer's constructor at the peer's defaults
+    out.update({
+        "porting.timm_lars": lambda: porting.timm_lars(0.1),
+        "porting.timm_lamb": porting.timm_lamb,
+        "porting.torch_sparse_adam": porting.torch_sparse_adam,
+        "porting.keras_lamb": porting.keras_lamb,
+        "porting.optax_lars": lambda: porting.optax_lars(0.1),
+        "porting.optax_lamb": lambda: porting.optax_lamb(1e-3),
+        "porting.byol_lars": lambda: porting.byol_lars(0.1),
+        "porting.simclr_lars": lambda: porting.simclr_lars(0.1),
+        "porting.albert_lamb": lambda: porting.albert_lamb(1e-3),
+    })
   return out
 
 
