@@ -1,7 +1,7 @@
 """The maths the layer-wise rules share: ratios from norms, their state layout, Adam's moments.
 
-Private: :mod:`lars_optax._trust_ratio`, :mod:`lars_optax.lamb` and
-:mod:`lars_optax.lans` build on these.
+Private: :mod:`lars_optax._trust_ratio`, :mod:`lars_optax._lamb` and
+:mod:`lars_optax._lans` build on these.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ links that optax lacks and that optimizers of several families use:
 
 Each family's own transformations live beside its optimizers:
 :mod:`lars_optax._trust_ratio` (the LARS and LAMB trust ratios),
-:mod:`lars_optax.lans` (LANS's ratios, per-leaf normalisation),
+:mod:`lars_optax._lans` (LANS's ratios, per-leaf normalisation),
 :mod:`lars_optax._momentum` (:func:`~lars_optax.mxnet_momentum`, SGD momentum
 with the learning rate inside the accumulator, and PyTorch's
 :func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet._adam_family`

@@ -506,6 +506,7 @@ class _TimmLayers:
     self.decay, self.min_scale, self.no_opt_scale = layer_decay, min_scale, no_opt_scale
     self.exclude_1d = exclude_1d
     self.no_weight_decay = _names_list("no_weight_decay", no_weight_decay)
+    self._dotted: dict[str, str] = {}  # a stacked leaf's name -> its first layer's, unrolled
 
   def _ordinal(self, name: str) -> tuple[float, ...]:
     for regex, prefix, suffix in self.compiled:
@@ -560,7 +561,6 @@ class _TimmLayers:
     """The optimizer ``make(no_decay, lr_mult)`` builds for a tree's names (and layer
     axes, ``stacked``), built at ``init`` and again (cached) at each ``update``."""
     built: dict[tuple, Any] = {}
-    self._dotted: dict[str, str] = {}
 
     def get(params: Any) -> Any:
       named = masks.named_leaves(params)
