@@ -337,12 +337,12 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
     step += [base.learning_rate_part(lr), *_lr_mult(o)]
     parts: list = []
     if decays and flags["decoupled_decay"]:
-      wd_mult = [] if no_decay is None else [(no_decay, 0.0)]
-      if decay_lr is not lr:  # timm's (lr·s)²/max_lr: a group's rate scale s enters twice
-        wd_mult += _rules_of(o["lr_mult"])
+      # timm's corrected decay is (lr·s)²/max_lr: a group's rate scale s enters twice.
+      twice = o["lr_mult"] if flags["corrected_weight_decay"] else None
       parts.append(unchecked_add_decoupled_weight_decay(
           optax.chain(*step), learning_rate=decay_lr, weight_decay=weight_decay,
-          wd_mult=wd_mult or None, lr_mult=o["lr_mult"], stacked=o["stacked"]))
+          wd_mult=base.wd_mult_with_skip(twice, no_decay), lr_mult=o["lr_mult"],
+          stacked=o["stacked"]))
     else:
       parts += step
     return parts
@@ -438,21 +438,6 @@ def _timm_decay_rate(lr: Any, corrected: bool, max_lr: Any) -> Any:
   if callable(lr):
     return lambda count: lr(count) ** 2 / max_lr
   return lr ** 2 / max_lr
-
-
-def _named_as(name: str, leaf_name: str, leaf: Any) -> bool:
-  del leaf
-  return leaf_name == name
-
-
-def _rules_of(values: masks.LeafValues) -> list:
-  """``values`` (a dict by leaf name, or rules) as ``(mask, value)`` rules."""
-  if values is None:
-    return []
-  if isinstance(values, Mapping):
-    return [(masks.by_predicate(functools.partial(_named_as, name), description=name), x)
-            for name, x in values.items()]
-  return list(values)
 
 
 def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
