@@ -156,7 +156,7 @@ class _Rule:
   wd_is_schedule: bool = False
   wd_mask: Any = None
   window: int = 0
-  poles: int = 1
+  runs: tuple[tuple[int, int], ...] = ()  # Adam: the window's runs (_adam_runs)
   constants: tuple[tuple[str, Any], ...] = ()  # (name, value): checked against the params
 
   def check_params(self, params: Any) -> None:
@@ -192,13 +192,13 @@ def _as_schedule(value: Any) -> Callable[[jax.Array], jax.Array]:
   return lambda count: jnp.asarray(value, jnp.float32)
 
 
-def _needed_window(ratio: float) -> int | None:
-  """Terms until ``ratio**k`` falls below 1e-6 (the rest: a geometric tail); None: never."""
+def _needed_window(ratio: float, tol: float = 1e-6) -> int | None:
+  """Terms until ``ratio**k`` falls below ``tol`` (the rest: a geometric tail); None: never."""
   if ratio <= 0.0:
     return 1
   if ratio >= 1.0:
     return None
-  return int(max(4, math.ceil(math.log(1e-6) / math.log(ratio))))
+  return int(max(4, math.ceil(math.log(tol) / math.log(ratio))))
 
 
 def _default_window(ratio: float, cap: int = _MAX_WINDOW) -> int:
@@ -270,13 +270,7 @@ def _check_window(window: Any, poles: Any, where: str) -> None:
   if window is not None:
     v.check_count(f"{where}: window", window, 1, arrays=False, maximum=4096)
   if poles is not None:
-    v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=16)
-
-
-def _default_poles(window: int) -> int:
-  """Runs of the window: 4 up to 256 skipped steps (b1 = 0.9), 8 beyond (b1 = 0.99): the
-  fewest that keep the small-gradient rows within 2.3e-6 of the largest move."""
-  return 4 if window <= 256 else 8
+    v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=_MAX_RUNS)
 
 
 _COUPLED = ("weight decay added to the gradient (coupled L2 decay, as MXNet's wd) has no "
@@ -305,20 +299,112 @@ _sgd_names = v.renamed_keywords({
 
 
 def _geometric(ratio: jax.Array, m: jax.Array) -> jax.Array:
-  """``sum_{j=1}^{m} ratio**j``, elementwise (``ratio`` > 0, ``m`` >= 0)."""
-  log_r = jnp.log(ratio)
+  """``sum_{j=1}^{m} ratio**j``, elementwise (``ratio`` >= 0, ``m`` >= 0)."""
+  zero = ratio <= 0
+  log_r = jnp.log(jnp.where(zero, 1.0, ratio))
   m = m.astype(jnp.float32)
   safe = jnp.where(log_r == 0, 1.0, log_r)
-  return jnp.where(log_r == 0, m, ratio * jnp.expm1(m * safe) / jnp.expm1(safe))
+  total = jnp.where(log_r == 0, m, ratio * jnp.expm1(m * safe) / jnp.expm1(safe))
+  return jnp.where(zero, 0.0, total)
 
 
-def _chunks(window: int, poles: int) -> list[tuple[int, int]]:
-  r"""``poles`` runs of the window's columns, of geometric lengths (1, 2, 4, ... for 8 runs
-  of 255 terms): early in training the points :math:`u_k` change as a power of the step,
-  so runs of equal log-width hold equal spreads."""
-  cuts = {0, window, *(round(window ** (p / poles)) - 1 for p in range(1, poles))}
-  bounds = sorted(c for c in cuts if 0 <= c <= window)
-  return list(itertools.pairwise(bounds))
+# The two-node rule's worst error over a run whose points u spread by a factor e**L is
+# about _GAUSS_ERROR * L**4 of the run's share of the sum (measured in float64 over
+# geometric runs: 2.2e-5 at L = 0.5, 3.8e-4 at L = 1, 6.5e-3 at L = 2).
+_GAUSS_ERROR = 4e-4
+_RUN_TARGET = 1e-6  # each run's estimated error, of the whole sum
+_MAX_RUNS = 32  # two divisions per entry and run: beyond this the catch-up is refused
+_MAX_RUN_SPREAD = 20.0  # a run's log-spread of u at most (its third moment stays finite)
+_MAX_LOG_U = 60.0  # the window's points u stay below e**60 (float32's range is e**88)
+_NEGLIGIBLE = 1e-9  # terms below this of the first are left out of the window
+
+
+def _profiles(b1: float, b2: float, window: int, nesterov: bool
+              ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  r"""Per sample row age :math:`s`: :math:`\log u_k` and the cumulative shares of the
+  weights :math:`w_k` and of :math:`h_k = w_k u_k`, for :math:`k = 1..` ``window``
+  (float64, constant rate). Their run-by-run spreads and shares bound the rule's error."""
+  k = np.arange(1, window + 1, dtype=np.float64)
+  log_q = 0.5 * math.log(b2)
+  out = []
+  for s in (0, max(1, round(0.3 / (1 - b2))), round(3 / (1 - b2)), 1 << 30):
+    log_u = 0.5 * np.log1p(-np.exp((s + k) * math.log(b2))) - k * log_q
+    j = k + float(nesterov)
+    log_w = j * math.log(b1) - np.log1p(-np.exp((s + j) * math.log(b1)))
+    shares = []
+    for x in (log_w, log_w + log_u):
+      e = np.exp(x - x.max())
+      shares.append(np.cumsum(e) / e.sum())
+    out.append((log_u, shares[0], shares[1]))
+  return out
+
+
+def _run_error(profiles: list, a: int, b: int) -> tuple[float, float]:
+  """Terms ``a..b-1`` (0-based) as one run: its log-spread and estimated error."""
+  spread = max(p[0][b - 1] - p[0][a] for p in profiles)
+  share = max(max(c[b - 1] - (c[a - 1] if a else 0.0) for c in p[1:]) for p in profiles)
+  return spread, _GAUSS_ERROR * spread ** 4 * share
+
+
+def _cuts(profiles: list, window: int, target: float) -> list[tuple[int, int]]:
+  """Runs of the window, each as long as its estimated error stays below ``target``."""
+  runs, a = [], 0
+  for b in range(2, window + 1):
+    spread, err = _run_error(profiles, a, b)
+    if err > target or spread > _MAX_RUN_SPREAD:
+      runs.append((a, b - 1))
+      a = b - 1
+  runs.append((a, window))
+  return runs
+
+
+def _effective_window(b1: float, b2: float, window: int) -> int:
+  """The window without the terms below ``_NEGLIGIBLE`` of the first (any row age): a
+  window given larger than the sum needs adds nothing but points past float32's range."""
+  ratio = b1 / math.sqrt(b2)
+  need = _needed_window(ratio, _NEGLIGIBLE)
+  return window if need is None else max(1, min(window, need))
+
+
+def _adam_runs(where: str, b1: float, b2: float, window: int, nesterov: bool,
+               poles: int | None) -> tuple[tuple[int, int], ...]:
+  r"""The runs of Adam's window, each summed by a two-node Gauss rule.
+
+  Chosen from the rule's error model so that each run's estimated error is below
+  1e-6 of the sum (``poles`` given: the best cuts into that many runs, at most). Early
+  in training the points :math:`u_k` grow as a power of the step, later as
+  :math:`\beta_2^{-k/2}`: with :math:`\beta_2` near or below :math:`\beta_1` they
+  spread over many orders of magnitude and need many runs.
+  """
+  if b1 == 0.0:
+    return ((0, window),)
+  log_u_max = window * -0.5 * math.log(b2)
+  if log_u_max > _MAX_LOG_U:
+    raise ValueError(
+        f"{where}: b2: with b1={b1:g} and b2={b2:g} the skipped steps' terms grow by "
+        f"b2**(-k/2) to e**{log_u_max:.0f} over the {window:,} steps that matter, past "
+        "float32's range. Use a b2 closer to 1 (b2 >= b1 keeps it within e**14), or a "
+        "plain lazy step (lars_optax.sparse.lazy_update(optax.adam(...)), another "
+        "optimizer).")
+  profiles = _profiles(b1, b2, window, nesterov)
+  runs = _cuts(profiles, window, _RUN_TARGET)
+  if poles is not None:  # the smallest target that fits in ``poles`` runs
+    lo, hi = _RUN_TARGET, 1.0
+    if len(runs) > poles:
+      for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if len(_cuts(profiles, window, mid)) > poles else (lo, mid)
+      runs = _cuts(profiles, window, hi)
+  elif len(runs) > _MAX_RUNS:
+    raise ValueError(
+        f"{where}: b2: with b1={b1:g} and b2={b2:g} the skipped steps' terms spread over "
+        f"e**{max(p[0][-1] - p[0][0] for p in profiles):.0f} in the eps term, and their "
+        f"sum would need {len(runs)} runs of its two-node rule to stay within 1e-5 of the "
+        f"dense step's move, more than the {_MAX_RUNS} it takes at a lazy step's cost. "
+        "Use a b2 closer to 1 (b2 >= b1 needs at most 22), or pass poles= to accept a "
+        "larger error, or a plain lazy step (lars_optax.sparse.lazy_update(optax.adam("
+        "...)), another optimizer).")
+  return tuple(runs)
 
 
 def _two_nodes(mean: jax.Array, c2: jax.Array, c3: jax.Array
@@ -389,18 +475,27 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
       h = jnp.where(n <= window, w.sum(axis=1), far)
     out["h"] = h[:, None]
     out["m_decay"] = mu ** n.astype(jnp.float32)
+  elif rule.b1 == 0.0:  # the moment is the last gradient alone: an absent row does not move
+    b2 = jnp.float32(rule.b2)
+    out["h"] = jnp.zeros((n.shape[0], 1), jnp.float32)
+    out["e"] = jnp.ones((n.shape[0], 1), jnp.float32)
+    out["m_decay"] = jnp.where(n == 0, 1.0, 0.0).astype(jnp.float32)
+    out["v_decay"] = b2 ** n.astype(jnp.float32)
   else:
     b1, b2 = jnp.float32(rule.b1), jnp.float32(rule.b2)
-    q = jnp.sqrt(b2)
+    log_q = 0.5 * jnp.log(b2)
     # b**t as b**s * b**k: a power per row and per column, not per term.
     b1_k, b1_s = b1 ** kf, b1 ** sf
     mom = ((b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k) if rule.nesterov
            else b1_k / (1.0 - b1_s * b1_k))
     w = jnp.where(valid, lr * mom / d_k, 0.0)
-    u = jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) / q ** kf
+    # u_k = sqrt(1 - b2**(s+k)) / b2**(k/2), in logs: b2**(k/2) may underflow where the
+    # weight b1**k has made the term negligible (the build keeps u below e**60).
+    log_u = 0.5 * jnp.log1p(-(b2 ** sf) * (b2 ** kf)) - kf * log_q
+    u = jnp.exp(log_u)
     h = w * u
     # Each run's sums in one product with a 0/1 matrix (not reductions per run).
-    runs = _chunks(window, rule.poles)
+    runs = rule.runs
     member = np.zeros((window, len(runs)), np.float32)
     for i, (a, b) in enumerate(runs):
       member[a:b, i] = 1.0
@@ -411,19 +506,22 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
     # (its terms are below 1e-6 of the first, at the default window).
     rho = b1 / dec[:, -1]
     w_p = w_p.at[:, -1].add(w[:, -1] * _geometric(rho, m_tail))
-    h_p = h_p.at[:, -1].add(h[:, -1] * _geometric(rho / q, m_tail))
+    h_p = h_p.at[:, -1].add(h[:, -1] * _geometric(rho * jnp.exp(-log_q), m_tail))
     # Each run's two-node Gauss rule for the weights w at the points u: its mean
     # and central second and third moments give the nodes and their shares. The
-    # moments are taken about the run's first point (within the run's spread of
-    # the mean, so that float32 keeps the central ones).
+    # moments are taken of z = u / u0 - 1, u0 the run's first point (so that float32
+    # keeps the central ones, and a run spread over orders of magnitude stays finite).
     first = np.array([a for a, _ in runs])
     column_run = np.repeat(np.arange(len(runs)), [b - a for a, b in runs])
-    z = jnp.where(valid, u - u[:, first][:, column_run], 0.0)
+    u0 = u[:, first]
+    z = jnp.where(valid, jnp.exp(log_u - log_u[:, first][:, column_run]) - 1.0, 0.0)
     safe_w = jnp.where(w_p > 0, w_p, 1.0)
     wz = w * z
     m1, m2, m3 = (jnp.dot(x, member, precision=hi) / safe_w for x in (wz, wz * z, wz * z * z))
-    mean = jnp.where(w_p > 0, h_p / safe_w, 0.0)
-    nodes, shares = _two_nodes(mean, m2 - m1 * m1, m3 - 3.0 * m1 * m2 + 2.0 * m1 * m1 * m1)
+    mean = jnp.where(w_p > 0, h_p / (safe_w * u0), 1.0) - 1.0  # the run's mean of z
+    nodes, shares = _two_nodes(mean + 1.0, m2 - m1 * m1,
+                               m3 - 3.0 * m1 * m2 + 2.0 * m1 * m1 * m1)
+    nodes = (nodes[0] * u0, nodes[1] * u0)
     out["h"] = jnp.concatenate([w_p * shares[0] * nodes[0], w_p * shares[1] * nodes[1]], axis=1)
     out["e"] = jnp.float32(rule.eps) * jnp.concatenate(nodes, axis=1)
     out["m_decay"] = b1 ** n.astype(jnp.float32)
@@ -960,18 +1058,26 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
   else:
     twin = optax.adamw(learning_rate, b1, b2, eps, eps_root, mu_dtype,
                        weight_decay=weight_decay, mask=mask, nesterov=nesterov)
-  ratio = b1f / math.sqrt(b2f) if b2f > 0 else 0.0
+  ratio = b1f / math.sqrt(b2f) if b2f > 0 else (math.inf if b1f > 0 else 0.0)
   need = _needed_window(ratio)
+  if need is None:
+    raise ValueError(
+        f"{where}: b2: b1 / sqrt(b2) is {ratio:.6g} >= 1 (b1={b1f:g}, b2={b2f:g}): with "
+        "b2 <= b1**2 the dense step's terms for a row's skipped steps never shrink, so no "
+        "sum over a window of them is dense Adam's. Use b2 > b1**2 (b2 >= b1 is cheapest), "
+        "or a plain lazy step (lars_optax.sparse.lazy_update(optax.adam(...)), another "
+        "optimizer).")
   window_given = window is not None
-  if not window_given and (need is None or need > _MAX_WINDOW):
+  if not window_given and need > _MAX_WINDOW:
     raise ValueError(
         f"{where}: b1: b1 / sqrt(b2) is {ratio:.6g}: a row's skipped steps matter until "
-        f"(b1 / sqrt(b2))**k < 1e-6, after {'no' if need is None else f'{need:,}'} steps, "
+        f"(b1 / sqrt(b2))**k < 1e-6, after {need:,} steps, "
         f"more than the {_MAX_WINDOW:,} the catch-up sums a row at a lazy step's cost, so "
         "it would not be dense Adam's. Use b1 <= 0.99; or a plain lazy step "
         "(lars_optax.sparse.lazy_update(optax.adam(...)), another optimizer); or pass "
         "window= to accept a tail past it taken at the window's last rate.")
-  window = _default_window(ratio) if window is None else window
+  window = _effective_window(b1f, b2f, _default_window(ratio) if window is None else window)
+  runs = _adam_runs(where, b1f, b2f, window, nesterov, poles)
   decays = weight_decay is not None and (callable(weight_decay) or float(weight_decay) != 0.0)
   if decays and not callable(weight_decay) and not callable(learning_rate):
     rate = float(learning_rate) * float(weight_decay)
@@ -982,7 +1088,7 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
       lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
       nesterov=nesterov, wd=_as_schedule(weight_decay) if decays else None,
       wd_is_schedule=callable(weight_decay), wd_mask=mask,
-      window=window, poles=_default_poles(window) if poles is None else poles,
+      window=window, runs=runs,
       constants=(("learning_rate", learning_rate), ("eps", eps),
                  ("weight_decay", weight_decay))))
 

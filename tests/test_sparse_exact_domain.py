@@ -1,0 +1,274 @@
+"""The dense-exact catch-up proven over everything the constructors accept.
+
+A row of ``lars_optax.sparse.adam``/``adamw``/``sgd`` last brought up to date at
+step ``s`` and left for ``n`` steps is brought along them by the catch-up's per-row
+factors (``sparse.exact._row_scalars`` and ``_catch_up_rows``). Here hypothesis draws
+the whole accepted domain: b1 from 0 to 0.99, b2 from below b1 to 0.9999, momentum
+from 0 to 0.999 (Nesterov or not), eps, gradient sizes from 1e-9 to 1e3, the row's age
+and its gap up to thousands of steps, ``window`` and ``poles``, constant rates, warm-up +
+cosine and a piecewise rate with a zero stretch, and decoupled weight decay. Each draw
+is compared with a float64 transcription of optax's zero-gradient steps, and must be
+within max(1e-5 of the row's largest move, 3x float32's own error), float32's error
+being the same steps taken one by one in float32 (as ``optax.adam`` takes them).
+Configurations the method cannot hold must be refused when built.
+
+The cells that earlier versions got wrong are fixed tests below the property.
+"""
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from jax.experimental.sparse import BCOO
+
+import lars_optax
+from lars_optax.sparse import exact
+
+# Each draw compiles its own catch-up (about 1 s): the suite draws a few dozen, and
+# LARS_OPTAX_DOMAIN_EXAMPLES=2000 draws thousands (docs/sparse.md quotes such a run).
+EXAMPLES = int(os.environ.get("LARS_OPTAX_DOMAIN_EXAMPLES", "0"))
+SETTINGS = settings(deadline=None, derandomize=not EXAMPLES, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+DIM = 12
+MAX_STEPS = 24_000  # the oldest row's age plus the longest gap
+PEAK = {"adam": 1e-3, "sgd": 1e-2}
+
+
+def _schedule(kind, peak, total):
+  if kind == "constant":
+    return peak
+  if kind == "warm-up + cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, peak, max(total // 10, 1), total)
+  # piecewise, with a stretch at zero in the middle of the run
+  third = max(total // 3, 1)
+  return optax.join_schedules([optax.constant_schedule(peak), optax.constant_schedule(0.0),
+                               optax.constant_schedule(peak / 4)], [third, 2 * third])
+
+
+def _values(schedule, total):
+  """The rate of each step 0..total-1, as float32 gives it, in float64 (one vector)."""
+  if schedule is None:
+    return np.zeros(total)
+  if not callable(schedule):
+    return np.full(total, np.float32(schedule), np.float64)
+  assert total <= MAX_STEPS
+  # One length for every draw, so that the schedule's operations compile once.
+  values = np.broadcast_to(np.asarray(schedule(jnp.arange(MAX_STEPS)), np.float32), MAX_STEPS)
+  return values[:total].astype(np.float64)
+
+
+def _adam_f64(b1, b2, eps, lr, wd, nesterov, s, n, m, v, w):
+  """optax.adam(w)'s steps s+1..s+n on a zero gradient, in float64."""
+  m, v, w = (x.astype(np.float64) for x in (m, v, w))
+  lrs, wds = _values(lr, s + n), _values(wd, s + n)
+  for t in range(s + 1, s + n + 1):
+    m, v = b1 * m, b2 * v
+    mh = b1 * m / (1 - b1 ** (t + 1)) if nesterov else m / (1 - b1 ** t)
+    u = mh / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    w = w - lrs[t - 1] * (u + wds[t - 1] * w)
+  return w
+
+
+def _adam_f32(b1, b2, eps, lr, wd, nesterov, s, n, m, v, w):
+  """The same steps one by one in float32, as optax takes them: float32's own error."""
+  f = np.float32
+  m, v, w = (x.astype(f) for x in (m, v, w))
+  b1, b2, eps = f(b1), f(b2), f(eps)
+  lrs, wds = _values(lr, s + n).astype(f), _values(wd, s + n).astype(f)
+  for t in range(s + 1, s + n + 1):
+    m, v = b1 * m, b2 * v
+    mh = b1 * m / (f(1) - b1 ** f(t + 1)) if nesterov else m / (f(1) - b1 ** f(t))
+    u = mh / (np.sqrt(v / (f(1) - b2 ** f(t))) + eps)
+    w = w - lrs[t - 1] * (u + wds[t - 1] * w)
+  return w
+
+
+def _sgd_f64(mu, lr, nesterov, s, n, b, w, dtype=np.float64):
+  b, w = b.astype(dtype), w.astype(dtype)
+  mu, lrs = dtype(mu), _values(lr, s + n).astype(dtype)
+  for t in range(s + 1, s + n + 1):
+    b = mu * b
+    w = w - lrs[t - 1] * (mu * b if nesterov else b)
+  return w
+
+
+def _ours(tx, s, n, w, bufs):
+  """The catch-up of one row from step s to s + n, as the optimizer takes it."""
+  rule = tx.update.catch_up_rule
+  extra = None
+  if rule.tracks_log_decay:
+    rates = _values(rule.lr, s + n) * _values(rule.wd, s + n)
+    extra = jnp.asarray([math.exp(np.log1p(-rates[s:]).sum())], jnp.float32)
+
+  @jax.jit
+  def run(last, count, w, bufs, extra):
+    future = None
+    if rule.tracks_future:
+      future = (exact._future(rule, last), exact._future(rule, count))
+    sc = exact._row_scalars(rule, last, count, True, future)
+    return exact._catch_up_rows(rule, sc, w, bufs, extra, True)[0]
+
+  w1 = run(jnp.asarray([s], jnp.int32), jnp.int32(s + n), jnp.asarray(w[None], jnp.float32),
+           {k: jnp.asarray(x[None], jnp.float32) for k, x in bufs.items()}, extra)
+  return np.asarray(w1[0], np.float64)
+
+
+def _assert_within_bound(got, want, f32, w0, what):
+  move = np.abs(want - w0).max()
+  err, own = np.abs(got - want).max(), np.abs(f32 - want).max()
+  bound = max(1e-5 * move, 3 * own)
+  assert err <= bound, (f"{what}: error {err:.3g} = {err / move:.3g} of the largest move "
+                        f"{move:.3g}; float32's own {own / move:.3g}")
+
+
+def _adam_state(rng, b1, b2, s, scale):
+  """A row's moments after s steps of gradients of about ``scale`` (some entries far
+  smaller, so that sqrt(v) spans eps), and its weights."""
+  sizes = scale * np.exp(rng.uniform(-6, 0, DIM))
+  m = rng.normal(size=DIM) * sizes * (1 - b1 ** max(s, 1)) * 0.5
+  v = (sizes * rng.uniform(0.5, 1.5, DIM)) ** 2 * (1 - b2 ** max(s, 1))
+  return m, v, rng.normal(size=DIM) * 0.1
+
+
+def _build_adam(b1, b2, eps, lr, wd, nesterov, window, poles):
+  kw = dict(b1=b1, b2=b2, eps=eps, nesterov=nesterov, window=window, poles=poles)
+  if wd is None:
+    return lars_optax.sparse.adam(lr, **kw)
+  return lars_optax.sparse.adamw(lr, weight_decay=wd, **kw)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES or 20)
+@given(b1=st.sampled_from([0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99]),
+       b2_gap=st.floats(-0.03, 0.0999), eps=st.sampled_from([1e-8, 1e-6, 1e-3]),
+       scale=st.sampled_from([1e-9, 1e-6, 1e-3, 1.0, 1e3]),
+       age=st.sampled_from([0, 3, 40, 1000, 20_000]), gap=st.integers(1, 3000),
+       sched=st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
+       decay=st.sampled_from([None, 1e-2, "schedule"]), nesterov=st.booleans(),
+       window=st.sampled_from([None, None, None, 64, 4096]),
+       seed=st.integers(0, 2 ** 16))
+def test_adam_and_adamw_catch_up_within_the_bound_or_refused(
+    b1, b2_gap, eps, scale, age, gap, sched, decay, nesterov, window, seed):
+  b2 = round(min(0.9999, max(0.01, b1 + b2_gap if b2_gap < 0 else 1.0 - b2_gap)), 6)
+  total = age + gap + 10
+  lr = _schedule(sched, PEAK["adam"], total)
+  wd = None if decay is None else (decay if decay != "schedule" else _schedule(
+      "warm-up + cosine", 0.1, total))
+  try:
+    tx = _build_adam(b1, b2, eps, lr, wd, nesterov, window, None)
+  except ValueError as e:  # refused: only where the sum cannot be held, saying why
+    need = exact._needed_window(b1 / math.sqrt(b2))
+    assert b1 > 0 and (b2 < b1 or need is None or need > 2048), (b1, b2, e)
+    assert "b1" in str(e) or "b2" in str(e)
+    return
+  rule = tx.update.catch_up_rule
+  # A window given shorter than the sum needs is accepted with a tail at its last rate:
+  # exact only for a constant rate (the bound below holds there only).
+  need = exact._needed_window(b1 / math.sqrt(b2))
+  assume(window is None or need is None or window >= need or sched == "constant")
+  rng = np.random.default_rng(seed)
+  m, v, w = _adam_state(rng, b1, b2, age, scale)
+  args = (b1, b2, eps, lr, wd, nesterov, age, gap, m, v, w)
+  got = _ours(tx, age, gap, w, {"mu": m, "nu": v})
+  _assert_within_bound(got, _adam_f64(*args), _adam_f32(*args), w, rule.name)
+
+
+@settings(SETTINGS, max_examples=EXAMPLES or 30)
+@given(momentum=st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999]), nesterov=st.booleans(),
+       age=st.sampled_from([0, 7, 1000]), gap=st.integers(1, 3000),
+       sched=st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
+       window=st.sampled_from([None, None, 16]), seed=st.integers(0, 2 ** 16))
+def test_sgd_catch_up_within_the_bound(momentum, nesterov, age, gap, sched, window, seed):
+  total = age + gap + 10
+  lr = _schedule(sched, PEAK["sgd"], total)
+  tx = lars_optax.sparse.sgd(lr, momentum=momentum, nesterov=nesterov, window=window)
+  rng = np.random.default_rng(seed)
+  b, w = rng.normal(size=DIM) * 0.1, rng.normal(size=DIM) * 0.1
+  got = _ours(tx, age, gap, w, {"trace": b})
+  want = _sgd_f64(momentum, lr, nesterov, age, gap, b, w)
+  if np.abs(want - w).max() == 0:  # momentum 0: an absent row does not move
+    np.testing.assert_array_equal(got, w.astype(np.float32))
+    return
+  _assert_within_bound(got, want, _sgd_f64(momentum, lr, nesterov, age, gap, b, w,
+                                           np.float32), w, "sparse.sgd")
+
+
+# --- The cells earlier versions got wrong, each through the public API -----------------
+
+def _table_run(tx, twin, steps=60, rows=6, scale=1e-6, touch_every=(1, 7, 25)):
+  """Rows touched every 1, 7 and 25 steps (the rest never) with gradients of ``scale``;
+  then catch_up; against the optax twin on the dense gradient in float32."""
+  params = {"t": jnp.asarray(np.random.default_rng(0).normal(size=(rows, 4)) * 0.1,
+                             jnp.float32)}
+  carry = (params, tx.init(params), params, twin.init(params))
+
+  def step(carry, t):
+    params, state, dense, dstate = carry
+    ids = jnp.arange(len(touch_every))
+    on = (t % jnp.asarray(touch_every)) == 0
+    ids = jnp.where(on, ids, rows)  # rows: dropped
+    vals = jnp.sin(0.3 * t + jnp.arange(4.0))[None] * scale * jnp.ones((len(touch_every), 1))
+    g = BCOO((vals, ids[:, None]), shape=(rows, 4))
+    u, state = tx.update({"t": g}, state, params)
+    du, dstate = twin.update({"t": g.todense()}, dstate, dense)
+    return (optax.apply_updates(params, u), state, optax.apply_updates(dense, du), dstate), None
+
+  (params, state, dense, _), _ = jax.jit(lambda c: jax.lax.scan(
+      step, c, jnp.arange(steps, dtype=jnp.int32)))(carry)
+  params, state = lars_optax.sparse.catch_up(tx, params, state)
+  return params["t"], dense["t"], state
+
+
+@pytest.mark.parametrize("b1, b2", [(0.98, 0.98), (0.95, 0.95), (0.9, 0.9), (0.9, 0.88)])
+def test_b2_near_or_below_b1_follows_optax(b1, b2):
+  kw = dict(b1=b1, b2=b2, eps=1e-8)
+  got, want, _ = _table_run(lars_optax.sparse.adam(1e-3, **kw), optax.adam(1e-3, **kw),
+                            steps=400)
+  w0 = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32) * 0.1
+  largest = float(np.abs(np.asarray(want) - w0).max())
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * largest)
+
+
+@pytest.mark.parametrize("make, twin", [
+    (lambda: lars_optax.sparse.sgd(1e-2, momentum=0.0), lambda: optax.sgd(1e-2, 0.0)),
+    (lambda: lars_optax.sparse.sgd(1e-2, momentum=0.0, nesterov=True),
+     lambda: optax.sgd(1e-2, 0.0, nesterov=True)),
+    (lambda: lars_optax.sparse.adam(1e-3, b1=0.0), lambda: optax.adam(1e-3, b1=0.0)),
+    (lambda: lars_optax.sparse.adamw(1e-3, b1=0.0, weight_decay=0.1),
+     lambda: optax.adamw(1e-3, b1=0.0, weight_decay=0.1)),
+], ids=["sgd", "sgd-nesterov", "adam", "adamw"])
+def test_momentum_0_and_b1_0_give_finite_rows_as_optax(make, twin):
+  got, want, state = _table_run(make(), twin(), steps=30, scale=1e-2)
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+  # every row current: a full catch_up again changes nothing and stays finite
+  tx = make()
+  params, _ = lars_optax.sparse.catch_up(tx, {"t": got}, state)
+  np.testing.assert_array_equal(params["t"], got)
+
+
+@pytest.mark.parametrize("kw", [dict(b1=0.9, b2=0.95, window=4096), dict(b1=0.9, b2=0.88)],
+                         ids=["window-4096", "b2-0.88"])
+def test_a_large_window_or_a_small_b2_keeps_the_catch_up(kw):
+  got, want, _ = _table_run(lars_optax.sparse.adam(1e-3, **kw),
+                            optax.adam(1e-3, b1=kw["b1"], b2=kw["b2"]), steps=200, scale=1e-3)
+  w0 = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32) * 0.1
+  np.testing.assert_allclose(got, want, rtol=0,
+                             atol=2e-5 * float(np.abs(np.asarray(want) - w0).max()))
+
+
+@pytest.mark.parametrize("b2", [0.85, 0.825, 0.5])
+def test_a_b2_the_catch_up_cannot_hold_is_refused_when_built(b2):
+  with pytest.raises(ValueError, match=r"sparse\.adam: b2: .*b2 closer to 1|b2 > b1\*\*2"):
+    lars_optax.sparse.adam(1e-3, b1=0.9, b2=b2)
+
+
+def test_poles_given_caps_the_runs():
+  rule = lars_optax.sparse.adam(1e-3, b1=0.98, b2=0.98, poles=4).update.catch_up_rule
+  assert len(rule.runs) <= 4
+  assert rule.runs[0][0] == 0 and rule.runs[-1][1] == rule.window
