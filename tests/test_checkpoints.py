@@ -95,6 +95,12 @@ CASES = {
     # Every field of the dense-exact state: last steps, the decay log pair and rows.
     "sparse_adamw": Case(lambda: lars_optax.sparse.adamw(
         optax.cosine_decay_schedule(0.01, 10), weight_decay=0.1)),
+    # Every rate a schedule: no constant to keep (orbax saves no zero-size array), and
+    # SGD's per-row sum of the rates to come.
+    "sparse_adam_schedule": Case(lambda: lars_optax.sparse.adam(
+        optax.warmup_cosine_decay_schedule(0.0, 0.01, 3, 10))),
+    "sparse_sgd_schedule": Case(lambda: lars_optax.sparse.sgd(
+        optax.cosine_decay_schedule(0.1, 10), momentum=0.9)),
     "skip_nonfinite": Case(lambda: lars_optax.skip_nonfinite(
         lars_optax.lars(0.1, momentum=0.9, eta=1.0, skip="flax")), nan_at=NAN_AT),
 }

@@ -777,6 +777,16 @@ def test_split_table_in_shard_map_errors():
     grads("table", check_vma=False)
   with pytest.raises(TypeError, match="axis_name"):
     lars_optax.sparse.value_and_grad(_table_loss, sparse="table", axis_name=3)
+  # #58 item 6: catch_up of a table split by rows, without axis_name (given to
+  # value_and_grad), read the global ids in each device's block: 0.37 off, silently.
+  tx = lars_optax.sparse.adam(0.01)
+  f = jax.jit(jax.shard_map(
+      lambda p, s, i: lars_optax.sparse.catch_up(tx, p, s, rows={"table": i})[0], mesh=mesh,
+      in_specs=({"table": P("table"), "w": P()}, _split_leaves(tx.init(params), P("table")),
+                P()), out_specs={"table": P("table"), "w": P()}))
+  with pytest.raises(ValueError, match=r"catch_up: axis_name: the leaf 'table' differs across "
+                                       r"mesh axis 'table'.*Pass axis_name='table'"):
+    f(params, tx.init(params), jnp.zeros((4, 2), jnp.int32))
   with pytest.raises(TypeError, match="axis_name"):
     lars_optax.sparse.catch_up(lars_optax.sparse.adam(0.01), params,
                                lars_optax.sparse.adam(0.01).init(params), axis_name=["table"])

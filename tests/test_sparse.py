@@ -1197,21 +1197,26 @@ def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map
 @pytest.mark.parametrize("optimizer", [
     lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
     lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),
-    lambda: lars_optax.mxnet.adagrad(0.1), lambda: lars_optax.mxnet.ftrl()],
-    ids=["adam", "sgd", "adagrad", "ftrl"])
-def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer):
-  """flax.serialization.from_bytes and checkpoints give numpy arrays."""
+    lambda: lars_optax.mxnet.adagrad(0.1), lambda: lars_optax.mxnet.ftrl(),
+    lambda: lars_optax.sparse.adam(0.1), lambda: lars_optax.sparse.sgd(0.1, momentum=0.9)],
+    ids=["adam", "sgd", "adagrad", "ftrl", "dense-exact-adam", "dense-exact-sgd"])
+@pytest.mark.parametrize("kind", ["row_sparse", "plain-BCOO"])
+def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer, kind):
+  """flax.serialization.from_bytes and checkpoints give numpy arrays; a plain BCOO
+  gradient (``jax.experimental.sparse``'s own) gets an update numpy params can take."""
   params = {"emb": np.arange(12.0, dtype=np.float32).reshape(6, 2), "w": np.ones(2, np.float32)}
-  grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 2)), rows=jnp.array([1, 4]),
-                                               num_rows=6),
-           "w": np.full(2, 0.5, np.float32)}
+  emb = lars_optax.sparse.row_sparse(jnp.ones((2, 2)), rows=jnp.array([1, 4]), num_rows=6)
+  if kind == "plain-BCOO":
+    emb = BCOO((emb.data, emb.indices), shape=emb.shape)
+  grads = {"emb": emb, "w": np.full(2, 0.5, np.float32)}
   tx = optimizer()
   want_u, want_s = tx.update(grads, tx.init(jax.tree.map(jnp.asarray, params)),
                              jax.tree.map(jnp.asarray, params))
   state = jax.tree.map(np.asarray, tx.init(params))  # a restored state: numpy leaves
   updates, _ = tx.update(grads, state, params)
   for apply in (optax.apply_updates, lars_optax.sparse.apply_updates):
-    chex.assert_trees_all_close(apply(params, updates), apply(params, want_u))
+    chex.assert_trees_all_close(apply(params, updates),
+                                apply(jax.tree.map(jnp.asarray, params), want_u))
   del want_s
 
 

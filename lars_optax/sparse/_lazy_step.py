@@ -173,6 +173,7 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
                      f"{treedef} vs {jax.tree.structure(params)}.") from None
   # numpy params (flax.serialization.from_bytes, a checkpoint) are taken as the
   # dense optimizers take them: as jax arrays.
+  given_p = flat_p  # (numpy params get updates they can be added to: _types.update_like)
   flat_p = [jnp.asarray(p) if isinstance(p, np.ndarray) else p for p in flat_p]
   names = _checks.leaf_names_of(treedef)
   sparse = [_rows.is_row_sparse(g) for g in flat_g]
@@ -243,9 +244,9 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
 
   new_state = _buffers(new_state, treedef, row_shapes, scatter_bufs, state)
   out_updates = []
-  for u, r, g, p in zip(flat_u, rows, flat_g, flat_p):
+  for u, r, g, p in zip(flat_u, rows, flat_g, given_p):
     if r is None:
       out_updates.append(dense_step(u, jnp.zeros_like(u), g))
     else:
-      out_updates.append(_types.update_like(g, u, r, p.shape[0]))
+      out_updates.append(_types.update_like(g, u, r, np.shape(p)[0], p))
   return jax.tree.unflatten(treedef, out_updates), new_state

@@ -107,7 +107,8 @@ def row_sparse(values: jax.Array, *, rows: jax.Array, num_rows: int) -> RowSpars
                          shape=(num_rows, *jnp.shape(values)[1:]))
 
 
-def update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -> BCOO:
+def update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int,
+                param: Any = None) -> BCOO:
   """The row-sparse update of ``grad``'s rows, with ``grad``'s pytree structure.
 
   Same type (a plain BCOO gradient gets a plain BCOO, a
@@ -119,10 +120,16 @@ def update_like(grad: BCOO, values: jax.Array, rows: jax.Array, num_rows: int) -
   a plain BCOO densifies the update; under ``jit`` XLA folds
   ``params + densified`` into an in-place scatter-add of the rows, so the
   step stays O(K) there (``benchmarks/sparse_embedding.py``).
+
+  Where ``param`` is a numpy array (params restored from a checkpoint, taken
+  eagerly) the update is a :class:`RowSparseUpdate` whatever the gradient:
+  ``numpy_params + BCOO`` fails inside JAX's sparse rules, while a
+  :class:`RowSparseUpdate` adds itself to numpy params (``optax.apply_updates``).
   """
   dtype = grad.indices.dtype
   if jnp.iinfo(dtype).max >= num_rows:
     rows = rows.astype(dtype)
-  cls = RowSparseUpdate if isinstance(grad, RowSparseUpdate) else BCOO
+  numpy_param = isinstance(param, np.ndarray)
+  cls = RowSparseUpdate if isinstance(grad, RowSparseUpdate) or numpy_param else BCOO
   return cls((values, rows[:, None]), shape=grad.shape,
              indices_sorted=grad.indices_sorted, unique_indices=grad.unique_indices)

@@ -120,7 +120,9 @@ class CatchUpState(NamedTuple):
     inner: the optax twin's state (``optax.adam(...)``, ``adamw`` or ``sgd``);
       after :func:`catch_up` it is that optimizer's state for the params.
     rates: the constant learning rate and weight decay the state was made
-      with (float32; a schedule has no entry): a step made with other
+      with (float32; a schedule has no entry, and with no constant at all this is
+      an empty :class:`optax.MaskedNode`, as orbax saves no zero-size array): a step
+      made with other
       constants is refused, since the catch-up would take the new ones for the
       steps a row skipped (``optax.inject_hyperparams`` with a schedule).
     row_future: SGD with momentum and a schedule: per leaf, a float32 per
@@ -134,7 +136,7 @@ class CatchUpState(NamedTuple):
   log_decay: Any
   row_log_decay: Any
   inner: optax.OptState
-  rates: Any = np.zeros((0,), np.float32)
+  rates: Any = optax.MaskedNode()
   row_future: Any = None
 
 
@@ -675,6 +677,7 @@ class _Leaf(NamedTuple):
   bufs: dict[str, Any]
   last: jax.Array
   rowlog: Any
+  given: Any = None  # the param as given (a numpy one gets an update it can take)
 
 
 class _Caught(NamedTuple):
@@ -804,7 +807,7 @@ def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: 
   if r is None:
     rowlog = leaf.rowlog if log_next is None else jnp.full_like(leaf.rowlog, log_next)
     return delta, jnp.full_like(leaf.last, new_count), rowlog, bufs_out
-  update = _types.update_like(leaf.grad, delta, r, leaf.param.shape[0])
+  update = _types.update_like(leaf.grad, delta, r, leaf.param.shape[0], leaf.given)
   # The new values are computed from the gathered ones (max(s, count + 1) is count + 1),
   # so that XLA gathers before it scatters in place instead of copying the vector.
   s = caught.last
@@ -825,7 +828,8 @@ def _same_rates(rule: _Rule, rates: jax.Array) -> Any:
   would take it for every step a row skipped.
   """
   want = rule.rates()
-  if np.shape(rates) != want.shape:
+  if np.shape(rates) != want.shape and not (isinstance(rates, optax.MaskedNode)
+                                            and not want.size):
     raise ValueError(f"{rule.name}: the state was made by an optimizer with other "
                      "arguments (its constant learning rate or weight decay differ in "
                      "kind); use the state this optimizer's init made.")
@@ -840,6 +844,24 @@ def _same_rates(rule: _Rule, rates: jax.Array) -> Any:
             "not a value set from outside each step (with optax.inject_hyperparams, name "
             "it in static_args).")
   return _checks.raise_at_run_time(jnp.any(rates != want), report, rates)
+
+
+_LAST_COUNT = np.iinfo(np.int32).max
+
+
+def _counting(where: str, count: jax.Array) -> Any:
+  """Zero, or an error when the step count can no longer advance (int32's maximum).
+
+  ``optax.safe_increment`` stops there; the catch-up would then leave every row
+  touched afterwards behind the steps it skips. Reached only by a state restored or
+  set by hand.
+  """
+  def report(count: Any) -> str:
+    return (f"{where}: count: the state's step count is {int(count):,}, int32's maximum, "
+            "where it stops counting: the catch-up of the steps a row skips needs each step "
+            "numbered, so the rows touched from now on would stay behind. Restart the count "
+            "(a state from init, with the params as they are) or restore an earlier state.")
+  return _checks.raise_at_run_time(count >= _LAST_COUNT, report, count)
 
 
 def _snapshots(rule: _Rule, state: CatchUpState) -> Any:
@@ -877,8 +899,9 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     if rule.tracks_future:
       p0 = _future(rule, jnp.int32(0))
       row_future = jax.tree.map(lambda p: jnp.full(np.shape(p)[:1], p0, jnp.float32), params)
+    rates = rule.rates()
     return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params),
-                        jnp.asarray(rule.rates()), row_future)
+                        jnp.asarray(rates) if rates.size else optax.MaskedNode(), row_future)
 
   def leaves_of(updates, state, params):
     flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
@@ -886,9 +909,10 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
     if any(p is None for p in flat_p):
       raise ValueError(f"{where}: gradients and params have different tree structures: "
                        f"{treedef} vs {jax.tree.structure(params)}.")
+    given = flat_p
     flat_p = [jnp.asarray(p) for p in flat_p]
     bufs = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(state.inner).items()}
-    leaves = [_Leaf(n, g, p, {f: b[i] for f, b in bufs.items()}, last, rowlog)
+    leaves = [_Leaf(n, g, p, {f: b[i] for f, b in bufs.items()}, last, rowlog, given[i])
               for i, (n, g, p, last, rowlog) in enumerate(zip(
                   _checks.leaf_names_of(treedef), flat_g, flat_p,
                   treedef.flatten_up_to(state.last_step),
@@ -917,7 +941,8 @@ def _dense_exact(rule: _Rule) -> GradientTransformationExtraArgs:
                                           tree(c.w1 for c in caught), **extra_args)
     flat_u = treedef.flatten_up_to(step_updates)
     bufs_out = {f: treedef.flatten_up_to(t) for f, t in _buffer_trees(inner_out).items()}
-    new_count = optax.safe_increment(state.count) + _same_rates(rule, state.rates)
+    new_count = (optax.safe_increment(state.count) + _same_rates(rule, state.rates)
+                 + _counting(where, state.count))
     log_decay, log_next = state.log_decay, None
     if rule.tracks_log_decay:
       assert rule.wd is not None
@@ -1247,6 +1272,16 @@ def _own_rows(picked: list[Any], named: list[tuple[str, Any]],
   ``axis_name``, rows of the device's block (``num_rows``, dropped, where not)."""
   split = [(n, p) for (n, p), r in zip(named, picked) if r is not None and r.shape[0]]
   blocks = _checks.split_blocks(axis_name, split) if split else 1
+  manual = set(utils.manual_axes())
+  for name, p in split if axis_name is None else ():
+    axes = sorted(utils.vma(p) & manual)
+    if axes:
+      raise ValueError(
+          f"catch_up: axis_name: the leaf {name!r} differs across mesh axis {axes[0]!r} of the "
+          "enclosing shard_map (a table split by rows over it), and axis_name is not given: "
+          "its ids would be read as rows of each device's own block. Pass "
+          f"axis_name={axes[0]!r}, as to sparse.value_and_grad, and the ids are read as "
+          "global rows, each device bringing up those of its block.")
   out = []
   for (_, p), r in zip(named, picked):
     if r is None or np.ndim(p) == 0 or r.shape[0] == 0:

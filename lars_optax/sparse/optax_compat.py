@@ -157,6 +157,8 @@ def apply_updates(model: Any, updates: Any) -> Any:
   def apply(u: Any, p: Any) -> Any:
     if u is None:
       return p
+    if _rows.is_row_sparse(u):  # (numpy + BCOO fails inside JAX's sparse rules)
+      p = jnp.asarray(p)
     return jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
 
   flat_u, treedef_ = jax.tree.flatten(
