@@ -36,6 +36,7 @@ import fnmatch
 import functools
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -348,8 +349,8 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
     return parts
 
   # timm's global clip, once over the whole tree (built once, also with group_by_shape).
-  clip_axis = opts["axis_name"] if isinstance(opts["axis_name"], str) else None
-  clip = [] if max_grad_norm is None else [clip_by_global_norm(max_grad_norm, axis_name=clip_axis)]
+  clip = ([] if max_grad_norm is None
+          else [clip_by_global_norm(max_grad_norm, axis_name=opts["axis_name"])])
   return _finish_layer_wise(layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
                             exempt=[("no_weight_decay", no_decay)],
                             with_lr_mult=False, pre=clip,
@@ -440,19 +441,21 @@ def _timm_decay_rate(lr: Any, corrected: bool, max_lr: Any) -> Any:
   return lr ** 2 / max_lr
 
 
-def _timm_no_decay(no_weight_decay: Iterable[str]) -> masks.Mask:
-  """timm's no-decay group: ``ndim <= 1``, a leaf named ``bias``, or a listed name."""
-  if isinstance(no_weight_decay, str):
-    raise TypeError(f"no_weight_decay: expected a list of names, got the string "
-                    f"{no_weight_decay!r}; pass [{no_weight_decay!r}].")
-  listed = {str(n).replace(".", "/") for n in no_weight_decay}
+def _timm_no_decay(no_weight_decay: Iterable[str], exclude_1d: bool) -> masks.Mask | None:
+  """timm's no-decay group: with ``exclude_1d`` (``filter_bias_and_bn``) ``ndim <= 1`` or
+  a leaf named ``bias``; whatever it says, a leaf whose dotted name matches a pattern
+  of the model's ``no_weight_decay()`` (fnmatch, as timm's ``param_groups_weight_decay``).
+  None: no leaf is kept out."""
+  patterns = _names_list("no_weight_decay", no_weight_decay)
+  if not exclude_1d and not patterns:
+    return None
 
   def test(name: str, leaf: Any) -> bool:
-    return (np.ndim(leaf) <= 1 or name.rsplit("/", 1)[-1] == "bias"
-            or name in listed)
+    return ((exclude_1d and (np.ndim(leaf) <= 1 or name.rsplit("/", 1)[-1] == "bias"))
+            or any(fnmatch.fnmatchcase(name.replace("/", "."), p) for p in patterns))
 
-  return masks.by_predicate(test, description="timm's no-decay group (ndim <= 1, *bias, "
-                                              "no_weight_decay)")
+  what = "ndim <= 1, *bias, no_weight_decay" if exclude_1d else "no_weight_decay"
+  return masks.by_predicate(test, description=f"timm's no-decay group ({what})")
 
 
 def _names_list(arg: str, names: Any) -> list[str]:
@@ -634,12 +637,14 @@ def timm_optimizer(
   ``"lamb"``, ``"lambc"``, ``"lambw"``, ``"clamb"`` (``Lamb`` with
   ``trust_clip``, ``decoupled_decay``, ``caution``) and ``"cadamw"``
   (``AdamW`` with ``caution``). A name's flags are defaults, as in timm:
-  ``timm_optimizer("larc", trust_clip=False)`` is ``"lars"``. As in timm, with ``weight_decay`` and
-  ``filter_bias_and_bn`` the leaves of ``ndim <= 1``, the leaves named
-  ``bias`` and those named in ``no_weight_decay`` (the names of the
-  model's ``no_weight_decay()``, as leaf names; ``.`` reads as ``/``) form a
-  group with ``weight_decay=0``, which under LARS and LAMB also gets no trust
-  ratio (unless ``always_adapt=True``). ``momentum`` goes to the LARS
+  ``timm_optimizer("larc", trust_clip=False)`` is ``"lars"``. As in timm 1.0,
+  with ``weight_decay`` the leaves whose names match ``no_weight_decay`` (the
+  model's ``no_weight_decay()``: ``fnmatch`` patterns such as XCiT's
+  ``"pos_embed.*"``, matched against the leaf names with ``/`` read as ``.``)
+  and, with ``filter_bias_and_bn``, the leaves of ``ndim <= 1`` and those named
+  ``bias`` form a group with ``weight_decay=0``, which under LARS and LAMB also
+  gets no trust ratio (unless ``always_adapt=True``). ``filter_bias_and_bn=False``
+  keeps the ``no_weight_decay`` names out all the same, as timm does. ``momentum`` goes to the LARS
   optimizers only, as timm passes it; other keywords (``trust_coeff``,
   ``eps``, ``betas``, ``max_grad_norm``, ...) go to the optimizer's class,
   whose defaults apply otherwise (``lr=None`` too).
@@ -692,8 +697,8 @@ def timm_optimizer(
     return layers.optimizer(lambda no_decay, lr_mult: _timm_groups(
         opt, lr, weight_decay, momentum, no_decay, {**kwargs, "lr_mult": lr_mult}),
         kwargs.get("stacked", stacked_mod.FROM_METADATA))
-  no_decay = (_timm_no_decay(no_weight_decay)
-              if filter_bias_and_bn and not utils.is_const(weight_decay, 0) else None)
+  no_decay = (None if utils.is_const(weight_decay, 0)
+              else _timm_no_decay(no_weight_decay, filter_bias_and_bn))
   return _timm_groups(opt, lr, weight_decay, momentum, no_decay, kwargs)
 
 
@@ -866,7 +871,8 @@ def keras_lamb(
     if isinstance(exclude_from_weight_decay, str):
       raise TypeError("exclude_from_weight_decay: expected a list of names, got the string "
                       f"{exclude_from_weight_decay!r}.")
-    exempt = masks.by_substring(*exclude_from_weight_decay).optional()
+    named = masks.by_substring(*exclude_from_weight_decay)
+    exempt = named.optional()  # (Keras ignores a name that matches nothing: so do we)
 
   def layer_wise(o: Shared, m: dict[str, Any]) -> list:
     exempt = m["exclude_from_weight_decay"]
@@ -885,10 +891,34 @@ def keras_lamb(
                           hyperparams=[("learning_rate", learning_rate),
                                        ("weight_decay", weight_decay),
                                        ("epsilon", epsilon)])
+  if exempt is not None:
+    tx = _warning_unmatched(tx, named, "exclude_from_weight_decay")
   if every > 1:
     return optax.with_extra_args_support(
         optax.MultiSteps(tx, every_k_schedule=every).gradient_transformation())
   return tx
+
+
+def _warning_unmatched(tx: Any, named: masks.Mask, arg_name: str) -> Any:
+  """``tx`` whose ``init`` warns of the names given to ``named`` that match no leaf.
+
+  Keras skips such a name silently, and its numbers do not change; but a Keras script's
+  names (``gamma``, ``beta``) are not a JAX model's (``scale``, ``bias``), so the leaf
+  the user meant to exempt is decayed. Elsewhere this library refuses such a name.
+  """
+  def init_fn(params):
+    missing = named.unmatched(params)
+    if missing:
+      names = [n for n, _ in masks.named_leaves(params)]
+      warnings.warn(
+          f"{arg_name}: no parameter name " + ", and none ".join(missing)
+          + f" (names look like {names[:3]}, {len(names)} in all), so those names exempt "
+          "nothing, as in Keras. A Keras model's names (gamma, beta) are not a JAX "
+          "model's (scale, bias): give the names the leaves have here "
+          "(lars_optax.leaf_names(params)).", UserWarning, stacklevel=2)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
 
 
 def _keras_accumulation(steps: Any) -> int:
@@ -921,8 +951,7 @@ def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: 
   if clipvalue is not None:
     return [optax.clip(clipvalue)]
   if global_clipnorm is not None:
-    return [clip_by_global_norm(global_clipnorm,
-                                axis_name=axis_name if isinstance(axis_name, str) else None)]
+    return [clip_by_global_norm(global_clipnorm, axis_name=axis_name)]
   if clipnorm is not None:
     def one(g: jax.Array) -> jax.Array:  # g * c / max(|g|, c), Keras's form
       norm = jnp.sqrt(jnp.sum(jnp.square(g.astype(jnp.float32))))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pathlib
 
+import warnings
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -451,6 +453,27 @@ def test_keras_exclude_from_weight_decay_takes_name_parts():
   updates, _ = tx.update(zeros, tx.init(params), params)
   chex.assert_trees_all_close(updates, {"dense": {"kernel": -0.05 * jnp.ones((2, 2)),
                                                   "bias": jnp.zeros(2)}})
+
+
+def test_keras_exclude_names_that_match_no_leaf_are_named_at_init():
+  """#58 item 12: a Keras script's gamma and beta are not a Flax model's names; Keras
+  skips such a name silently (its numbers are kept: the leaf decays), but init says
+  which names matched nothing."""
+  params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
+            "layer_norm": {"scale": jnp.ones(2)}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = P.keras_lamb(0.1, weight_decay=0.5, exclude_from_weight_decay=["gamma", "beta", "bias"])
+  with pytest.warns(UserWarning, match=r"^exclude_from_weight_decay: no parameter name "
+                                       r"contains 'gamma', and none contains 'beta' "):
+    state = tx.init(params)
+  updates, _ = tx.update(zeros, state, params)
+  chex.assert_trees_all_close(updates["layer_norm"]["scale"], -0.05 * jnp.ones(2))  # decayed
+  chex.assert_trees_all_close(updates["dense"]["bias"], jnp.zeros(2))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    P.keras_lamb(0.1, weight_decay=0.5, exclude_from_weight_decay=["bias"]).init(params)
+    P.keras_lamb(0.1, weight_decay=0.5, exclude_from_weight_decay=["bias"],
+                 gradient_accumulation_steps=2).init(params)
 
 
 def test_byol_filter_gets_byols_path_tuple():

@@ -161,6 +161,14 @@ def test_clip_by_global_norm_without_types_is_global_or_refused():
   whole = make()
   want, _ = whole.update(grads, whole.init(params), params)
   chex.assert_trees_all_close(run(make(axis_name="x"), split), want, rtol=1e-5, atol=1e-8)
+  # #58 item 13: an axis per split leaf, the others replicated: the global norm is
+  # known (it was refused, telling the user to pass the axis_name they had passed).
+  mixed, per_leaf = {"kernel": P(None, "x"), "bias": P()}, {"kernel": "x"}
+  clip_want, _ = clip.update(grads, optax.EmptyState(), params)
+  chex.assert_trees_all_close(
+      run(lars_optax.sparse.clip_by_global_norm(0.5, axis_name=per_leaf), mixed), clip_want,
+      rtol=1e-6)
+  chex.assert_trees_all_close(run(make(axis_name=per_leaf), mixed), want, rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.op_by_op

@@ -64,6 +64,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
+from lars_optax import _stacked
 from lars_optax.sparse import _checks, _grad, _rows, _types
 
 __all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_updates",
@@ -280,7 +281,7 @@ def _typed_manual_axes() -> tuple[tuple[str, ...], bool]:
 
 @v.keyword_hints({})
 def clip_by_global_norm(max_norm: float, *,
-                        axis_name: str | None = None) -> GradientTransformation:
+                        axis_name: _stacked.AxisNameLike = None) -> GradientTransformation:
   r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
 
   .. math::
@@ -304,20 +305,24 @@ def clip_by_global_norm(max_norm: float, *,
   ``shard_map`` nothing is summed. With ``check_vma=False`` (or under
   ``pmap``) the types say nothing: with ``axis_name`` every leaf's squared
   norm is summed over that axis (every leaf split over it, as the layer-wise
-  rules' ``axis_name`` means); without it the devices' norms must agree (the
-  gradients replicated, e.g. after ``lax.pmean``), or the step raises an error
-  at run time rather than clip each device by its own part.
+  rules' ``axis_name`` means), or, given per leaf (``{leaf name: axis}`` or
+  ``[(mask, axis)]`` rules, as the layer-wise rules take it), over each leaf's
+  own axis, a leaf without one counted once (replicated); without it the
+  devices' norms must agree (the gradients replicated, e.g. after
+  ``lax.pmean``), or the step raises an error at run time rather than clip each
+  device by its own part.
 
   Args:
     max_norm: the largest global norm kept (> 0).
-    axis_name: the mesh axis every leaf is split over, for ``shard_map`` with
-      ``check_vma=False``; with ``check_vma`` the leaves' types are used.
+    axis_name: the mesh axis every leaf is split over, or one per leaf, for
+      ``shard_map`` with ``check_vma=False``; with ``check_vma`` the leaves'
+      types are used.
 
   Returns:
     A stateless :class:`optax.GradientTransformation`.
   """
   v.check_scalar("max_norm", max_norm, low=0.0, low_open=True)
-  v.check_axis_name(axis_name)
+  _stacked.check_axis_names(axis_name)
 
   def update_fn(updates, state, params=None):
     treedef = jax.tree.structure(updates, is_leaf=_rows.is_row_sparse)
@@ -334,8 +339,13 @@ def clip_by_global_norm(max_norm: float, *,
         raise ValueError("clip_by_global_norm: params must have the gradients' tree "
                          f"structure: {e}") from None
     manual, typed = _typed_manual_axes()
-    if manual and not typed and axis_name is not None:  # every leaf split over axis_name
+    if manual and not typed and isinstance(axis_name, str):  # every leaf split over it
       sq = utils.psum(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)), axis_name)
+    elif manual and not typed and axis_name is not None:  # each leaf over its own axis
+      shapes = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
+      axes = _stacked.resolve_axis_names(axis_name, shapes)
+      sq = sum((_sum_sq(x) if a is None else utils.psum(_sum_sq(x), a)
+                for x, a in zip(leaves, axes)), jnp.zeros((), jnp.float32))
     else:
       sq = sum((_split_sum(_sum_sq(x), axes) for x, axes in zip(leaves, split)),
                jnp.zeros((), jnp.float32))
