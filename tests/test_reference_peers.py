@@ -94,6 +94,11 @@ ROWS = {
         _timm("lars", layer_decay=0.5, layer_decay_min_scale=0.2, layer_decay_no_opt_scale=0.3,
               group_matcher=GROUP_MATCHER), LARS_LR, LARS_TOL),
     "timm_lambw_corrected": (_corrected(weight_decay=0.1), LAMB_LR, ADAM_TOL),
+    "timm_lambw_no_weight_decay_patterns": (
+        lambda lr: P.timm_optimizer("lambw", lr=lr, weight_decay=0.5, filter_bias_and_bn=False,
+                                    no_weight_decay=["linear.*"]), LAMB_LR, ADAM_TOL),
+    "timm_lars_no_weight_decay": (_timm("lars", no_weight_decay=["zero_init.w"]), LARS_LR,
+                                  LARS_TOL),
     "timm_lambw_corrected_layer_decay": (
         _corrected(weight_decay=0.5, layer_decay=0.75, group_matcher=GROUP_MATCHER),
         LAMB_LR, ADAM_TOL),

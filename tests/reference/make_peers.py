@@ -98,8 +98,12 @@ def _run_torch(make_optimizer, schedule, base_lr):
 def timm_rows():
   from timm.optim import Lamb, Lars, create_optimizer_v2
 
-  def factory(opt, base_lr, **kw):
-    return lambda model: create_optimizer_v2(model, opt, lr=base_lr, **kw)
+  def factory(opt, base_lr, no_weight_decay=None, **kw):
+    def make(model):
+      if no_weight_decay is not None:  # the model's no_weight_decay(), as timm's models have it
+        model.no_weight_decay = lambda: set(no_weight_decay)
+      return create_optimizer_v2(model, opt, lr=base_lr, **kw)
+    return make
 
   lars_kw = {"weight_decay": LARS_WD, "momentum": MOMENTUM, "trust_coeff": LARS_ETA}
   lamb_kw = {"weight_decay": LAMB_WD}
@@ -144,6 +148,16 @@ def timm_rows():
           factory("lambw", LAMB_LR, corrected_weight_decay=True, layer_decay=0.75,
                   weight_decay=0.5), LAMB_LR,
           "... 'lambw', weight_decay=0.5, corrected_weight_decay=True, layer_decay=0.75"),
+      # The model's no_weight_decay(): fnmatch patterns on dotted names, kept out of decay
+      # (and the trust ratio) whatever filter_bias_and_bn says.
+      "timm_lambw_no_weight_decay_patterns": (
+          factory("lambw", LAMB_LR, no_weight_decay={"linear.*"}, weight_decay=0.5,
+                  filter_bias_and_bn=False), LAMB_LR,
+          ("... 'lambw', weight_decay=0.5, filter_bias_and_bn=False, model.no_weight_decay() "
+           "= {'linear.*'}")),
+      "timm_lars_no_weight_decay": (
+          factory("lars", LARS_LR, no_weight_decay={"zero_init.w"}, **lars_kw), LARS_LR,
+          "... 'lars', model.no_weight_decay() = {'zero_init.w'}"),
       "timm_cadamw": (factory("cadamw", LAMB_LR, **lamb_kw), LAMB_LR,
                       "create_optimizer_v2(model, 'cadamw', lr, weight_decay=0.01)"),
       "timm_lamb_class": (lambda model: Lamb(model.parameters(), lr=LAMB_LR), LAMB_LR,
