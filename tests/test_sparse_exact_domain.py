@@ -104,7 +104,7 @@ def _ours(tx, s, n, w, bufs):
   extra = None
   if rule.tracks_log_decay:
     rates = _values(rule.lr, s + n) * _values(rule.wd, s + n)
-    extra = jnp.asarray([math.exp(np.log1p(-rates[s:]).sum())], jnp.float32)
+    extra = jnp.asarray([np.log1p(-rates[s:]).sum()], jnp.float32)
 
   @jax.jit
   def run(last, count, w, bufs, extra):

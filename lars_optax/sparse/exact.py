@@ -439,7 +439,7 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
   (:func:`_future`), for gaps longer than the window.
 
   Returns ``m_decay`` (:math:`\\beta_1^n` or :math:`\\mu^n`), ``v_decay``,
-  ``w_decay`` (:math:`D`, without the part read from ``log_decay``), and per
+  ``w_log`` (:math:`\\log D`, without the part read from ``log_decay``), and per
   node of each run's two-node rule ``h`` (its weight times its point,
   :math:`W_j U_j`) and ``e`` (:math:`\\epsilon U_j`), so that the drift is
   :math:`m \\sum_j h_j / (\\sqrt{v} + e_j)`; for SGD ``h`` is the momentum's
@@ -447,7 +447,7 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
   """
   n = jnp.maximum(count - s, 0)
   if rule.kind == "sgd" and rule.momentum is None:  # plain SGD: nothing moves while away
-    return {"w_decay": jnp.ones(n.shape, jnp.float32)}
+    return {"w_log": jnp.zeros(n.shape, jnp.float32)}
   window = rule.window
   k = jnp.arange(1, window + 1, dtype=jnp.int32)
   t = s[:, None] + k[None, :]  # the skipped step (1-based) of each term
@@ -531,9 +531,9 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
   if decays and not rule.tracks_log_decay:
     assert rule.wd is not None
     step = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
-    out["w_decay"] = jnp.exp(n.astype(jnp.float32) * step)
+    out["w_log"] = n.astype(jnp.float32) * step
   else:
-    out["w_decay"] = jnp.ones(n.shape, jnp.float32)
+    out["w_log"] = jnp.zeros(n.shape, jnp.float32)
   return out
 
 
@@ -565,7 +565,7 @@ def _decayed(sc: dict[str, jax.Array], bufs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: dict[str, Any],
-                   extra_decay: jax.Array | None, decays: bool) -> tuple[jax.Array, dict]:
+                   extra_log: jax.Array | None, decays: bool) -> tuple[jax.Array, dict]:
   """Rows of the weight and buffers brought up to date with the per-row scalars ``sc``."""
   nd = w.ndim
   w32 = w.astype(jnp.float32)
@@ -583,8 +583,10 @@ def _catch_up_rows(rule: _Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: di
                               / jnp.where(den > 0, den, 1.0), 0.0)
   new_w = w32 - drift
   if decays:
-    factor = sc["w_decay"] if extra_decay is None else sc["w_decay"] * extra_decay
-    new_w = _bcast(factor, nd) * new_w
+    # D w as w + (D - 1) w, D - 1 from expm1: a decay of 1e-5 a step stays exact to
+    # float32's resolution of the weights (as optax adds its small decay term).
+    log_d = sc["w_log"] if extra_log is None else sc["w_log"] + extra_log
+    new_w = new_w + _bcast(jnp.expm1(log_d), nd) * new_w
   return new_w.astype(w.dtype), _decayed(sc, bufs)
 
 
@@ -711,7 +713,7 @@ def _gather_up(rule: _Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
     if rule.tracks_future:
       future = (logs, log_now)
     else:
-      extra = jnp.exp(log_now - logs)
+      extra = log_now - logs
 
   def run(args):
     w, b = args
@@ -745,7 +747,7 @@ def _catch_up_all_rows(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.
   if log_now is not None and rule.tracks_future:
     future = (leaf.rowlog.reshape(-1), log_now)
   elif log_now is not None:
-    extra = jnp.exp(log_now - leaf.rowlog).reshape(-1)
+    extra = (log_now - leaf.rowlog).reshape(-1)
   sc = _row_scalars_blocked(rule, leaf.last.reshape(-1), count, decays, future)
   w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
                           {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
