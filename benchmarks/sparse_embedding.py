@@ -25,6 +25,13 @@ their rows, a linear layer, squared error): gradients from
     python benchmarks/sparse_embedding.py --quick     # a small smoke run
     python benchmarks/sparse_embedding.py --companions   # checks, clipping, multi_steps
     python benchmarks/sparse_embedding.py --exact   # dense-exact lazy Adam (sparse.adam)
+    python benchmarks/sparse_embedding.py --realistic   # sparse.adam after 2,000 steps
+
+``--realistic`` runs each optimizer 2,000 Zipfian steps first (1,024 ids a step on a
+1M x 64 table), so that the rows' gaps are a training run's, then times
+``catch_up(rows=ids)`` + update against the plain lazy step, with a constant rate and
+with warm-up + cosine; and a full ``catch_up`` (every row) of a 1M x 32 table after
+those 2,000 steps against one dense ``optax.adam`` step.
 
 ``--companions`` times, on the same table and gradient, the sparse Adam step
 with its run-time index checks left out (the cost of the checks), and
@@ -447,6 +454,82 @@ def exact_report(args: argparse.Namespace) -> str:
   return report
 
 
+def _rotating_medians(cases: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+  """Each case's median time (ms), the cases run in rotating order round by round."""
+  times: dict[str, list[float]] = {k: [] for k in cases}
+  keys = list(cases)
+  for r in range(rounds):
+    for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+      start = time.perf_counter()
+      jax.block_until_ready(cases[k]())
+      times[k].append(time.perf_counter() - start)
+  return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def realistic_report(args: argparse.Namespace) -> str:
+  """The dense-exact step and a full catch_up at a training run's gaps (#58)."""
+  rows, touched, warm = args.rows, args.touched, args.warm
+  schedule = optax.warmup_cosine_decay_schedule(0.0, LR, 200, 100_000)
+  lines = [f"JAX {jax.__version__} on {jax.default_backend()}; {warm:,} Zipf(1.2) steps of "
+           f"{touched:,} ids first; medians of {args.rounds} rounds in rotating order.", ""]
+  rng = np.random.default_rng(0)
+  batches = _zipf_batches(rows, touched, 64)
+  fresh = _zipf_batches(rows, touched, args.rounds, seed=5)  # ids not seen in the warm-up
+
+  def warmed(tx, dim, exact):
+    values = jnp.asarray(rng.normal(size=(touched, dim)) * 1e-2, jnp.float32)
+    f = _exact_step(tx, rows, dim, catch_rows=tx if exact else None)
+    params = {"table": jnp.zeros((rows, dim), jnp.float32)}
+    state = tx.init(params)
+    for i in range(warm):
+      params, state = f(params, state, batches[i % len(batches)], values)
+    return f, [params, state], values
+
+  def stepping(f, held, values):
+    turn = iter(range(1 << 30))
+
+    def run():
+      held[0], held[1] = f(held[0], held[1], fresh[next(turn) % len(fresh)], values)
+      return held[0]
+    return run
+
+  lines += ["| rate | dense-exact step (ms) | plain lazy step (ms) | ratio |", "|---|---:|---:|---:|"]
+  ratios = {}
+  for name, lr in (("constant", LR), ("warm-up + cosine", schedule)):
+    cases = {k: stepping(*warmed(tx, args.dim, k == "exact")) for k, tx in (
+        ("exact", lars_optax.sparse.adam(lr)),
+        ("lazy", lars_optax.sparse.lazy_update(optax.adam(lr))))}
+    med = _rotating_medians(cases, args.rounds)
+    ratios[f"step, {name}"] = med["exact"] / med["lazy"]
+    lines.append(f"| {name} | {med['exact']:.2f} | {med['lazy']:.2f} | "
+                 f"{med['exact'] / med['lazy']:.2f}x |")
+  lines += ["", "| rate | full catch_up (ms) | one dense optax.adam step (ms) | ratio |",
+            "|---|---:|---:|---:|"]
+  for name, lr in (("constant", LR), ("warm-up + cosine", schedule)):
+    tx = lars_optax.sparse.adam(lr)
+    _, (params, state), _ = warmed(tx, 32, True)
+    dense = optax.adam(lr)
+    dense_state, grads = dense.init(params), {"table": jnp.ones_like(params["table"])}
+    catch = jax.jit(lambda p, s, tx=tx: lars_optax.sparse.catch_up(tx, p, s))
+
+    def dense_step(p, s, g, dense=dense):
+      u, s = dense.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    step = jax.jit(dense_step)
+    med = _rotating_medians({"catch_up": lambda: catch(params, state),
+                             "dense": lambda: step(params, dense_state, grads)},
+                            max(3, args.rounds // 4))
+    ratios[f"full catch_up, {name}"] = med["catch_up"] / med["dense"]
+    lines.append(f"| {name} | {med['catch_up']:.1f} | {med['dense']:.1f} | "
+                 f"{med['catch_up'] / med['dense']:.2f}x |")
+  lines += ["", "Targets (#58: <= 3x):", ""]
+  lines += [f"- {k}: {r:.2f}x, {'met' if r <= 3 else 'MISSED'}" for k, r in ratios.items()]
+  report = "\n".join(lines)
+  print(report)
+  return report
+
+
 # --------------------------------------------------------------------------
 # --devices N: a table split by rows over N devices against one device
 # --------------------------------------------------------------------------
@@ -637,6 +720,11 @@ def main(argv: list[str] | None = None) -> str:
                       help="dense-exact lazy Adam (lars_optax.sparse.adam) against the plain "
                            "lazy step and dense optax.adam, on Zipfian ids; its memory and "
                            "its error against poles")
+  parser.add_argument("--realistic", action="store_true",
+                      help="sparse.adam's step and a full catch_up after --warm Zipfian steps, "
+                           "against the lazy step and one dense optax.adam step")
+  parser.add_argument("--warm", type=int, default=2000,
+                      help="with --realistic: the Zipfian steps run first")
   parser.add_argument("--quick", action="store_true",
                       help="a small, fast run (default 20,000 rows, 3 rounds): a smoke test")
   parser.add_argument("--devices", type=int, default=0,
@@ -658,6 +746,8 @@ def main(argv: list[str] | None = None) -> str:
     return companions_report(args)
   if args.exact:
     return exact_report(args)
+  if args.realistic:
+    return realistic_report(args)
 
   mx = "not run (no --mxnet-python)"
   if args.mxnet_python:

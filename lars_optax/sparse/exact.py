@@ -102,7 +102,7 @@ __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 
 _MAX_WINDOW = 2048  # Adam: b1 <= 0.99 needs at most 1,447 terms (b1 / sqrt(b2) <= 0.9905)
 _SGD_WINDOW = 512  # SGD: past its window the sum is taken whole, exactly
-_BLOCK = 4096  # rows whose window is computed at once (catch_up over a whole table)
+_BLOCK = 4096  # gaps computed once each, and rows at a time (catch_up over a whole table)
 
 
 class CatchUpState(NamedTuple):
@@ -490,36 +490,36 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
     b1_k, b1_s = b1 ** kf, b1 ** sf
     mom = ((b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k) if rule.nesterov
            else b1_k / (1.0 - b1_s * b1_k))
-    w = jnp.where(valid, lr * mom / d_k, 0.0)
-    # u_k = sqrt(1 - b2**(s+k)) / b2**(k/2), in logs: b2**(k/2) may underflow where the
-    # weight b1**k has made the term negligible (the build keeps u below e**60).
-    log_u = 0.5 * jnp.log1p(-(b2 ** sf) * (b2 ** kf)) - kf * log_q
-    u = jnp.exp(log_u)
+    w = jnp.where(valid, lr * mom / d_k if decays else lr * mom, 0.0)
+    # u_k = sqrt(1 - b2**(s+k)) / b2**(k/2): b2**(s+k) may underflow (to 0, harmlessly);
+    # 1 / b2**(k/2) is a column constant, below e**60 (the build keeps it there).
+    u = jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) * jnp.exp(-kf * log_q)
     h = w * u
-    # Each run's sums in one product with a 0/1 matrix (not reductions per run).
-    runs = rule.runs
-    member = np.zeros((window, len(runs)), np.float32)
-    for i, (a, b) in enumerate(runs):
-      member[a:b, i] = 1.0
-    hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
-    w_p = jnp.dot(w, member, precision=hi)
-    h_p = jnp.dot(h, member, precision=hi)
     # The tail, with the schedule frozen at the window's end, joins the last run
     # (its terms are below 1e-6 of the first, at the default window).
     rho = b1 / dec[:, -1]
-    w_p = w_p.at[:, -1].add(w[:, -1] * _geometric(rho, m_tail))
-    h_p = h_p.at[:, -1].add(h[:, -1] * _geometric(rho * jnp.exp(-log_q), m_tail))
+    tail_w = w[:, -1] * _geometric(rho, m_tail)
+    tail_h = h[:, -1] * _geometric(rho * jnp.exp(-log_q), m_tail)
     # Each run's two-node Gauss rule for the weights w at the points u: its mean
     # and central second and third moments give the nodes and their shares. The
     # moments are taken of z = u / u0 - 1, u0 the run's first point (so that float32
     # keeps the central ones, and a run spread over orders of magnitude stays finite).
+    runs = rule.runs
     first = np.array([a for a, _ in runs])
     column_run = np.repeat(np.arange(len(runs)), [b - a for a, b in runs])
     u0 = u[:, first]
-    z = jnp.where(valid, jnp.exp(log_u - log_u[:, first][:, column_run]) - 1.0, 0.0)
-    safe_w = jnp.where(w_p > 0, w_p, 1.0)
+    z = jnp.where(valid, u * (1.0 / u0)[:, column_run] - 1.0, 0.0)
     wz = w * z
-    m1, m2, m3 = (jnp.dot(x, member, precision=hi) / safe_w for x in (wz, wz * z, wz * z * z))
+    # Each run's five sums in one product with a 0/1 matrix (not reductions per run).
+    member = np.zeros((window, len(runs)), np.float32)
+    for i, (a, b) in enumerate(runs):
+      member[a:b, i] = 1.0
+    hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
+    sums = jnp.dot(jnp.stack([w, h, wz, wz * z, wz * z * z]), member, precision=hi)
+    w_p = sums[0].at[:, -1].add(tail_w)
+    h_p = sums[1].at[:, -1].add(tail_h)
+    safe_w = jnp.where(w_p > 0, w_p, 1.0)
+    m1, m2, m3 = (sums[i] / safe_w for i in (2, 3, 4))
     mean = jnp.where(w_p > 0, h_p / (safe_w * u0), 1.0) - 1.0  # the run's mean of z
     nodes, shares = _two_nodes(mean + 1.0, m2 - m1 * m1,
                                m3 - 3.0 * m1 * m2 + 2.0 * m1 * m1 * m1)
@@ -537,18 +537,53 @@ def _row_scalars(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
   return out
 
 
-def _row_scalars_blocked(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
-                         future: tuple[jax.Array, jax.Array] | None = None
-                         ) -> dict[str, jax.Array]:
-  """:func:`_row_scalars` over many rows, ``_BLOCK`` rows at a time (bounded memory)."""
-  if s.shape[0] <= _BLOCK:
-    return _row_scalars(rule, s, count, decays, future)
-  p_s = jnp.zeros(s.shape, jnp.float32) if future is None else future[0]
+def _row_scalars_by_gap(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
+                        future: tuple[jax.Array, jax.Array] | None = None
+                        ) -> dict[str, jax.Array]:
+  """:func:`_row_scalars` over many rows (a whole table): computed once per gap.
 
-  def one(x):
-    fut = None if future is None else (x[1][None], future[1])
-    return {k: val[0] for k, val in _row_scalars(rule, x[0][None], count, decays, fut).items()}
-  return jax.lax.map(one, (s, p_s), batch_size=_BLOCK)
+  A row's factors depend on its last step ``s`` only through the gap
+  ``count - s`` (``count`` is the same for every row), and a table holds far fewer
+  distinct gaps than rows. So the factors of every gap below ``_BLOCK`` are computed
+  once, in one ``[_BLOCK, window]`` block, and gathered per row; the rows away
+  for longer are computed as their own rows, ``_BLOCK`` at a time, and cost only
+  where there are any. SGD with a schedule reads its rows past the window from
+  their :math:`P(s)`, row by row, exactly.
+  """
+  rows = s.shape[0]
+  if rows <= _BLOCK:
+    return _row_scalars(rule, s, count, decays, future)
+  size = max(_BLOCK, rule.window + 1)
+  gap = jnp.maximum(count - s, 0)
+  table = _row_scalars(rule, jnp.maximum(count - jnp.arange(size, dtype=s.dtype), 0), count,
+                       decays, None if future is None else
+                       (jnp.zeros((size,), jnp.float32), future[1]))
+  near = jnp.minimum(gap, size - 1)
+  out = {k: v[near] for k, v in table.items()}
+  if future is not None:  # SGD with a schedule: past the window, P(s) - mu**n P(count)
+    assert rule.momentum is not None
+    mu = jnp.float32(rule.momentum)
+    lead = mu if rule.nesterov else jnp.float32(1.0)
+    far = lead * (future[0] - mu ** gap.astype(jnp.float32) * future[1])
+    out["h"] = jnp.where((gap <= rule.window)[:, None], out["h"], far[:, None])
+    return out
+  return _far_rows(rule, s, count, decays, gap >= size, out)
+
+
+def _far_rows(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool, far: jax.Array,
+              out: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """``out`` with the rows marked ``far`` computed as their own rows, ``_BLOCK`` at a
+  time (a loop that runs once per ``_BLOCK`` such rows, not at all without any)."""
+  rows = s.shape[0]
+
+  def body(carry):
+    left, out = carry
+    (idx,) = jnp.nonzero(left, size=_BLOCK, fill_value=rows)
+    sc = _row_scalars(rule, s[jnp.minimum(idx, rows - 1)], count, decays)
+    out = {k: v.at[idx].set(sc[k], mode="drop") for k, v in out.items()}
+    return left.at[idx].set(False, mode="drop"), out
+
+  return jax.lax.while_loop(lambda carry: jnp.any(carry[0]), body, (far, out))[1]
 
 
 def _bcast(x: jax.Array, ndim: int) -> jax.Array:
@@ -748,7 +783,7 @@ def _catch_up_all_rows(rule: _Rule, leaf: _Leaf, count: jax.Array, log_now: jax.
     future = (leaf.rowlog.reshape(-1), log_now)
   elif log_now is not None:
     extra = (log_now - leaf.rowlog).reshape(-1)
-  sc = _row_scalars_blocked(rule, leaf.last.reshape(-1), count, decays, future)
+  sc = _row_scalars_by_gap(rule, leaf.last.reshape(-1), count, decays, future)
   w1, b1 = _catch_up_rows(rule, sc, p[None] if flat else p,
                           {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
   return (w1[0], {f: x[0] for f, x in b1.items()}, sc) if flat else (w1, b1, sc)
