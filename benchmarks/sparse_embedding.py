@@ -59,6 +59,7 @@ import subprocess
 import textwrap
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -470,8 +471,8 @@ def realistic_report(args: argparse.Namespace) -> str:
   """The dense-exact step and a full catch_up at a training run's gaps (#58)."""
   rows, touched, warm = args.rows, args.touched, args.warm
   schedule = optax.warmup_cosine_decay_schedule(0.0, LR, 200, 100_000)
-  lines = [f"JAX {jax.__version__} on {jax.default_backend()}; {warm:,} Zipf(1.2) steps of "
-           f"{touched:,} ids first; medians of {args.rounds} rounds in rotating order.", ""]
+  lines = [(f"JAX {jax.__version__} on {jax.default_backend()}; {warm:,} Zipf(1.2) steps of "
+            f"{touched:,} ids first; medians of {args.rounds} rounds in rotating order."), ""]
   rng = np.random.default_rng(0)
   batches = _zipf_batches(rows, touched, 64)
   fresh = _zipf_batches(rows, touched, args.rounds, seed=5)  # ids not seen in the warm-up
@@ -493,7 +494,8 @@ def realistic_report(args: argparse.Namespace) -> str:
       return held[0]
     return run
 
-  lines += ["| rate | dense-exact step (ms) | plain lazy step (ms) | ratio |", "|---|---:|---:|---:|"]
+  lines += ["| rate | dense-exact step (ms) | plain lazy step (ms) | ratio |",
+            "|---|---:|---:|---:|"]
   ratios = {}
   for name, lr in (("constant", LR), ("warm-up + cosine", schedule)):
     cases = {k: stepping(*warmed(tx, args.dim, k == "exact")) for k, tx in (
@@ -517,8 +519,8 @@ def realistic_report(args: argparse.Namespace) -> str:
       return optax.apply_updates(p, u), s
 
     step = jax.jit(dense_step)
-    med = _rotating_medians({"catch_up": lambda: catch(params, state),
-                             "dense": lambda: step(params, dense_state, grads)},
+    med = _rotating_medians({"catch_up": functools.partial(catch, params, state),
+                             "dense": functools.partial(step, params, dense_state, grads)},
                             max(3, args.rounds // 4))
     ratios[f"full catch_up, {name}"] = med["catch_up"] / med["dense"]
     lines.append(f"| {name} | {med['catch_up']:.1f} | {med['dense']:.1f} | "

@@ -142,7 +142,7 @@ def _adam_state(rng, b1, b2, s, scale):
 
 
 def _build_adam(b1, b2, eps, lr, wd, nesterov, window, poles):
-  kw = dict(b1=b1, b2=b2, eps=eps, nesterov=nesterov, window=window, poles=poles)
+  kw = {"b1": b1, "b2": b2, "eps": eps, "nesterov": nesterov, "window": window, "poles": poles}
   if wd is None:
     return lars_optax.sparse.adam(lr, **kw)
   return lars_optax.sparse.adamw(lr, weight_decay=wd, **kw)
@@ -231,7 +231,7 @@ def _table_run(tx, twin, steps=60, rows=6, scale=1e-6, touch_every=(1, 7, 25)):
 
 @pytest.mark.parametrize("b1, b2", [(0.98, 0.98), (0.95, 0.95), (0.9, 0.9), (0.9, 0.88)])
 def test_b2_near_or_below_b1_follows_optax(b1, b2):
-  kw = dict(b1=b1, b2=b2, eps=1e-8)
+  kw = {"b1": b1, "b2": b2, "eps": 1e-8}
   got, want, _ = _table_run(lars_optax.sparse.adam(1e-3, **kw), optax.adam(1e-3, **kw),
                             steps=400)
   w0 = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32) * 0.1
@@ -257,7 +257,7 @@ def test_momentum_0_and_b1_0_give_finite_rows_as_optax(make, twin):
   np.testing.assert_array_equal(params["t"], got)
 
 
-@pytest.mark.parametrize("kw", [dict(b1=0.9, b2=0.95, window=4096), dict(b1=0.9, b2=0.88)],
+@pytest.mark.parametrize("kw", [{"b1": 0.9, "b2": 0.95, "window": 4096}, {"b1": 0.9, "b2": 0.88}],
                          ids=["window-4096", "b2-0.88"])
 def test_a_large_window_or_a_small_b2_keeps_the_catch_up(kw):
   got, want, _ = _table_run(lars_optax.sparse.adam(1e-3, **kw),

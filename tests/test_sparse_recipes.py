@@ -162,7 +162,7 @@ def test_every_step_of_the_layout_equals_one_devices_step(name):
   worst = 0.0
   with context() if context else _nothing():
     for i in range(STEPS):
-      params, state = step(*put(trajectory[i]), ids[i], ys[i])
+      params, _ = step(*put(trajectory[i]), ids[i], ys[i])
       want = trajectory[i + 1][0]
       worst = max(worst, max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(
           jax.tree.leaves(params), jax.tree.leaves(want))))

@@ -81,7 +81,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -1311,13 +1310,13 @@ def _own_rows(picked: list[Any], named: list[tuple[str, Any]],
   blocks = _checks.split_blocks(axis_name, split) if split else 1
   manual = set(utils.manual_axes())
   for name, p in split if axis_name is None else ():
-    axes = sorted(utils.vma(p) & manual)
-    if axes:
+    varying = sorted(utils.vma(p) & manual)
+    if varying:
       raise ValueError(
-          f"catch_up: axis_name: the leaf {name!r} differs across mesh axis {axes[0]!r} of the "
+          f"catch_up: axis_name: the leaf {name!r} differs across mesh axis {varying[0]!r} of the "
           "enclosing shard_map (a table split by rows over it), and axis_name is not given: "
           "its ids would be read as rows of each device's own block. Pass "
-          f"axis_name={axes[0]!r}, as to sparse.value_and_grad, and the ids are read as "
+          f"axis_name={varying[0]!r}, as to sparse.value_and_grad, and the ids are read as "
           "global rows, each device bringing up those of its block.")
   out = []
   for (_, p), r in zip(named, picked):
