@@ -4,7 +4,6 @@ every layer-wise rule takes its per-layer norms (private: users call the public 
 
 from __future__ import annotations
 
-import difflib
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,8 +15,11 @@ import numpy as np
 from jax import tree_util as jtu
 
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
+# (AxisNameLike and its check and resolver live in _validation, below sparse/, which
+# takes them too; the layer-wise links take them from here.)
+from lars_optax._validation import (  # noqa: F401
+    AxisNameLike, check_axis_names, check_keys, resolve_axis_names)
 
 
 # PARTITION_NAME, FROM_METADATA, StackedLike and AxisNameLike are documented in
@@ -163,17 +165,6 @@ def _check_selects(mask: Any, tree: Any, selected: list[bool], arg_name: str) ->
                      "lars_optax.leaf_names(params) shows the names.")
 
 
-def _check_keys(rules: Mapping[str, Any], names: Sequence[str], arg_name: str) -> None:
-  """A ValueError naming ``arg_name`` for a dict key that names no leaf (and the closest names)."""
-  unknown = [key for key in rules if key not in set(names)]
-  if unknown:
-    close = difflib.get_close_matches(unknown[0], names, n=3)
-    raise ValueError(
-        f"{arg_name}: no parameter is named {unknown[0]!r}"
-        + (f" (did you mean {close}?)" if close else "")
-        + f". Leaf names look like {names[:3]}.")
-
-
 def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[int]:
   """The number of leading layer axes of each leaf of ``tree`` (``jax.tree.leaves`` order).
 
@@ -196,7 +187,7 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
       ks = [1 if s else 0 for s in selected]
     elif isinstance(rules, dict):
       names = [n for n, _ in named]
-      _check_keys(rules, names, arg_name)
+      check_keys(rules, names, arg_name)
       ks = [int(rules.get(n, 0)) for n in names]
     else:
       found: list[int | None] = [None] * len(named)
@@ -392,50 +383,6 @@ def sq_norm(x: jax.Array, k: int = 0) -> jax.Array:
   """
   x = x.astype(utils.norm_dtype(x.dtype))
   return jnp.sum(utils.abs_sq(x), axis=tuple(range(k, x.ndim)))
-
-
-AxisNameLike = str | None | Mapping[str, "str | None"] | Sequence[tuple[Any, "str | None"]]
-
-
-def check_axis_names(axis_name: AxisNameLike, arg_name: str = "axis_name") -> None:
-  """``axis_name`` is None, a mesh axis, ``{leaf name: axis}`` or ``[(mask, axis)]`` rules."""
-  if axis_name is None or isinstance(axis_name, str):
-    v.check_axis_name(axis_name, arg_name)
-  elif isinstance(axis_name, Mapping):
-    for key, axis in axis_name.items():
-      if not isinstance(key, str):
-        raise TypeError(f"{arg_name}: expected leaf names as keys, got {key!r}.")
-      v.check_axis_name(axis, f"{arg_name}[{key!r}]")
-  elif isinstance(axis_name, (list, tuple)) and all(
-      isinstance(r, (list, tuple)) and len(r) == 2 for r in axis_name):
-    for mask, axis in axis_name:
-      masks.check_mask_like(mask, arg_name)
-      v.check_axis_name(axis, arg_name)
-  else:
-    raise TypeError(f"{arg_name}: expected None, a mesh axis name, a dict {{leaf name: axis}} "
-                    f"or a list of (mask, axis) rules, got {axis_name!r}.")
-
-
-def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | None = None,
-                       arg_name: str = "axis_name") -> Any:
-  """``axis_name`` itself (a str or None), or its per-leaf form: one axis or None per leaf.
-
-  A dict key that names no leaf, or a rule whose mask is built from names and
-  matches none, raises a ValueError naming ``axis_name``.
-  """
-  if axis_name is None or isinstance(axis_name, str):
-    return axis_name
-  named = masks.named_leaves(tree)
-  names = [n for n, _ in named]
-  if isinstance(axis_name, Mapping):
-    _check_keys(axis_name, names, arg_name)
-    return [axis_name.get(n) for n in names]
-  found: list[Any] = [False] * len(names)  # False: no rule yet (None is an axis choice)
-  for mask, axis in axis_name:
-    masks.check_matches(mask, tree, arg_name)
-    selected = masks.resolve_mask(mask, tree, arg_name, ks)
-    found = [axis if (f is False and s) else f for f, s in zip(found, selected)]
-  return [None if f is False else f for f in found]
 
 
 # How a small leaf's arrays (the weight and its update) are best reduced

@@ -7,10 +7,12 @@ leaf) and says what is accepted.
 
 from __future__ import annotations
 
+import difflib
+
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import jax
@@ -492,3 +494,61 @@ tf_names = renamed_keywords({
 })
 """For :func:`lars_optax.tf_lars`: MXNet's ``wd=`` and ``eta=`` name TensorFlow's
 ``weight_decay`` and ``eeta``."""
+
+
+
+# Per-leaf mesh axes (the layer-wise rules' and the sparse clip's axis_name)
+
+def check_keys(rules: Mapping[str, Any], names: Sequence[str], arg_name: str) -> None:
+  """A ValueError naming ``arg_name`` for a dict key that names no leaf (and the closest names)."""
+  unknown = [key for key in rules if key not in set(names)]
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], names, n=3)
+    raise ValueError(
+        f"{arg_name}: no parameter is named {unknown[0]!r}"
+        + (f" (did you mean {close}?)" if close else "")
+        + f". Leaf names look like {names[:3]}.")
+
+
+AxisNameLike = str | None | Mapping[str, "str | None"] | Sequence[tuple[Any, "str | None"]]
+
+
+def check_axis_names(axis_name: AxisNameLike, arg_name: str = "axis_name") -> None:
+  """``axis_name`` is None, a mesh axis, ``{leaf name: axis}`` or ``[(mask, axis)]`` rules."""
+  if axis_name is None or isinstance(axis_name, str):
+    check_axis_name(axis_name, arg_name)
+  elif isinstance(axis_name, Mapping):
+    for key, axis in axis_name.items():
+      if not isinstance(key, str):
+        raise TypeError(f"{arg_name}: expected leaf names as keys, got {key!r}.")
+      check_axis_name(axis, f"{arg_name}[{key!r}]")
+  elif isinstance(axis_name, (list, tuple)) and all(
+      isinstance(r, (list, tuple)) and len(r) == 2 for r in axis_name):
+    for mask, axis in axis_name:
+      masks.check_mask_like(mask, arg_name)
+      check_axis_name(axis, arg_name)
+  else:
+    raise TypeError(f"{arg_name}: expected None, a mesh axis name, a dict {{leaf name: axis}} "
+                    f"or a list of (mask, axis) rules, got {axis_name!r}.")
+
+
+def resolve_axis_names(axis_name: AxisNameLike, tree: Any, ks: Sequence[int] | None = None,
+                       arg_name: str = "axis_name") -> Any:
+  """``axis_name`` itself (a str or None), or its per-leaf form: one axis or None per leaf.
+
+  A dict key that names no leaf, or a rule whose mask is built from names and
+  matches none, raises a ValueError naming ``axis_name``.
+  """
+  if axis_name is None or isinstance(axis_name, str):
+    return axis_name
+  named = masks.named_leaves(tree)
+  names = [n for n, _ in named]
+  if isinstance(axis_name, Mapping):
+    check_keys(axis_name, names, arg_name)
+    return [axis_name.get(n) for n in names]
+  found: list[Any] = [False] * len(names)  # False: no rule yet (None is an axis choice)
+  for mask, axis in axis_name:
+    masks.check_matches(mask, tree, arg_name)
+    selected = masks.resolve_mask(mask, tree, arg_name, ks)
+    found = [axis if (f is False and s) else f for f, s in zip(found, selected)]
+  return [None if f is False else f for f in found]

@@ -64,7 +64,6 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax import _stacked
 from lars_optax.sparse import _checks, _grad, _rows, _types
 
 __all__ = ["MultiStepsState", "apply_updates", "clip_by_global_norm", "dense_updates",
@@ -281,7 +280,7 @@ def _typed_manual_axes() -> tuple[tuple[str, ...], bool]:
 
 @v.keyword_hints({})
 def clip_by_global_norm(max_norm: float, *,
-                        axis_name: _stacked.AxisNameLike = None) -> GradientTransformation:
+                        axis_name: v.AxisNameLike = None) -> GradientTransformation:
   r"""``optax.clip_by_global_norm`` for gradient trees with row-sparse leaves.
 
   .. math::
@@ -322,7 +321,7 @@ def clip_by_global_norm(max_norm: float, *,
     A stateless :class:`optax.GradientTransformation`.
   """
   v.check_scalar("max_norm", max_norm, low=0.0, low_open=True)
-  _stacked.check_axis_names(axis_name)
+  v.check_axis_names(axis_name)
 
   def update_fn(updates, state, params=None):
     treedef = jax.tree.structure(updates, is_leaf=_rows.is_row_sparse)
@@ -343,7 +342,7 @@ def clip_by_global_norm(max_norm: float, *,
       sq = utils.psum(sum((_sum_sq(x) for x in leaves), jnp.zeros((), jnp.float32)), axis_name)
     elif manual and not typed and axis_name is not None:  # each leaf over its own axis
       shapes = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves])
-      axes = _stacked.resolve_axis_names(axis_name, shapes)
+      axes = v.resolve_axis_names(axis_name, shapes)
       sq = sum((_sum_sq(x) if a is None else utils.psum(_sum_sq(x), a)
                 for x, a in zip(leaves, axes)), jnp.zeros((), jnp.float32))
     else:
