@@ -293,8 +293,9 @@ def test_poles_given_caps_the_runs():
     lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
                                     weight_decay=0.1),
     lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
+    lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.999),
     lambda: lars_optax.sparse.sgd(0.1, momentum=0.99, nesterov=True),
-], ids=["adam", "adamw-schedule", "sgd-schedule", "sgd-nesterov"])
+], ids=["adam", "adamw-schedule", "sgd-schedule", "sgd-0.999-schedule", "sgd-nesterov"])
 def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):
   """A full catch_up computes the catch-up once per gap (below 4,096 steps) and the rows
   away longer as their own rows; catch_up(rows=) takes every row's own. A 12,000-row

@@ -573,8 +573,10 @@ def _row_scalars_by_gap(rule: _Rule, s: jax.Array, count: jax.Array, decays: boo
     assert rule.momentum is not None
     mu = jnp.float32(rule.momentum)
     lead = mu if rule.nesterov else jnp.float32(1.0)
-    far = lead * (future[0] - mu ** gap.astype(jnp.float32) * future[1])
+    decay = mu ** gap.astype(jnp.float32)  # each row's own (the table stops at its end)
+    far = lead * (future[0] - decay * future[1])
     out["h"] = jnp.where((gap <= rule.window)[:, None], out["h"], far[:, None])
+    out["m_decay"] = decay
     return out
   return _far_rows(rule, s, count, decays, gap >= size, out)
 
