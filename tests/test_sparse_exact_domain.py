@@ -320,3 +320,27 @@ def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):
       tx, p, s, rows={"t": jnp.arange(rows)}))(params, state)
   chex.assert_trees_all_close(full, each, rtol=1e-6, atol=1e-7)
   chex.assert_trees_all_close(full_state.inner, each_state.inner, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adam(1e-3),
+    lambda: lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 200, 20_000),
+                                   nesterov=True),
+    lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
+                                    weight_decay=0.1),
+    lambda: lars_optax.sparse.sgd(0.1, momentum=0.99, nesterov=True),
+], ids=["adam", "adam-schedule-nesterov", "adamw-schedule", "sgd-nesterov"])
+def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
+  """A step's (and catch_up(rows=)'s) rows: the factors of each gap below _NEAR computed
+  once, the rows away longer _FAR_BLOCK at a time (here over two turns of the loop),
+  equal every row's own computation (to float32's rounding: the per-run sums are
+  products of another shape, and a run's two nodes move apart by a few ulps)."""
+  rule = make().update.catch_up_rule
+  rng = np.random.default_rng(1)
+  count = 6_000
+  gaps = np.concatenate([rng.integers(0, exact._NEAR, 500),
+                         rng.integers(exact._NEAR, count, exact._FAR_BLOCK + 100)])
+  s = jnp.asarray(count - rng.permutation(gaps), jnp.int32)
+  got = jax.jit(lambda s: exact._row_scalars_of_batch(rule, s, jnp.int32(count), True))(s)
+  want = jax.jit(lambda s: exact._row_scalars(rule, s, jnp.int32(count), True))(s)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)

@@ -28,92 +28,17 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lars_optax
+import sparse_recipe as recipe
 
-ROWS, DIM, HIDDEN, BATCH, BAG, STEPS = 2048, 8, 16, 32, 4, 300
-SCHEDULE = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 30, STEPS)
 N = 8  # devices
 
 pytestmark = pytest.mark.skipif(jax.device_count() < N, reason="needs 8 devices (conftest.py)")
 
-
-def _data():
-  rng = np.random.default_rng(0)
-  ids = ((rng.zipf(1.2, size=(STEPS, BATCH, BAG)) - 1) % ROWS).astype(np.int32)
-  truth = rng.normal(size=(ROWS,)).astype(np.float32)
-  ys = truth[ids].mean(-1) + 0.1 * rng.normal(size=(STEPS, BATCH)).astype(np.float32)
-  params = {"table": rng.normal(size=(ROWS, DIM)).astype(np.float32) * 0.1,
-            "w1": rng.normal(size=(DIM, HIDDEN)).astype(np.float32) / np.sqrt(DIM),
-            "b1": np.zeros(HIDDEN, np.float32),
-            "w2": rng.normal(size=(HIDDEN,)).astype(np.float32) / np.sqrt(HIDDEN)}
-  return params, jnp.asarray(ids), jnp.asarray(ys)
-
-
-def _loss(p, ids, y, out_sharding=None, parts=1):
-  rows = (p["table"][ids] if out_sharding is None
-          else p["table"].at[ids].get(out_sharding=out_sharding))
-  hidden = jnp.tanh(rows.mean(axis=1) @ p["w1"] + p["b1"])
-  return jnp.mean((hidden @ p["w2"] - y) ** 2) / parts
-
-
-TX = lars_optax.sparse.adam(SCHEDULE)
-
-
-def _step(axis_name=None, **loss_kw):
-  """The recipe's train step: the batch's rows up to date, sparse gradients, the step."""
-  grad_fn = lars_optax.sparse.value_and_grad(functools.partial(_loss, **loss_kw),
-                                             sparse="table", axis_name=axis_name)
-
-  def step(p, s, ids, y):
-    p, s = lars_optax.sparse.catch_up(TX, p, s, rows={"table": ids}, axis_name=axis_name)
-    _, g = grad_fn(p, ids, y)
-    u, s = TX.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  return step
-
-
-def _run(step, params, state, ids, ys, every=False):
-  """The steps over the batches in one compiled scan: the last ``(params, state)``, or
-  with ``every`` each step's, stacked."""
-  def body(carry, batch):
-    carry = step(*carry, *batch)
-    return carry, carry if every else None
-
-  last, stacked = jax.jit(lambda c, xs: jax.lax.scan(body, c, xs))((params, state), (ids, ys))
-  return stacked if every else last
-
-
-@functools.lru_cache(maxsize=1)
-def _one_device():
-  """One device's states at every step (host copies)."""
-  params, ids, ys = _data()
-  params = jax.tree.map(jnp.asarray, params)
-  state = TX.init(params)
-  stacked = jax.device_get(_run(_step(), params, state, ids, ys, every=True))
-  return [jax.device_get((params, state))] + [
-      jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(STEPS)]
-
-
-@functools.lru_cache(maxsize=1)
-def _dense_adam():
-  """Dense optax.adam on one device, free-running: the final params."""
-  params, ids, ys = _data()
-  params = jax.tree.map(jnp.asarray, params)
-  tx = optax.adam(SCHEDULE)
-
-  def step(p, s, i, y):
-    g = jax.grad(_loss)(p, i, y)
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
-  (params, _), _ = jax.jit(lambda c: jax.lax.scan(
-      lambda c, b: (step(*c, *b), None), c, (ids, ys)))((params, tx.init(params)))
-  return jax.device_get(params)
-
-
-def _specs(tree):
-  """The table and its per-row state split by rows over "x"; the rest replicated."""
-  return jax.tree.map(lambda a: P("x") if np.shape(a)[:1] == (ROWS,) else P(), tree)
+_one_device = functools.lru_cache(maxsize=1)(recipe.one_device)
+_dense_adam = functools.lru_cache(maxsize=1)(recipe.dense_adam)
+_data, _step, _run, _specs, _largest_move = (recipe.data, recipe.train_step, recipe.run,
+                                             recipe.specs, recipe.largest_move)
+TX, STEPS = recipe.TX, recipe.STEPS
 
 
 def _layout(name):
@@ -145,11 +70,6 @@ def _layout(name):
 
 LAYOUTS = ["jit_automatic_axes", "jit_explicit_axes", "shard_map_batch_replicated",
            "shard_map_batch_split"]
-
-
-def _largest_move(final, first):
-  return max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-             for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(first)))
 
 
 @pytest.mark.parametrize("name", LAYOUTS)

@@ -108,6 +108,8 @@ __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 _MAX_WINDOW = 2048  # Adam: b1 <= 0.99 needs at most 1,447 terms (b1 / sqrt(b2) <= 0.9905)
 _SGD_WINDOW = 512  # SGD: past its window the sum is taken whole, exactly
 _BLOCK = 4096  # gaps computed once each, and rows at a time (catch_up over a whole table)
+_NEAR = 32  # a batch's gaps computed once each (catch_up(rows=) and the step)
+_FAR_BLOCK = 256  # a batch's rows away longer, computed this many at a time
 
 
 class CatchUpState(NamedTuple):
@@ -581,15 +583,31 @@ def _row_scalars_by_gap(rule: _Rule, s: jax.Array, count: jax.Array, decays: boo
   return _far_rows(rule, s, count, decays, gap >= size, out)
 
 
+def _row_scalars_of_batch(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool,
+                          future: tuple[jax.Array, jax.Array] | None = None
+                          ) -> dict[str, jax.Array]:
+  """:func:`_row_scalars` for a batch's rows: the factors of each gap below ``_NEAR``
+  computed once and gathered (most rows of a Zipfian batch were touched a few steps
+  ago), and the rows away longer as their own rows, ``_FAR_BLOCK`` at a time."""
+  if future is not None or s.shape[0] <= _NEAR + _FAR_BLOCK:
+    return _row_scalars(rule, s, count, decays, future)
+  gap = jnp.maximum(count - s, 0)
+  table = _row_scalars(rule, jnp.maximum(count - jnp.arange(_NEAR, dtype=s.dtype), 0), count,
+                       decays)
+  near = jnp.minimum(gap, _NEAR - 1)
+  return _far_rows(rule, s, count, decays, gap >= _NEAR,
+                   {k: v[near] for k, v in table.items()}, _FAR_BLOCK)
+
+
 def _far_rows(rule: _Rule, s: jax.Array, count: jax.Array, decays: bool, far: jax.Array,
-              out: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """``out`` with the rows marked ``far`` computed as their own rows, ``_BLOCK`` at a
-  time (a loop that runs once per ``_BLOCK`` such rows, not at all without any)."""
+              out: dict[str, jax.Array], block: int = _BLOCK) -> dict[str, jax.Array]:
+  """``out`` with the rows marked ``far`` computed as their own rows, ``block`` at a
+  time (a loop that runs once per ``block`` such rows, not at all without any)."""
   rows = s.shape[0]
 
   def body(carry):
     left, out = carry
-    (idx,) = jnp.nonzero(left, size=_BLOCK, fill_value=rows)
+    (idx,) = jnp.nonzero(left, size=block, fill_value=rows)
     sc = _row_scalars(rule, s[jnp.minimum(idx, rows - 1)], count, decays)
     out = {k: v.at[idx].set(sc[k], mode="drop") for k, v in out.items()}
     return left.at[idx].set(False, mode="drop"), out
@@ -763,8 +781,8 @@ def _gather_up(rule: _Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
 
   def run(args):
     w, b = args
-    return _catch_up_rows(rule, _row_scalars(rule, s, count, decays, future), w, b, extra,
-                          decays)
+    return _catch_up_rows(rule, _row_scalars_of_batch(rule, s, count, decays, future), w, b,
+                          extra, decays)
 
   w1, b1 = jax.lax.cond(jnp.any(s != count), run, lambda args: args, (w0, b0))
   return s, logs, w0, w1, b1
