@@ -21,7 +21,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import explicit_mesh, use_mesh
 from jax.sharding import Mesh, NamedSharding
