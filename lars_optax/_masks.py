@@ -439,7 +439,10 @@ def warn_foreign_names(tree: Any, arg_name: str = "skip") -> None:
       "silence this warning).", UserWarning, stacklevel=3)
 
 
-MaskLike = str | Mask | Callable[[Any], Any] | Any | None
+# A pytree of bools, leaf for leaf with the params (True: the leaf is masked). Trees of
+# other node types (an Equinox module, a registered dataclass) are passed as Any.
+BoolTree = bool | np.bool_ | jax.Array | Mapping[Any, "BoolTree"] | Sequence["BoolTree"]
+MaskLike = str | Mask | Callable[[Any], Any] | BoolTree | None
 
 
 def check_mask_like(mask: MaskLike, arg_name: str = "mask") -> None:

@@ -5,14 +5,16 @@ the params, runs the inner transformation on them and scatters them back
 (:mod:`lars_optax.sparse`). A state type of this library names those fields
 where it is defined, with the :func:`row_wise` decorator, so that
 :mod:`lars_optax.sparse` reads them here without importing the modules that
-define the states (modules import downward only, with no circles). The
-buffers of other states are found by their structure.
+define the states (modules import downward only, with no circles). optax's
+states are listed here; the buffers of other states are found by their structure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
+
+import optax
 
 _T = TypeVar("_T", bound=type)
 
@@ -43,6 +45,19 @@ def row_wise(*fields: str) -> Callable[[_T], _T]:
   return declare
 
 
+# optax's states, declared here since optax cannot declare them.
+_OPTAX_FIELDS: dict[type, tuple[str, ...]] = {
+    optax.ScaleByRssState: ("sum_of_squares",),
+    optax.ScaleByAdamState: ("mu", "nu"),
+    optax.TraceState: ("trace",),
+    optax.EmaState: ("ema",),
+    optax.ScaleByRmsState: ("nu",),
+    optax.ScaleByRStdDevState: ("mu", "nu"),
+    optax.ScaleByBeliefState: ("mu", "nu"),
+}
+
+
 def row_wise_fields() -> dict[type, tuple[str, ...]]:
-  """The state types declared with :func:`row_wise`, each with its row-wise fields."""
-  return dict(_FIELDS)
+  """The state types with row-wise fields, each with those fields: optax's, and this
+  library's (declared with :func:`row_wise`)."""
+  return {**_OPTAX_FIELDS, **_FIELDS}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -96,8 +96,8 @@ def check_stacked(stacked: StackedLike, arg_name: str = "stacked") -> None:
   if stacked is None or isinstance(stacked, FromMetadata):
     return
   rules = _as_rules(stacked)
-  if rules is None:
-    masks.check_mask_like(stacked, arg_name)
+  if rules is None:  # (not rules: a mask)
+    masks.check_mask_like(cast(masks.MaskLike, stacked), arg_name)
     return
   items = rules.items() if isinstance(rules, dict) else rules
   for key, k in items:
@@ -182,7 +182,7 @@ def resolve(stacked: StackedLike, tree: Any, arg_name: str = "stacked") -> list[
     check_stacked(stacked, arg_name)
     rules = _as_rules(stacked)
     if rules is None:
-      selected = masks.resolve_mask(stacked, tree, arg_name)
+      selected = masks.resolve_mask(cast(masks.MaskLike, stacked), tree, arg_name)
       _check_selects(stacked, tree, selected, arg_name)
       ks = [1 if s else 0 for s in selected]
     elif isinstance(rules, dict):

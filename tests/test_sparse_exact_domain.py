@@ -2,7 +2,7 @@
 
 A row of ``lars_optax.sparse.adam``/``adamw``/``sgd`` last brought up to date at
 step ``s`` and left for ``n`` steps is brought along them by the catch-up's per-row
-factors (``sparse.exact._row_scalars`` and ``_catch_up_rows``). Here hypothesis draws
+factors (``sparse.factors.row_scalars`` and ``_catch_up_rows``). Here hypothesis draws
 the whole accepted domain: b1 from 0 to 0.99, b2 from below b1 to 0.9999, momentum
 from 0 to 0.999 (Nesterov or not), eps, gradient sizes from 1e-9 to 1e3, the row's age
 and its gap up to thousands of steps, ``window`` and ``poles``, constant rates, warm-up +
@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from jax.experimental.sparse import BCOO
 
 import lars_optax
-from lars_optax.sparse import exact
+from lars_optax.sparse import _catch_up_factors as factors
 
 # Each draw compiles its own catch-up (about 1 s): the suite draws a few dozen, and
 # LARS_OPTAX_DOMAIN_EXAMPLES=2000 draws thousands (docs/sparse.md quotes such a run).
@@ -113,9 +113,9 @@ def _ours(tx, s, n, w, bufs):
   def run(last, count, w, bufs, extra):
     future = None
     if rule.tracks_future:
-      future = (exact._future(rule, last), exact._future(rule, count))
-    sc = exact._row_scalars(rule, last, count, True, future)
-    return exact._catch_up_rows(rule, sc, w, bufs, extra, True)[0]
+      future = (factors.rates_to_come(rule, last), factors.rates_to_come(rule, count))
+    sc = factors.row_scalars(rule, last, count, True, future)
+    return factors.catch_up_rows(rule, sc, w, bufs, extra, True)[0]
 
   w1 = run(jnp.asarray([s], jnp.int32), jnp.int32(s + n), jnp.asarray(w[None], jnp.float32),
            {k: jnp.asarray(x[None], jnp.float32) for k, x in bufs.items()}, extra)
@@ -174,14 +174,14 @@ def test_adam_and_adamw_catch_up_within_the_bound_or_refused(
   try:
     tx = _build_adam(b1, b2, eps, lr, wd, nesterov, window, None)
   except ValueError as e:  # refused: only where the sum cannot be held, saying why
-    need = exact._needed_window(b1 / math.sqrt(b2))
+    need = factors.needed_window(b1 / math.sqrt(b2))
     assert b1 > 0 and (b2 < b1 or need is None or need > 2048), (b1, b2, e)
     assert "b1" in str(e) or "b2" in str(e)
     return
   rule = tx.update.catch_up_rule
   # A window given shorter than the sum needs is accepted with a tail at its last rate:
   # exact only for a constant rate (the bound below holds there only).
-  need = exact._needed_window(b1 / math.sqrt(b2))
+  need = factors.needed_window(b1 / math.sqrt(b2))
   assume(window is None or need is None or window >= need or sched == "constant")
   rng = np.random.default_rng(seed)
   m, v, w = _adam_state(rng, b1, b2, age, scale)
@@ -313,7 +313,7 @@ def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):
                          inner=inner)
   rule = tx.update.catch_up_rule
   if rule.tracks_future:  # each row's sum of the rates to come, at its last step
-    state = state._replace(row_future={"t": jax.vmap(lambda s: exact._future(rule, s))(
+    state = state._replace(row_future={"t": jax.vmap(lambda s: factors.rates_to_come(rule, s))(
         jnp.asarray(last))})
   full, full_state = jax.jit(lambda p, s: lars_optax.sparse.catch_up(tx, p, s))(params, state)
   each, each_state = jax.jit(lambda p, s: lars_optax.sparse.catch_up(
@@ -331,16 +331,16 @@ def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):
     lambda: lars_optax.sparse.sgd(0.1, momentum=0.99, nesterov=True),
 ], ids=["adam", "adam-schedule-nesterov", "adamw-schedule", "sgd-nesterov"])
 def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
-  """A step's (and catch_up(rows=)'s) rows: the factors of each gap below _NEAR computed
-  once, the rows away longer _FAR_BLOCK at a time (here over two turns of the loop),
+  """A step's (and catch_up(rows=)'s) rows: the factors of each gap below NEAR computed
+  once, the rows away longer FAR_BLOCK at a time (here over two turns of the loop),
   equal every row's own computation (to float32's rounding: the per-run sums are
   products of another shape, and a run's two nodes move apart by a few ulps)."""
   rule = make().update.catch_up_rule
   rng = np.random.default_rng(1)
   count = 6_000
-  gaps = np.concatenate([rng.integers(0, exact._NEAR, 500),
-                         rng.integers(exact._NEAR, count, exact._FAR_BLOCK + 100)])
+  gaps = np.concatenate([rng.integers(0, factors.NEAR, 500),
+                         rng.integers(factors.NEAR, count, factors.FAR_BLOCK + 100)])
   s = jnp.asarray(count - rng.permutation(gaps), jnp.int32)
-  got = jax.jit(lambda s: exact._row_scalars_of_batch(rule, s, jnp.int32(count), True))(s)
-  want = jax.jit(lambda s: exact._row_scalars(rule, s, jnp.int32(count), True))(s)
+  got = jax.jit(lambda s: factors.row_scalars_of_batch(rule, s, jnp.int32(count), True))(s)
+  want = jax.jit(lambda s: factors.row_scalars(rule, s, jnp.int32(count), True))(s)
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)

@@ -21,16 +21,7 @@ from lars_optax.sparse import _checks, _rows, _rowwise_jaxpr, _types
 
 def row_buffer_fields() -> dict[type, tuple[str, ...]]:
   """The row-wise fields of the states this library knows, by state type."""
-  return {
-      optax.ScaleByRssState: ("sum_of_squares",),
-      optax.ScaleByAdamState: ("mu", "nu"),
-      optax.TraceState: ("trace",),
-      optax.EmaState: ("ema",),
-      optax.ScaleByRmsState: ("nu",),
-      optax.ScaleByRStdDevState: ("mu", "nu"),
-      optax.ScaleByBeliefState: ("mu", "nu"),
-      **_row_wise.row_wise_fields(),  # this library's states declare theirs
-  }
+  return _row_wise.row_wise_fields()
 
 
 def _has_rows(x: Any, shape: tuple) -> bool:

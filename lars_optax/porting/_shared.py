@@ -1,0 +1,161 @@
+"""The ports' shared pieces: the library's options, the assembly, decay and momentum
+tails, and the peers' masks and argument forms."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import optax
+from optax import GradientTransformation, GradientTransformationExtraArgs
+
+from lars_optax import _grouping
+from lars_optax import _mxnet_base as base
+from lars_optax import _utils as utils
+from lars_optax import _validation as v
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
+from lars_optax._momentum import unchecked_dampened_trace
+from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
+
+
+Shared = dict[str, Any]
+
+
+# --------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------
+
+
+def options(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
+            stacked: Any, group_by_shape: bool = False) -> Shared:
+  """The library's shared options, checked where they enter."""
+  masks.check_leaf_values(lr_mult, "lr_mult")
+  stacked_mod.check_axis_names(axis_name)
+  stacked_mod.check_stacked(stacked)
+  return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
+          "multi_precision": v.check_flag("multi_precision", multi_precision),
+          "group_by_shape": _grouping.check_group_by_shape(group_by_shape, axis_name)}
+
+
+def lr_mult_links(opts: Shared) -> list:
+  return base.lr_mult_part(opts["lr_mult"], opts["stacked"])
+
+
+def finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
+           hyperparams: Sequence[tuple[Any, ...]], lr_mult: bool = True,
+           ) -> GradientTransformationExtraArgs:
+  """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
+  around; warn for stacks. ``hyperparams``: ``(peer's name, value[, compute])`` of the
+  constants to check against the params' dtypes at ``init`` (``compute``: used in
+  float32 or wider), as :func:`lars_optax.check_inputs` takes them."""
+  tx = base.finish([*parts, *(lr_mult_links(opts) if lr_mult else [])], name,
+                   multi_precision=opts["multi_precision"],
+                   names=[(arg, mask, None) for arg, mask in exempt],
+                   leaf_values=[("lr_mult", opts["lr_mult"])],
+                   hyperparams=[h for h in hyperparams if h[1] is not None])
+  return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
+
+
+def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name: str,
+                      opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
+                      exempt: Sequence[tuple[str, Any]] = (),
+                      hyperparams: Sequence[tuple[Any, ...]], with_lr_mult: bool = True,
+                      pre: Sequence[Any] = (),
+                      ) -> GradientTransformationExtraArgs:
+  """:func:`finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
+  peer's masks by argument name), ``lr_mult`` last unless ``layer_wise`` placed it.
+  With ``group_by_shape`` they run on the leaves stacked by shape, and the
+  ``opts`` and masks they get are the stacks' (``stacked``, ``lr_mult``). ``pre``:
+  links on the whole tree before them (a global-norm clip)."""
+  def build(stacked: Any, lr_mult: Any = None, **chosen: Any) -> list:
+    o = {**opts, "stacked": stacked, "lr_mult": lr_mult}
+    return [*layer_wise(o, chosen), *(lr_mult_links(o) if with_lr_mult else [])]
+
+  given = dict(masks_by_arg or {})
+  parts = _grouping.maybe_by_shape(opts["group_by_shape"], build, masks_by_arg=given,
+                                   values_by_arg={"lr_mult": opts["lr_mult"]},
+                                   stacked=opts["stacked"])
+  return finish([*pre, *parts], name, opts, exempt=exempt, hyperparams=hyperparams,
+                lr_mult=False)
+
+
+def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:
+  """``u + weight_decay * w``, none on the ``exempt`` leaves (the peer's argument
+  ``arg_name``, named in errors); nothing for 0. A schedule (optax's drop-ins take
+  one) is called with its own count, from 0 at the first update, as
+  :func:`optax.add_decayed_weights` calls it."""
+  if utils.is_const(weight_decay, 0):
+    return []
+  if callable(weight_decay):
+    def applies(params: Any) -> Any:  # optax's polarity: True = decayed
+      # (A stacked leaf is judged as one layer, as the constant's per-leaf link judges it.)
+      flat = masks.resolve_mask(exempt, params, arg_name,
+                                stacked_mod.resolve(opts["stacked"], params))
+      return jax.tree.unflatten(jax.tree.structure(params), [not e for e in flat])
+
+    return [optax.add_decayed_weights(weight_decay, mask=None if exempt is None else applies)]
+  rules = None if exempt is None else [(exempt, 0.0)]
+  return [unchecked_add_decayed_weights_per_leaf(weight_decay, multipliers=rules, arg_name=arg_name,
+                                                 stacked=opts["stacked"])]
+
+
+def torch_momentum(lr: Any, momentum: Any, dampening: Any,
+                   nesterov: bool) -> list[GradientTransformation]:
+  """PyTorch's SGD tail: a buffer of the steps (first step undamped), then the rate."""
+  if utils.is_const(momentum, 0):
+    trace: list[GradientTransformation] = []
+  elif utils.is_const(dampening, 0):
+    trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
+  else:
+    trace = [unchecked_dampened_trace(momentum, dampening=dampening, nesterov=nesterov)]
+  return [*trace, base.learning_rate_part(lr)]
+
+
+def optax_mask(mask: Any, arg_name: str) -> masks.MaskLike:
+  """An optax mask (True = apply) as the leaves to exempt (True = exempt)."""
+  if mask is None or mask is True:
+    return None
+  if mask is False:
+    return lambda params: jax.tree.map(lambda _: True, params)
+  if callable(mask):
+    return lambda params: jax.tree.map(lambda m: not bool(m), mask(params))
+  masks.check_mask_like(mask, arg_name)
+  return jax.tree.map(lambda m: not bool(m), mask)
+
+
+def regexes(arg_name: str, patterns: Iterable[str] | None) -> masks.Mask | None:
+  """TF's exclude lists: leaves whose name any pattern is found in (``re.search``)."""
+  if not patterns:
+    return None
+  if isinstance(patterns, str):
+    raise TypeError(f"{arg_name}: expected a list of regular expressions, got the string "
+                    f"{patterns!r}; pass [{patterns!r}].")
+  patterns = list(patterns)
+  for p in patterns:
+    if not isinstance(p, str):
+      raise TypeError(f"{arg_name}: expected strings, got {p!r}.")
+    try:
+      re.compile(p)
+    except re.error as e:
+      raise ValueError(f"{arg_name}: not a valid regular expression: {p!r} ({e})") from e
+  return masks.by_regex("|".join(f"(?:{p})" for p in patterns)).optional()
+
+
+def betas_pair(arg_name: str, betas: Any) -> tuple[Any, Any]:
+  if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+    raise TypeError(f"{arg_name}: expected a pair (beta1, beta2), got {betas!r}.")
+  for i, b in enumerate(betas):
+    v.check_scalar(f"{arg_name}[{i}]", b, low=0.0, high=1.0, high_open=True)
+  return betas[0], betas[1]
+
+
+def as_optax_stacks(tx: GradientTransformationExtraArgs, stacked: Any, name: str,
+                    peer: str) -> GradientTransformationExtraArgs:
+  """``tx``; with ``stacked=None`` (optax's one ratio per stack, the drop-ins' default),
+  one whose ``init`` warns on leaves with Flax ``"layers"`` metadata."""
+  if stacked is not None:
+    return tx
+  return stacked_mod.warn_one_ratio_per_stack(tx, name, peer)
