@@ -163,8 +163,7 @@ def test_no_arrow_runs_up():
           (name, t)
     # The core never imports MXNet's registry (the porting constructors, a namespace
     # of origins beside it, may: torch's SparseAdam is MXNet's lazy Adam).
-    if not name.startswith("lars_optax.mxnet") and name not in ("lars_optax",
-                                                                 "lars_optax.porting"):
+    if not name.startswith(("lars_optax.mxnet", "lars_optax.porting")) and name != "lars_optax":
       assert not {t for t in targets if t.startswith("lars_optax.mxnet")}, name
     # The bottom helpers import only each other.
     if name in BOTTOM:
