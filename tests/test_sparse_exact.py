@@ -770,3 +770,22 @@ def test_the_benchmark_quick_run_reports_the_targets():
   assert "| lars_optax.sparse.adam (dense-exact, the default runs) |" in report
   assert "- extra memory one int32 per row (80,008 bytes): met" in report  # + the rate
   assert "- no table-sized temporary: met" in report
+
+
+def test_a_batchs_padding_slots_read_as_up_to_date():
+  """The step gathers a batch's unique rows, its padding slots (index: the row count)
+  reading the last row. Those slots read as up to date, so that the step after
+  catch_up(rows=) on a batch with repeated ids skips the catch-up (it recomputed the
+  whole batch's factors every step for the last row's gap: half the step's time)."""
+  from lars_optax.sparse import _catch_up_state as surgery
+
+  rule = lars_optax.sparse.adam(1e-3).update.catch_up_rule
+  param = jnp.arange(8.0).reshape(4, 2)
+  bufs = {"mu": jnp.full((4, 2), 0.1), "nu": jnp.full((4, 2), 0.01)}
+  leaf = surgery._Leaf("t", None, param, bufs, jnp.array([5, 0, 5, 3], jnp.int32),
+                       optax.MaskedNode())
+  s, _, w0, w1, b1 = surgery._gather_up(rule, leaf, jnp.array([0, 2, 4, 4]), jnp.int32(5),
+                                        None, False)
+  chex.assert_trees_all_equal(s, jnp.array([5, 5, 5, 5], jnp.int32))
+  chex.assert_trees_all_equal(w1, w0)  # nothing to catch up: the branch was skipped
+  chex.assert_trees_all_equal(b1["mu"], jnp.full((4, 2), 0.1))

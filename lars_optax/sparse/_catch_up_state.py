@@ -131,7 +131,9 @@ def _gather_up(rule: factors.Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
   date. Rows already up to date (``catch_up(rows=...)`` before the forward
   pass) skip the work, in a ``lax.cond`` whose outputs are the rows only.
   """
-  s = _rows.gather(leaf.last, r)
+  # A padding slot (index: the row count; its results are dropped by the scatter) reads
+  # as up to date, so that a batch whose rows are all current skips the catch-up.
+  s = jnp.where(r < leaf.last.shape[0], _rows.gather(leaf.last, r), count)
   w0 = _rows.gather(leaf.param, r)
   b0 = {f: _rows.gather(b, r) for f, b in leaf.bufs.items()}
   logs = extra = future = None
