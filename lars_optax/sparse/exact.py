@@ -5,21 +5,11 @@ touches only the rows in the batch: it is cheap, but it is another optimizer,
 since under the dense step every row's moments decay and its weight keeps
 moving each step. Here a row untouched for :math:`n` steps is brought up to
 date when the batch next touches it, along the path the dense step would
-have taken with a zero gradient on it (Adam's steps :math:`t = s+1, \dots,
-s+n`, with :math:`\alpha_t` the learning rate and :math:`\lambda_t` the
-decoupled weight decay of step :math:`t`):
-
-.. math::
-
-  m \leftarrow \beta_1^n m, \qquad v \leftarrow \beta_2^n v, \qquad
-  w \leftarrow D \Big(w - \sum_{k=1}^{n} \frac{\alpha_{s+k}}{D_k}
-      \frac{\beta_1^k m / (1-\beta_1^{s+k})}
-           {\sqrt{\beta_2^k v / (1-\beta_2^{s+k})} + \epsilon}\Big),
-
-with :math:`D_k = \prod_{i=1}^{k} (1 - \alpha_{s+i}\lambda_{s+i})` and
-:math:`D = D_n`; SGD's momentum buffer decays by :math:`\mu^n` and its
-weight moves by :math:`-\sum_k \alpha_{s+k}\mu^k b`. Then the step itself is
-optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
+have taken with a zero gradient on it: its moments decay (by :math:`\beta_1^n`
+and :math:`\beta_2^n`, or SGD's momentum by :math:`\mu^n`) and its weight
+moves by the sum of the steps it skipped, each at its own learning rate and
+decay (the closed form is in :mod:`lars_optax.sparse._catch_up_factors`). Then
+the step itself is optax's, on the touched rows. The result is optax's ``adam``, ``adamw`` or
 ``sgd`` on the dense gradient with zeros on the absent rows, at the cost of a
 lazy step. A model reads the rows too: bring a batch's rows up to date
 before its forward pass (:func:`catch_up` with ``rows=``), and the gradients,
