@@ -20,6 +20,8 @@ import pytest
 
 import lars_optax
 
+pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
+
 NAMESPACES = (lars_optax, lars_optax.mxnet, lars_optax.sparse, lars_optax.svrg,
               lars_optax.porting)
 

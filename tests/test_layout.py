@@ -25,6 +25,8 @@ import lars_optax
 from lars_optax import _row_wise
 from lars_optax.sparse import _lazy_step
 
+pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
+
 PACKAGE = pathlib.Path(lars_optax.__file__).parent
 
 

@@ -31,6 +31,8 @@ import lars_optax
 from lars_optax import _validation as v
 from lars_optax import _masks
 
+pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
+
 # --------------------------------------------------------------------------
 # Hyperparameters
 # --------------------------------------------------------------------------

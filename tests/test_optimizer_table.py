@@ -1,0 +1,96 @@
+"""Every public optimizer's unit checks, drawn from ``tests/optimizers.py``'s table: it
+builds, takes a jitted step on a small tree (finite updates in the params' structure
+and dtypes), refuses a bad first argument by name when built, and the table lists
+every public optimizer. Part of the inner-loop subset (``pytest -m unit``)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from optimizers import BY_NAME, TABLE
+
+import lars_optax
+
+pytestmark = pytest.mark.unit
+
+NAMESPACES = {"": lars_optax, "mxnet.": lars_optax.mxnet, "sparse.": lars_optax.sparse,
+              "porting.": lars_optax.porting}
+# Public functions that take a learning rate (or an optimizer) first but are links of a
+# chain or wrappers, not optimizers (their own tests are in their family's module).
+LINKS = {"mxnet_momentum", "mxnet.add_langevin_noise", "mxnet.ftrl_proximal",
+         "mxnet.scale_by_ftml", "sparse.multi_steps"}
+
+
+def _public_optimizers() -> set[str]:
+  found, seen = set(), set()
+  for prefix, ns in NAMESPACES.items():
+    for name in ns.__all__:
+      fn = getattr(ns, name)
+      if not inspect.isfunction(fn) or id(fn) in seen:
+        continue
+      seen.add(id(fn))
+      first = next(iter(inspect.signature(fn).parameters), None)
+      if first in ("learning_rate", "lr", "opt") and f"{prefix}{name}" not in LINKS:
+        found.add(f"{prefix}{name}")
+  return found
+
+
+def test_the_table_lists_every_public_optimizer():
+  assert set(BY_NAME) == _public_optimizers()
+  assert len(BY_NAME) == len(TABLE)  # one row each
+
+
+def _params():
+  rng = np.random.default_rng(0)
+  return {"dense": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+                    "bias": jnp.asarray(rng.normal(size=(4,)), jnp.float32)},
+          "embed": jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)}
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_two_jitted_steps_give_finite_updates_shaped_as_the_params(name):
+  tx = BY_NAME[name].make()
+  params = _params()
+  grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, updates
+
+  for _ in range(2):
+    params, state, updates = step(params, state)
+  chex.assert_trees_all_equal_shapes_and_dtypes(updates, params)
+  chex.assert_tree_all_finite(updates)
+  assert any(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates)), name
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_a_nan_learning_rate_is_refused_by_name_when_built(name):
+  o = BY_NAME[name]
+  rate = "lr" if "lr" in inspect.signature(o.fn).parameters else o.first
+  if o.first == "opt":  # timm_optimizer: the rate is its keyword
+    call = lambda: o.make(lr=math.nan)  # noqa: E731
+  else:
+    call = lambda: o.fn(math.nan, *o.args[1:], **o.kwargs)  # noqa: E731
+  with pytest.raises(ValueError, match=rf"\b{rate}\b"):
+    call()
+
+
+@pytest.mark.parametrize("name", sorted(n for n, o in BY_NAME.items() if o.group_by_shape))
+def test_group_by_shape_gives_the_per_leaf_step(name):
+  params = _params()
+  grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
+  out = []
+  for grouped in (False, True):
+    tx = BY_NAME[name].make(group_by_shape=grouped)
+    out.append(jax.jit(tx.update)(grads, tx.init(params), params)[0])
+  chex.assert_trees_all_close(out[1], out[0], rtol=1e-6, atol=1e-7)
