@@ -78,9 +78,9 @@ def test_a_nan_learning_rate_is_refused_by_name_when_built(name):
   o = BY_NAME[name]
   rate = "lr" if "lr" in inspect.signature(o.fn).parameters else o.first
   if o.first == "opt":  # timm_optimizer: the rate is its keyword
-    call = lambda: o.make(lr=math.nan)  # noqa: E731
+    call = lambda: o.make(lr=math.nan)
   else:
-    call = lambda: o.fn(math.nan, *o.args[1:], **o.kwargs)  # noqa: E731
+    call = lambda: o.fn(math.nan, *o.args[1:], **o.kwargs)
   with pytest.raises(ValueError, match=rf"\b{rate}\b"):
     call()
 
