@@ -404,6 +404,15 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   """A decorator for a public function: a keyword of ``hints``, or one of optax's,
   that the function does not take raises a TypeError that starts with the
   keyword and says which one to use.
+
+  ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
+  message; optax's keywords (those of ``optax.lars``, ``lamb``, ``adam``,
+  ``adamw`` and ``signum``) get the function's equivalent, or say there is
+  none, and for masks the polarity. The function keeps its signature
+  (:func:`functools.wraps`), so :func:`inspect.signature`,
+  :func:`lars_optax.mxnet.create` and ``optax.inject_hyperparams`` see its own
+  arguments. An optimizer checks its own arguments and chains the links'
+  unchecked twins (see :func:`public_link`).
   """
 
   def decorate(fn: _F) -> _F:
@@ -452,41 +461,23 @@ def public_link(unchecked: _F, hints: Mapping[str, str] | None = None) -> _F:
   return keyword_hints(hints or {})(cast(_F, link))
 
 
-def renamed_keywords(hints: Mapping[str, str]) -> Callable[[_F], _F]:
-  """A decorator for a public optimizer: a keyword of ``hints``, or one of optax's,
-  that the function does not take raises a TypeError that starts with the
-  keyword and says which one to use.
-
-  ``hints`` maps a keyword (``"weight_decay"``) to the advice that ends the
-  message; optax's keywords (those of ``optax.lars``, ``lamb``, ``adam``,
-  ``adamw`` and ``signum``) get the function's equivalent, or say there is
-  none, and for masks the polarity. The function keeps its signature
-  (:func:`functools.wraps`), so :func:`inspect.signature`,
-  :func:`lars_optax.mxnet.create` and ``optax.inject_hyperparams`` see its own
-  arguments. An optimizer checks its own arguments and chains the links'
-  unchecked twins (see :func:`public_link`).
-  """
-
-  return keyword_hints(hints)
-
-
 _MXNET_HINTS = {
     "weight_decay": "it takes MXNet's name for weight decay, wd (e.g. wd=1e-4).",
     "lr": "it takes learning_rate (MXNet's name).",
 }
 
-mxnet_names = renamed_keywords(_MXNET_HINTS)
+mxnet_names = keyword_hints(_MXNET_HINTS)
 """For the MXNet-flavoured optimizers: ``weight_decay=`` and ``lr=`` name ``wd``
 and ``learning_rate``."""
 
-lars_names = renamed_keywords({
+lars_names = keyword_hints({
     **_MXNET_HINTS,
     "weight_decay": _MXNET_HINTS["weight_decay"] + " TensorFlow's LARS, lars_optax.tf_lars, "
                     "is the one that takes weight_decay.",
 })
 """For :func:`lars_optax.lars`: as :data:`mxnet_names`, and names ``tf_lars``."""
 
-tf_names = renamed_keywords({
+tf_names = keyword_hints({
     "wd": "it takes TensorFlow's name for weight decay, weight_decay (e.g. "
           "weight_decay=1e-4). MXNet's LARS, lars_optax.lars, is the one that takes wd.",
     "eta": "it takes TensorFlow's name for the LARS coefficient, eeta.",

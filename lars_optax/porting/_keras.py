@@ -25,7 +25,7 @@ from lars_optax._trust_ratio import unchecked_scale_by_lamb_trust_ratio
 from lars_optax.porting import _shared as shared
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def keras_lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,

@@ -23,7 +23,7 @@ from lars_optax.porting import _shared as shared
 # --------------------------------------------------------------------------
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -87,7 +87,7 @@ def optax_lars(
   return shared.as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def optax_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,

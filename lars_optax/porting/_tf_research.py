@@ -51,7 +51,7 @@ def _byol_exempt(arg_name: str, filter_fn: Callable[..., Any] | None) -> masks.M
   return exempt
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def byol_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -103,7 +103,7 @@ def byol_lars(
                    ("eta", eta)])
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def simclr_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -169,7 +169,7 @@ def simclr_lars(
                                                ("weight_decay", weight_decay), ("eeta", eeta)])
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def albert_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,

@@ -69,7 +69,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
                    ("eps", eps)])
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -179,7 +179,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
       hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("eps", eps)])
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def timm_lamb(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,

@@ -13,7 +13,7 @@ from lars_optax.sparse.lazy import lazy_update
 from lars_optax.porting import _shared as shared
 
 
-@v.renamed_keywords({})
+@v.keyword_hints({})
 def torch_sparse_adam(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,

@@ -112,12 +112,12 @@ _OPTAX_WORDS = {
     "beta1": "it takes optax's b1=.", "beta2": "it takes optax's b2=.",
     "epsilon": "it takes optax's eps=.", "lr": "it takes optax's learning_rate=.",
 }
-_adam_names = v.renamed_keywords({
+_adam_names = v.keyword_hints({
     **_OPTAX_WORDS, "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay).",
     "wd": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay)."})
-_adamw_names = v.renamed_keywords({
+_adamw_names = v.keyword_hints({
     **_OPTAX_WORDS, "wd": "it takes optax's weight_decay= (decoupled: w *= 1 - lr * wd)."})
-_sgd_names = v.renamed_keywords({
+_sgd_names = v.keyword_hints({
     **_OPTAX_WORDS,
     "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the "
                     "sparse leaves (optax.masked).",
