@@ -552,10 +552,10 @@ def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: 
 
 def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,
                  opts: shared.Shared) -> GradientTransformationExtraArgs:
+  """timm's ``AdamW(caution=True)``: optax's AdamW step with a cautious direction."""
   if opts["group_by_shape"]:
     raise ValueError("group_by_shape: timm's 'cadamw' takes no per-leaf norms to group; "
                      "pass it with a LARS or LAMB opt, or leave it out.")
-  """timm's ``AdamW(caution=True)``: optax's AdamW step with a cautious direction."""
   betas = kwargs.pop("betas", (0.9, 0.999))
   eps = kwargs.pop("eps", 1e-8)
   if kwargs:
