@@ -11,6 +11,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _grouping, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
@@ -379,13 +380,12 @@ def lans(
                                     axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
 
-  parts = _grouping.maybe_by_shape(group_by_shape, layer_wise, masks_by_arg={"skip": skip},
-                                   values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult},
-                                   stacked=stacked)
-  tx = base.finish(parts, "lans", multi_precision=multi_precision,
-                   names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-                   leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                   hyperparams=base.hyperparams(
-                       learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad,
-                       epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))
-  return stacked_mod.warn_unstacked(tx, stacked, "lans")
+  return assembly.finish_layer_wise(
+      layer_wise, "lans", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
+      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
+      multi_precision=multi_precision,
+      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
+      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+      hyperparams=base.hyperparams(
+          learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad, epsilon=epsilon,
+          lower_bound=lower_bound, upper_bound=upper_bound))

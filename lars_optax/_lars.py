@@ -12,6 +12,7 @@ import optax
 
 from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -158,15 +159,14 @@ def lars(
     return [ratio, *base.lr_mult_part(lr_mult, stacked),
             unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
 
-  tx = base.finish(_grouping.maybe_by_shape(
-      group_by_shape, layer_wise, masks_by_arg={"skip": skip},
-      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked),
-      "lars", multi_precision=multi_precision, complex_params=clip_gradient is None,
+  return assembly.finish_layer_wise(
+      layer_wise, "lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
+      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
+      multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
       leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
       hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
                    ("eta", eta), ("epsilon", epsilon)])
-  return stacked_mod.warn_unstacked(tx, stacked, "lars")
 
 
 @v.tf_names
@@ -290,11 +290,8 @@ def tf_lars(
                 axis_name=axis_name, stacked=stacked),
             base.learning_rate_part(learning_rate)]
 
-  tx = base.finish(_grouping.maybe_by_shape(group_by_shape, layer_wise,
-                                            masks_by_arg={"skip": skip}, values_by_arg={},
-                                            stacked=stacked),
-                   "tf_lars", names=names, complex_params=True,
-                   hyperparams=[("learning_rate", learning_rate), ("eeta", eeta),
-                                ("weight_decay", weight_decay),
-                                ("epsilon", epsilon)])
-  return stacked_mod.warn_unstacked(tx, stacked, "tf_lars")
+  return assembly.finish_layer_wise(
+      layer_wise, "tf_lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
+      values_by_arg={}, stacked=stacked, names=names, complex_params=True,
+      hyperparams=[("learning_rate", learning_rate), ("eeta", eeta),
+                   ("weight_decay", weight_decay), ("epsilon", epsilon)])

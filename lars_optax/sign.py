@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -104,10 +105,10 @@ def signum(
     parts += [utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
               optax.scale_by_sign()]
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return base.finish(parts, "signum", multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
-                                          rescale_grad=rescale_grad))
+  return assembly.finish(parts, "signum", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      wd_lh=wd_lh, rescale_grad=rescale_grad))
 
 
 def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
@@ -187,7 +188,7 @@ def signsgd(
     parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
                                                         arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return base.finish(parts, "signsgd", multi_precision=multi_precision,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd, wd_lh=wd_lh,
-                                              rescale_grad=rescale_grad))
+  return assembly.finish(parts, "signsgd", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      wd_lh=wd_lh, rescale_grad=rescale_grad))

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _row_wise
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
@@ -464,12 +465,12 @@ def adagrad(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [unchecked_scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad,
-                                                  epsilon=epsilon),
-                     row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
+  return assembly.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad,
+                                                      epsilon=epsilon),
+                         row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
 @v.mxnet_names
@@ -528,12 +529,12 @@ def groupadagrad(
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [unchecked_scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
             *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
-                     leaf_values=[("lr_mult", lr_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate,
-                                                  rescale_grad=rescale_grad,
-                                                  epsilon=epsilon),
-                     row_sparse=True)
+  return assembly.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
+                         leaf_values=[("lr_mult", lr_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate,
+                                                      rescale_grad=rescale_grad,
+                                                      epsilon=epsilon),
+                         row_sparse=True)
 
 
 @v.mxnet_names
@@ -630,10 +631,10 @@ def rmsprop(
               base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
   if clip_weights is not None:
     parts.append(unchecked_clip_params(clip_weights))
-  return base.finish(parts, "rmsprop", multi_precision=multi_precision, squares=True,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad, epsilon=epsilon))
+  return assembly.finish(parts, "rmsprop", multi_precision=multi_precision, squares=True,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad, epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -693,10 +694,10 @@ def adadelta(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adadelta", multi_precision=multi_precision, squares=True,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad, epsilon=epsilon))
+  return assembly.finish(parts, "adadelta", multi_precision=multi_precision, squares=True,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad, epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -767,9 +768,9 @@ def ftrl(
   parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
   parts += [unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
                                     lr_mult=lr_mult, wd_mult=wd_mult)]
-  return base.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad, lamda1=lamda1,
-                                                  beta=beta),
-                     row_sparse=True)
+  return assembly.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad, lamda1=lamda1,
+                                                      beta=beta),
+                         row_sparse=True)

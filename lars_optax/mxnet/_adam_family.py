@@ -54,6 +54,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -790,10 +791,11 @@ def adam(
   parts += [unchecked_scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon,
                                            initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=_hyperparams(learning_rate, wd, rescale_grad, epsilon=epsilon))
+  return assembly.finish(parts, "adam", lazy=lazy_update, multi_precision=multi_precision,
+                         complex_params=clip_gradient is None,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                                  epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -879,10 +881,10 @@ def adamw(
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adamw", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
-                                              epsilon=epsilon))
+  return assembly.finish(parts, "adamw", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                                  epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -947,10 +949,10 @@ def adamax(
   parts += [unchecked_scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
             unchecked_scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adamax", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
-                                              epsilon=epsilon))
+  return assembly.finish(parts, "adamax", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                                  epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -1026,10 +1028,10 @@ def nadam(
                                             schedule_decay=schedule_decay,
                                             initial_count=begin_num_update),
             base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "nadam", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad, epsilon=epsilon,
-                                              schedule_decay=schedule_decay))
+  return assembly.finish(parts, "nadam", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad, epsilon=epsilon,
+                                                  schedule_decay=schedule_decay))
 
 
 @v.mxnet_names
@@ -1102,10 +1104,10 @@ def adabelief(
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
   parts += [base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return base.finish(parts, "adabelief", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
-                                              epsilon=epsilon))
+  return assembly.finish(parts, "adabelief", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                                  epsilon=epsilon))
 
 
 @v.mxnet_names
@@ -1174,7 +1176,7 @@ def ftml(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts.append(unchecked_scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon,
                                         lr_mult=lr_mult, initial_count=begin_num_update))
-  return base.finish(parts, "ftml", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
-                                              epsilon=epsilon))
+  return assembly.finish(parts, "ftml", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=_hyperparams(learning_rate, wd, rescale_grad,
+                                                  epsilon=epsilon))

@@ -35,6 +35,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -107,11 +108,11 @@ def sgd(
         "takes both, on dense gradients).")
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return base.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                 leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                 hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                          rescale_grad=rescale_grad))
+  return assembly.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
+                         complex_params=clip_gradient is None,
+                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                              rescale_grad=rescale_grad))
 
 
 @v.mxnet_names
@@ -176,11 +177,11 @@ def nag(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum,
                                                                   nesterov=True)]
-  return base.finish(parts, "nag", multi_precision=multi_precision,
-                     complex_params=clip_gradient is None,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad))
+  return assembly.finish(parts, "nag", multi_precision=multi_precision,
+                         complex_params=clip_gradient is None,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad))
 
 
 class DelayCompensationState(NamedTuple):
@@ -325,10 +326,10 @@ def dcasgd(
   parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
   parts += [unchecked_add_delay_compensation(lamda), *base.lr_mult_part(lr_mult),
             unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return base.finish(parts, "dcasgd", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  lamda=lamda, rescale_grad=rescale_grad))
+  return assembly.finish(parts, "dcasgd", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      lamda=lamda, rescale_grad=rescale_grad))
 
 
 class AddLangevinNoiseState(NamedTuple):
@@ -552,7 +553,7 @@ def sgld(
             *base.lr_mult_part(lr_mult),
             unchecked_add_langevin_noise(learning_rate, key=key, multipliers=lr_mult,
                                           arg_name="lr_mult")]
-  return base.finish(parts, "sgld", multi_precision=multi_precision,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                  rescale_grad=rescale_grad))
+  return assembly.finish(parts, "sgld", multi_precision=multi_precision,
+                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
+                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
+                                                      rescale_grad=rescale_grad))

@@ -13,6 +13,7 @@ from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _grouping
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -44,25 +45,33 @@ def lr_mult_links(opts: Shared) -> list:
   return base.lr_mult_part(opts["lr_mult"], opts["stacked"])
 
 
+def _assembled(opts: Shared, exempt: Sequence[tuple[str, Any]],
+               hyperparams: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+  """:func:`lars_optax._assembly.finish`'s keywords for a port: master weights, the
+  peer's exemptions and ``lr_mult`` checked against the params at ``init``, and the
+  constants given (``(peer's name, value)``) checked against the params' dtypes."""
+  return {"multi_precision": opts["multi_precision"],
+          "names": [(arg, mask, None) for arg, mask in exempt],
+          "leaf_values": [("lr_mult", opts["lr_mult"])],
+          "hyperparams": [h for h in hyperparams if h[1] is not None]}
+
+
 def finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
-           hyperparams: Sequence[tuple[Any, ...]], lr_mult: bool = True,
+           hyperparams: Sequence[tuple[str, Any]], lr_mult: bool = True,
            ) -> GradientTransformationExtraArgs:
   """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
-  around; warn for stacks. ``hyperparams``: ``(peer's name, value[, compute])`` of the
-  constants to check against the params' dtypes at ``init`` (``compute``: used in
-  float32 or wider), as :func:`lars_optax.check_inputs` takes them."""
-  tx = base.finish([*parts, *(lr_mult_links(opts) if lr_mult else [])], name,
-                   multi_precision=opts["multi_precision"],
-                   names=[(arg, mask, None) for arg, mask in exempt],
-                   leaf_values=[("lr_mult", opts["lr_mult"])],
-                   hyperparams=[h for h in hyperparams if h[1] is not None])
+  around; warn for stacks. ``hyperparams``: ``(peer's name, value)`` of the constants
+  to check against the params' dtypes at ``init``, as :func:`lars_optax.check_inputs`
+  takes them."""
+  tx = assembly.finish([*parts, *(lr_mult_links(opts) if lr_mult else [])], name,
+                       **_assembled(opts, exempt, hyperparams))
   return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
 
 
 def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name: str,
                       opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
                       exempt: Sequence[tuple[str, Any]] = (),
-                      hyperparams: Sequence[tuple[Any, ...]], with_lr_mult: bool = True,
+                      hyperparams: Sequence[tuple[str, Any]], with_lr_mult: bool = True,
                       pre: Sequence[Any] = (),
                       ) -> GradientTransformationExtraArgs:
   """:func:`finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
@@ -74,12 +83,10 @@ def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name
     o = {**opts, "stacked": stacked, "lr_mult": lr_mult}
     return [*layer_wise(o, chosen), *(lr_mult_links(o) if with_lr_mult else [])]
 
-  given = dict(masks_by_arg or {})
-  parts = _grouping.maybe_by_shape(opts["group_by_shape"], build, masks_by_arg=given,
-                                   values_by_arg={"lr_mult": opts["lr_mult"]},
-                                   stacked=opts["stacked"])
-  return finish([*pre, *parts], name, opts, exempt=exempt, hyperparams=hyperparams,
-                lr_mult=False)
+  return assembly.finish_layer_wise(
+      build, name, group_by_shape=opts["group_by_shape"], masks_by_arg=dict(masks_by_arg or {}),
+      values_by_arg={"lr_mult": opts["lr_mult"]}, stacked=opts["stacked"], pre=pre,
+      **_assembled(opts, exempt, hyperparams))
 
 
 def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:

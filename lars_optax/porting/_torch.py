@@ -6,6 +6,7 @@ from __future__ import annotations
 import optax
 
 from lars_optax import _mxnet_base as base
+from lars_optax import _assembly as assembly
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax.mxnet._adam_family import unchecked_scale_by_mxnet_adam
@@ -44,11 +45,11 @@ def torch_sparse_adam(
   multi_precision = v.check_flag("multi_precision", multi_precision)
   masks.check_leaf_values(lr_mult, "lr_mult")
   # MXNet's lazy Adam (PyTorch's rule), from the links' twins: checked above, in torch's words.
-  tx = base.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
-                    base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
-                   "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
-                   complex_params=True, leaf_values=[("lr_mult", lr_mult)],
-                   hyperparams=base.hyperparams(lr=lr, eps=eps))
+  tx = assembly.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
+                       base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
+                      "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
+                      complex_params=True, leaf_values=[("lr_mult", lr_mult)],
+                      hyperparams=base.hyperparams(lr=lr, eps=eps))
   if not maximize:
     return tx
   # The gradient negated on its rows (a row-sparse gradient stays row-sparse).

@@ -1,0 +1,84 @@
+"""Private: the one place every optimizer is assembled, the core's, MXNet's, TensorFlow's
+and the ports' alike.
+
+:func:`finish` chains the input checks before the optimizer's links and wraps the chain
+for lazy updates, row-sparse gradients and master weights; :func:`finish_layer_wise`
+first builds the layer-wise links per leaf or stacked by shape (``group_by_shape``) and
+afterwards warns at ``init`` when the params look stacked and ``stacked`` was left at
+its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optax
+
+from lars_optax import _grouping
+from lars_optax import _utils as utils
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
+from lars_optax.precision import multi_precision as _multi_precision
+from lars_optax.sparse.lazy import lazy_update as _lazy_update
+from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse
+from lars_optax._transforms import unchecked_check_inputs
+
+
+def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
+                         name: str) -> optax.GradientTransformationExtraArgs:
+  """``tx`` whose ``init`` warns (``LowPrecisionWarning``) for float16 params.
+
+  For the rules that accumulate squared gradients in the params' dtype
+  (RMSProp, AdaGrad, AdaDelta, FTRL): in float16 the squares overflow and the
+  weight freezes. The state is ``tx``'s own (nothing is added to it).
+  """
+  def init_fn(params):
+    utils.warn_float16(params, name, problem=utils.OVERFLOWS)
+    return tx.init(params)
+
+  return optax.GradientTransformationExtraArgs(init_fn, tx.update)
+
+
+def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
+            names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
+            leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
+            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False,
+            squares: bool = False, row_sparse: bool = False,
+            row_sparse_check: Callable[[list[str], Any], None] | None = None):
+  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
+
+  ``complex_params``: the rule is defined on complex params (see
+  :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`). ``squares``: the rule
+  accumulates squared gradients in the params' dtype, so ``init`` warns for
+  float16 params (without ``multi_precision``, whose master weights are
+  float32). ``row_sparse``: the optimizer takes row-sparse (BCOO) gradients
+  as MXNet's ``row_sparse`` kernel of it does, without a ``lazy_update`` flag
+  (see :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls
+  ``row_sparse_check``).
+  """
+  tx = optax.chain(unchecked_check_inputs(name, names=names, leaf_values=leaf_values,
+                                          hyperparams=hyperparams, complex_params=complex_params),
+                   *parts)
+  if squares:
+    tx = warn_float16_squares(tx, name)
+  if lazy:
+    tx = _lazy_update(tx)
+  elif row_sparse:
+    tx = _on_row_sparse(tx, name, check=row_sparse_check)
+  if multi_precision:
+    tx = _multi_precision(tx)
+  return tx
+
+
+def finish_layer_wise(layer_wise: Callable[..., list], name: str, *, group_by_shape: bool,
+                      masks_by_arg: Mapping[str, Any], values_by_arg: Mapping[str, Any],
+                      stacked: stacked_mod.StackedLike, pre: Sequence[Any] = (),
+                      **finish_kwargs: Any) -> optax.GradientTransformationExtraArgs:
+  """:func:`finish` of ``pre`` and ``layer_wise``'s links (built per leaf, or on the
+  leaves stacked by shape with ``group_by_shape``), warning at ``init`` for stacks
+  left at ``stacked``'s default."""
+  parts = _grouping.maybe_by_shape(group_by_shape, layer_wise, masks_by_arg=masks_by_arg,
+                                   values_by_arg=values_by_arg, stacked=stacked)
+  tx = finish([*pre, *parts], name, **finish_kwargs)
+  return stacked_mod.warn_unstacked(tx, stacked, name)
