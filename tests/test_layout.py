@@ -23,7 +23,6 @@ import pytest
 
 import lars_optax
 from lars_optax import _row_wise
-from lars_optax.sparse import _lazy_step
 
 pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
 
@@ -186,7 +185,7 @@ def test_the_interpreter_on_jax_internals_is_alone_in_its_module():
 
 
 def test_states_declare_their_row_wise_buffers():
-  known = _lazy_step.row_buffer_fields()
+  known = _row_wise.row_wise_fields()
   assert known[lars_optax.MXNetMomentumState] == ("momentum",)
   assert known[lars_optax.MultiPrecisionState] == ("master",)
 

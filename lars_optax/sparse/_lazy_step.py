@@ -19,11 +19,6 @@ from lars_optax.sparse import _checks, _rows, _rowwise_jaxpr, _types
 # --------------------------------------------------------------------------
 
 
-def row_buffer_fields() -> dict[type, tuple[str, ...]]:
-  """The row-wise fields of the states this library knows, by state type."""
-  return _row_wise.row_wise_fields()
-
-
 def _has_rows(x: Any, shape: tuple) -> bool:
   """``x`` is an array whose leading axis has the rows of a param of ``shape``."""
   x_shape = getattr(x, "shape", None)
@@ -51,7 +46,7 @@ def params_shaped_leaves(node: Any, treedef: Any, shapes: list[tuple]) -> list[A
 def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest: Any) -> Any:
   """Maps ``fn(buffer_leaves, *rest_leaves)`` over the row-wise buffers of ``state``.
 
-  The buffers of the states listed in :func:`row_buffer_fields` are their
+  The buffers of the states listed in :func:`lars_optax._row_wise.row_wise_fields` are their
   named fields (e.g. Adam's ``mu`` and ``nu``; not ``count``). Elsewhere they
   are found by structure: a subtree with the params' structure and, at each
   leaf, an array whose leading axis is the param's rows (whatever its other
@@ -59,7 +54,7 @@ def _buffers(state: Any, treedef: Any, shapes: list[tuple], fn: Callable, *rest:
   (as optax, :func:`optax.masked` and :func:`lars_optax.multi_precision` keep
   them).
   """
-  known = row_buffer_fields()
+  known = _row_wise.row_wise_fields()
 
   def subtrees(node):
     return params_shaped_leaves(node, treedef, shapes)
