@@ -12,10 +12,9 @@ from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
-from lars_optax import _grouping, _ratios
+from lars_optax import _grouping, _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _stacked as stacked_mod
 from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 from lars_optax._trust_ratio import unchecked_scale_by_lamb_trust_ratio
@@ -31,7 +30,6 @@ def unchecked_scale_by_lamb_adam(
     bias_correction: bool = True,
     grad_averaging: bool = True,
     eps_root: float = 0.0,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adam's direction as LAMB takes it, with or without bias correction.
 
@@ -79,19 +77,9 @@ def unchecked_scale_by_lamb_adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.LAMB``.
   """
-  checks = checked
-  if checks:
-    v.check_betas(b1, b2, eps)
-    v.check_scalar("eps_root", eps_root, low=0.0)
-    bias_correction = v.check_flag("bias_correction", bias_correction)
-    grad_averaging = v.check_flag("grad_averaging", grad_averaging)
   name = "scale_by_lamb_adam"
 
   def init_fn(params: optax.Params) -> optax.ScaleByAdamState:
-    if checks:
-      v.check_float_params(params, name, allow_complex=True)
-      v.check_representable("eps", eps, params)
-      v.check_representable("eps_root", eps_root, params)
     utils.warn_float16(params, name, utils.DEGRADES)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
                                   mu=jax.tree.map(jnp.zeros_like, params),
@@ -119,10 +107,10 @@ def unchecked_scale_by_lamb_adam(
   return GradientTransformation(init_fn, update_fn)
 
 
-scale_by_lamb_adam = v.public_link(unchecked_scale_by_lamb_adam)
+scale_by_lamb_adam = _links.public_link(unchecked_scale_by_lamb_adam, params="complex")
 
 
-@v.mxnet_names
+@base.optimizer(relations=_grouping.lamb_relations)
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -240,15 +228,8 @@ def lamb(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
     2.0 ``mxnet.optimizer.LAMB``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
-  bias_correction = v.check_flag("bias_correction", bias_correction)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  _ratios.check_bounds(lower_bound, upper_bound)
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
-  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -265,10 +246,8 @@ def lamb(
   return assembly.finish_layer_wise(
       layer_wise, "lamb", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
-      pre=base.preprocess(rescale_grad, clip_gradient, 0.0, None),
+      pre=common.preprocess(decay=False),
       multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-      hyperparams=base.hyperparams(
-          learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad, epsilon=epsilon,
-          lower_bound=lower_bound, upper_bound=upper_bound))
+      leaf_values=common.leaf_values, hyperparams=common.hyperparams(
+          epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))

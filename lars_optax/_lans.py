@@ -12,7 +12,7 @@ from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
-from lars_optax import _grouping, _ratios
+from lars_optax import _grouping, _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
@@ -39,7 +39,6 @@ def unchecked_normalize_per_leaf(
     *,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""Divides each leaf's update by its own norm (LANS's gradient normalisation).
 
@@ -69,14 +68,8 @@ def unchecked_normalize_per_leaf(
     54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020 (LANS); Apache MXNet
     2.0 ``mxnet.optimizer.LANS``.
   """
-  checks = checked
-  if checks:
-    stacked_mod.check_axis_names(axis_name)
-    stacked_mod.check_stacked(stacked)
 
   def init_fn(params):
-    if checks:
-      v.check_float_params(params, "normalize_per_leaf")
     ks = stacked_mod.resolve(stacked, params)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
     markers = stacked_mod.layer_markers(params, ks)
@@ -97,7 +90,7 @@ def unchecked_normalize_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
-normalize_per_leaf = v.public_link(unchecked_normalize_per_leaf)
+normalize_per_leaf = _links.public_link(unchecked_normalize_per_leaf)
 
 
 @_ratios.ratio_state
@@ -137,7 +130,6 @@ def unchecked_scale_by_lans(
     skip: masks.MaskLike = None,
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""LANS's scaling: Nesterov-style Adam with a trust ratio on each of its two parts.
 
@@ -187,23 +179,10 @@ def unchecked_scale_by_lans(
     Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
-  checks = checked
-  if checks:
-    v.check_betas(b1, b2, eps)
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
-    masks.check_leaf_values(wd_mult, "wd_mult")
-    _ratios.check_bounds(lower_bound, upper_bound)
-    masks.check_mask_like(skip, "skip")
-    stacked_mod.check_axis_names(axis_name)
-    stacked_mod.check_stacked(stacked)
   name = "scale_by_lans"
 
   def init_fn(params: optax.Params) -> ScaleByLansState:
-    ks = _ratios.ratio_axes(params, name, skip, lower_bound, upper_bound, stacked,
-                            checks=checks)
-    if checks:
-      v.check_representable("eps", eps, params)
-      v.check_representable("weight_decay", weight_decay, params)
+    ks = _ratios.ratio_axes(params, skip, stacked)
     utils.warn_float16(params, name, utils.DEGRADES)
     masks.resolve_leaf_values(wd_mult, params, "wd_mult", check_names=True, layer_axes=ks)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
@@ -217,8 +196,6 @@ def unchecked_scale_by_lans(
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
@@ -262,10 +239,11 @@ def unchecked_scale_by_lans(
   return GradientTransformation(init_fn, update_fn)
 
 
-scale_by_lans = v.public_link(unchecked_scale_by_lans)
+scale_by_lans = _links.public_link(unchecked_scale_by_lans, relations=_ratios.bound_order,
+                                   matches=("skip",), same_structure=True)
 
 
-@v.mxnet_names
+@base.optimizer(relations=_grouping.lamb_relations)
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -362,14 +340,8 @@ def lans(
     Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_betas(beta1, beta2, epsilon, names=("beta1", "beta2", "epsilon"))
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  _ratios.check_bounds(lower_bound, upper_bound)
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
-  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -385,7 +357,5 @@ def lans(
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
       multi_precision=multi_precision,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-      hyperparams=base.hyperparams(
-          learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad, epsilon=epsilon,
-          lower_bound=lower_bound, upper_bound=upper_bound))
+      leaf_values=common.leaf_values, hyperparams=common.hyperparams(
+          epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))

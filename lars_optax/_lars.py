@@ -23,7 +23,7 @@ from lars_optax._trust_ratio import unchecked_scale_by_lars_trust_ratio
 __all__ = ["lars", "tf_lars"]
 
 
-@v.lars_names
+@base.optimizer(v.lars_names, relations=_grouping.by_shape_relation)
 def lars(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -137,15 +137,8 @@ def lars(
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
     ``mxnet.optimizer.LARS``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eta", eta, low=0.0)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
-  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -164,9 +157,7 @@ def lars(
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
       multi_precision=multi_precision, complex_params=clip_gradient is None,
       names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-      hyperparams=[*base.hyperparams(learning_rate=learning_rate, wd=wd, rescale_grad=rescale_grad),
-                   ("eta", eta), ("epsilon", epsilon)])
+      leaf_values=common.leaf_values, hyperparams=common.hyperparams(eta=eta, epsilon=epsilon))
 
 
 @v.tf_names

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from optax import GradientTransformation
 
+from lars_optax import _links
 from lars_optax import _row_wise
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
@@ -49,7 +49,6 @@ def unchecked_mxnet_momentum(
     momentum: float = 0.0,
     nesterov: bool = False,
     dampening: float = 0.0,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""SGD with the learning rate inside the momentum buffer (MXNet's rule).
 
@@ -86,23 +85,10 @@ def unchecked_mxnet_momentum(
   Returns:
     A :class:`optax.GradientTransformation` with :class:`MXNetMomentumState`.
   """
-  checks = checked
-  if checks:
-    v.check_learning_rate("learning_rate", learning_rate)
-    v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-    if not isinstance(nesterov, (bool, np.bool_)):
-      raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
-    v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-    if nesterov and v.known_value(dampening) not in (None, 0.0):
-      raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
-                       f"dampening={dampening!r}.")
   use_buffer = not utils.is_const(momentum, 0)
   damped = use_buffer and not utils.is_const(dampening, 0)
 
   def init_fn(params: optax.Params) -> MXNetMomentumState:
-    if checks:
-      v.check_float_params(params, "mxnet_momentum", allow_complex=True)
-      v.check_representable("learning_rate", learning_rate, params)
     buf = jax.tree.map(jnp.zeros_like, params) if use_buffer else None
     return MXNetMomentumState(jnp.zeros([], jnp.int32), buf)
 
@@ -136,7 +122,14 @@ def unchecked_mxnet_momentum(
   return GradientTransformation(init_fn, update_fn)
 
 
-mxnet_momentum = v.public_link(unchecked_mxnet_momentum)
+def _nesterov_undamped(*, nesterov: Any, dampening: Any, **_: Any) -> None:
+  if nesterov and v.known_value(dampening) not in (None, 0.0):
+    raise ValueError("nesterov: Nesterov momentum needs dampening = 0 (as in PyTorch), got "
+                     f"dampening={dampening!r}.")
+
+
+mxnet_momentum = _links.public_link(unchecked_mxnet_momentum, relations=_nesterov_undamped,
+                                    params="complex")
 
 
 class DampenedTraceState(NamedTuple):
@@ -157,7 +150,6 @@ def unchecked_dampened_trace(
     *,
     dampening: float = 0.0,
     nesterov: bool = False,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""PyTorch's momentum buffer: :func:`optax.trace` with ``dampening``.
 
@@ -188,13 +180,8 @@ def unchecked_dampened_trace(
     and momentum in deep learning <https://proceedings.mlr.press/v28/sutskever13.html>`_,
     ICML 2013; PyTorch ``torch.optim.SGD``.
   """
-  checks = checked
-  if checks:
-    check_torch_momentum(momentum, dampening, nesterov)
 
   def init_fn(params: optax.Params) -> DampenedTraceState:
-    if checks:
-      v.check_float_params(params, "dampened_trace", allow_complex=True)
     return DampenedTraceState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):
@@ -217,17 +204,19 @@ def unchecked_dampened_trace(
   return GradientTransformation(init_fn, update_fn)
 
 
-dampened_trace = v.public_link(unchecked_dampened_trace)
-
-
-def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
-  """PyTorch's checks of ``momentum``, ``dampening`` and ``nesterov``."""
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("dampening", dampening, low=0.0, high=1.0, high_open=True)
-  if not isinstance(nesterov, (bool, np.bool_)):
-    raise TypeError(f"nesterov: expected a bool, got {nesterov!r}.")
+def _torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any) -> None:
   # Concrete arrays (optax.inject_hyperparams' defaults) are judged by their value.
   if nesterov and (v.known_value(momentum) == 0.0
                    or v.known_value(dampening) not in (None, 0.0)):
     raise ValueError("nesterov: Nesterov momentum needs momentum > 0 and dampening = 0 "
                      f"(as in PyTorch), got momentum={momentum!r}, dampening={dampening!r}.")
+
+
+dampened_trace = _links.public_link(unchecked_dampened_trace, relations=_torch_nesterov,
+                                    params="complex")
+
+
+def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
+  """PyTorch's checks of ``momentum``, ``dampening`` and ``nesterov`` (for the ports)."""
+  _links.check_declared({"momentum": momentum, "dampening": dampening, "nesterov": nesterov})
+  _torch_nesterov(momentum=momentum, dampening=dampening, nesterov=nesterov)

@@ -1,14 +1,18 @@
-"""Private: MXNet's optimizer-base arguments (checks and gradient preprocessing, the
-learning rate and ``lr_mult`` links). Every optimizer is assembled by
+"""Private: MXNet's optimizer-base arguments as one object, :class:`Base` (the gradient
+preprocessing, the learning rate and ``lr_mult`` links, what ``init`` checks of them), and
+:func:`optimizer`, the decorators of the optimizers that take them (their arguments checked
+by their declarations in :mod:`lars_optax._links`). Every optimizer is assembled by
 :mod:`lars_optax._assembly`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar, cast
 
 import optax
 
+from lars_optax import _assembly as assembly
+from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -16,18 +20,7 @@ from lars_optax import _stacked as stacked_mod
 from lars_optax._transforms import unchecked_scale_per_leaf
 from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
-
-def check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult, *,
-               positive_lr: bool = False):
-  """The checks of MXNet's optimizer-base arguments (``positive_lr``: a constant
-  rate must be > 0)."""
-  v.check_learning_rate("learning_rate", learning_rate, positive=positive_lr)
-  v.check_scalar("wd", wd, low=0.0)
-  v.check_scalar("rescale_grad", rescale_grad, low=0.0, low_open=True)
-  if clip_gradient is not None:
-    v.check_scalar("clip_gradient", clip_gradient, low=0.0, low_open=True)
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  masks.check_leaf_values(wd_mult, "wd_mult")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _exact_name(key: str) -> masks.Mask:
@@ -87,3 +80,62 @@ def hyperparams(**values: Any) -> list[tuple[str, Any]]:
 def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
   return [] if lr_mult is None else [unchecked_scale_per_leaf(lr_mult, arg_name="lr_mult",
                                                               stacked=stacked)]
+
+
+class Base(NamedTuple):
+  """MXNet's optimizer-base arguments as one object: the learning rate and ``wd``, their
+  per-leaf multipliers, the gradient's rescale and clip, and master weights.
+
+  An optimizer checks them with its other arguments (:func:`optimizer`), then builds
+  ``base.preprocess()``, its own links and ``base.rate()``, and ``base.finish`` puts
+  them together (:func:`lars_optax._assembly.finish`), checking the multipliers' names
+  and the constants against the params at ``init``.
+  """
+
+  learning_rate: Any
+  wd: Any = 0.0
+  rescale_grad: Any = 1.0
+  clip_gradient: Any = None
+  lr_mult: masks.LeafValues = None
+  wd_mult: masks.LeafValues = None
+  multi_precision: bool = False
+
+  def preprocess(self, *, decay: bool = True, clip: bool = True,
+                 stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
+    """Rescale, clip (without ``clip=False``), then coupled ``wd`` (without ``decay=False``)."""
+    return preprocess(self.rescale_grad, self.clip_gradient if clip else None,
+                      self.wd if decay else 0.0, self.wd_mult if decay else None, stacked)
+
+  def rate(self, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
+    """``-learning_rate``, then ``lr_mult``."""
+    return [learning_rate_part(self.learning_rate), *lr_mult_part(self.lr_mult, stacked)]
+
+  @property
+  def leaf_values(self) -> list[tuple[str, masks.LeafValues]]:
+    return [("lr_mult", self.lr_mult), ("wd_mult", self.wd_mult)]
+
+  def hyperparams(self, **others: Any) -> list[tuple[str, Any]]:
+    """The constants checked against the params' dtypes at ``init``: the base's, ``others``."""
+    return hyperparams(learning_rate=self.learning_rate, wd=self.wd,
+                       rescale_grad=self.rescale_grad, **others)
+
+  def finish(self, parts: list, name: str, *, hyperparams: Mapping[str, Any] | None = None,
+             **kwargs: Any) -> optax.GradientTransformationExtraArgs:
+    """:func:`lars_optax._assembly.finish` of ``parts`` with the base's checks and master
+    weights (``hyperparams``: the optimizer's own constants)."""
+    return assembly.finish(parts, name, multi_precision=self.multi_precision,
+                           leaf_values=self.leaf_values,
+                           hyperparams=self.hyperparams(**(hyperparams or {})), **kwargs)
+
+
+def optimizer(hints: Callable[[Any], Any] = v.mxnet_names, *,
+              declared: Mapping[str, Any] | None = None,
+              relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
+  """The decorators of an optimizer taking MXNet's base arguments: its arguments are
+  checked by their declarations (:func:`lars_optax._links.checked_arguments`) and a
+  wrong keyword gets ``hints``."""
+
+  def decorate(fn: _F) -> _F:
+    return cast(_F, hints(_links.checked_arguments(declared=declared, relations=relations)(fn)))
+
+  return decorate

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -261,12 +262,13 @@ def apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax
 
 def check_bounds(lower_bound: Any, upper_bound: Any) -> None:
   """LAMB's bounds on the weight norm: None, or ``0 <= lower_bound <= upper_bound``."""
-  if lower_bound is not None:
-    v.check_scalar("lower_bound", lower_bound, low=0.0, alternative=" or None")
-  if upper_bound is not None:
-    # (0 is refused: MXNet's fused kernels read upper_bound=0 as "no bound", its
-    # plain step as a norm of 0.)
-    v.check_scalar("upper_bound", upper_bound, low=0.0, low_open=True, alternative=" or None")
+  _links.check_declared({k: x for k, x in (("lower_bound", lower_bound),
+                                           ("upper_bound", upper_bound)) if x is not None})
+  bound_order(lower_bound=lower_bound, upper_bound=upper_bound)
+
+
+def bound_order(*, lower_bound: Any, upper_bound: Any, **_: Any) -> None:
+  """``lower_bound <= upper_bound`` (each checked, see :func:`check_bounds`)."""
   if v.is_constant(lower_bound) and v.is_constant(upper_bound) and (
       float(np.asarray(lower_bound)) > float(np.asarray(upper_bound))):
     raise ValueError(
@@ -304,18 +306,8 @@ def bounded_ratio(w2: jax.Array, u2: jax.Array, lower_bound: Any,
   return ratio
 
 
-def ratio_axes(params: Any, name: str, skip: masks.MaskLike, lower_bound: Any,
-               upper_bound: Any, stacked: stacked_mod.StackedLike,
-               *, checks: bool, allow_complex: bool = False) -> list[int]:
-  """The layer axes at ``init`` of LAMB's and LANS's ratios, after their checks
-  (with ``checks``: the public link's, see :func:`lars_optax._validation.public_link`)."""
-  if checks:
-    v.check_float_params(params, name, allow_complex=allow_complex)
-    for arg, value in (("lower_bound", lower_bound), ("upper_bound", upper_bound)):
-      if value is not None:
-        v.check_representable(arg, value, params)
-    masks.check_unique_names(params)
-    masks.check_matches(skip, params, "skip")
+def ratio_axes(params: Any, skip: masks.MaskLike, stacked: stacked_mod.StackedLike) -> list[int]:
+  """The layer axes at ``init`` of LAMB's and LANS's ratios (a bad ``skip`` fails here)."""
   ks = stacked_mod.resolve(stacked, params)
   masks.resolve_mask(skip, params, "skip", ks)  # a bad mask fails here already
   return ks

@@ -20,7 +20,7 @@ Each family's own transformations live beside its optimizers:
 :mod:`lars_optax._lans` (LANS's ratios, per-leaf normalisation),
 :mod:`lars_optax._momentum` (:func:`~lars_optax.mxnet_momentum`, SGD momentum
 with the learning rate inside the accumulator, and PyTorch's
-:func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet._adam_family`
+:func:`~lars_optax.dampened_trace`), :mod:`lars_optax.mxnet._adam_links`
 (:func:`~lars_optax.mxnet.scale_by_mxnet_adam` and Adam's relatives) and
 :mod:`lars_optax.mxnet._adagrad_family`. The sign of Signum/signSGD is optax's
 :func:`optax.scale_by_sign`, and its momentum is :func:`optax.ema` (without
@@ -38,6 +38,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -92,7 +93,6 @@ def _per_leaf_axes(state: Any, tree: Any) -> list[int]:
 def unchecked_scale_per_leaf(multipliers: masks.LeafValues, *,
                              arg_name: str = "multipliers",
                              stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-                             checked: bool = False,
                              ) -> GradientTransformation:
   r"""Multiplies each leaf's update by its own constant (MXNet's ``lr_mult``).
 
@@ -119,9 +119,6 @@ def unchecked_scale_per_leaf(multipliers: masks.LeafValues, *,
     A :class:`optax.GradientTransformation`; its state is
     :class:`optax.EmptyState`, or :class:`PerLeafState` when a leaf is stacked.
   """
-  if checked:
-    masks.check_leaf_values(multipliers, arg_name)
-    stacked_mod.check_stacked(stacked)
 
   def init_fn(params):
     mults, state = _per_leaf_init(params, multipliers, arg_name, stacked)
@@ -141,7 +138,7 @@ def unchecked_scale_per_leaf(multipliers: masks.LeafValues, *,
   return GradientTransformation(init_fn, update_fn)
 
 
-scale_per_leaf = v.public_link(unchecked_scale_per_leaf)
+scale_per_leaf = _links.public_link(unchecked_scale_per_leaf, params=None)
 
 
 def unchecked_add_decayed_weights_per_leaf(
@@ -150,7 +147,6 @@ def unchecked_add_decayed_weights_per_leaf(
     multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adds :math:`\lambda_i w` to each leaf's update, with a per-leaf rate.
 
@@ -178,24 +174,14 @@ def unchecked_add_decayed_weights_per_leaf(
     A :class:`optax.GradientTransformation` (state as for
     :func:`scale_per_leaf`); ``update`` needs ``params``.
   """
-  checks = checked
-  if checks:
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
-    masks.check_leaf_values(multipliers, arg_name)
-    stacked_mod.check_stacked(stacked)
   name = "add_decayed_weights_per_leaf"
 
   def init_fn(params):
-    if checks:
-      v.check_float_params(params, name, allow_complex=True)
-      v.check_representable("weight_decay", weight_decay, params)
     return _per_leaf_init(params, multipliers, arg_name, stacked)[1]
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(multipliers, params, arg_name,
@@ -212,7 +198,8 @@ def unchecked_add_decayed_weights_per_leaf(
   return GradientTransformation(init_fn, update_fn)
 
 
-add_decayed_weights_per_leaf = v.public_link(unchecked_add_decayed_weights_per_leaf)
+add_decayed_weights_per_leaf = _links.public_link(unchecked_add_decayed_weights_per_leaf,
+                                                  params="complex", same_structure=True)
 
 
 class ScaleByCautionState(NamedTuple):
@@ -233,7 +220,6 @@ def unchecked_scale_by_caution(
     *,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     axis_name: stacked_mod.AxisNameLike = None,
-    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Masks the output of ``inner`` where it disagrees in sign with its input.
 
@@ -279,10 +265,6 @@ def unchecked_scale_by_caution(
     One Line of Code <https://arxiv.org/abs/2411.16085>`_, 2024; timm
     ``timm.optim``'s ``caution``.
   """
-  if checked:
-    v.check_transformation(inner)
-    stacked_mod.check_stacked(stacked)
-    stacked_mod.check_axis_names(axis_name)
   inner_tx = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -323,7 +305,7 @@ def unchecked_scale_by_caution(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-scale_by_caution = v.public_link(unchecked_scale_by_caution)
+scale_by_caution = _links.public_link(unchecked_scale_by_caution, params=None)
 
 
 class AddDecoupledWeightDecayState(NamedTuple):
@@ -349,7 +331,6 @@ def unchecked_add_decoupled_weight_decay(
     wd_mult: masks.LeafValues = None,
     lr_mult: masks.LeafValues = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
-    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Decays the weights first, then runs ``inner`` on the decayed weights.
 
@@ -394,14 +375,6 @@ def unchecked_add_decoupled_weight_decay(
     <https://arxiv.org/abs/1711.05101>`_, ICLR 2019; Keras 3
     ``keras.optimizers.Optimizer(weight_decay=...)``; timm ``Lamb``.
   """
-  checks = checked
-  if checks:
-    v.check_transformation(inner)
-    v.check_learning_rate("learning_rate", learning_rate)
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
-    masks.check_leaf_values(wd_mult, "wd_mult")
-    masks.check_leaf_values(lr_mult, "lr_mult")
-    stacked_mod.check_stacked(stacked)
   inner_tx = optax.with_extra_args_support(inner)
   name = "add_decoupled_weight_decay"
 
@@ -411,9 +384,6 @@ def unchecked_add_decoupled_weight_decay(
     return [utils.times(utils.times(weight_decay, a), b) for a, b in zip(wd, lr)]
 
   def init_fn(params):
-    if checks:
-      v.check_float_params(params, name, allow_complex=True)
-      v.check_representable("weight_decay", weight_decay, params)
     if wd_mult is not None or lr_mult is not None:
       masks.check_unique_names(params)
     ks = stacked_mod.resolve(stacked, params)
@@ -426,8 +396,6 @@ def unchecked_add_decoupled_weight_decay(
     if params is None:
       raise ValueError(f"params: {name} needs the params (update(grads, state, params)).")
     params = v.align_params(updates, params)
-    if checks:
-      v.check_same_structure(updates, params, name)
     flat_p, treedef = jax.tree.flatten(params)
     ks = stacked_mod.axes_from_markers(state.layers, len(flat_p))
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
@@ -451,14 +419,12 @@ def unchecked_add_decoupled_weight_decay(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-add_decoupled_weight_decay = v.public_link(unchecked_add_decoupled_weight_decay)
+add_decoupled_weight_decay = _links.public_link(unchecked_add_decoupled_weight_decay,
+                                                params="complex", same_structure=True)
 
 
 def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
-  try:
-    items = tuple(value)
-  except TypeError:
-    items = None
+  items = tuple(value) if isinstance(value, (list, tuple)) else None
   if items is None or any(not isinstance(t, (tuple, list)) or len(t) not in sizes
                           or not isinstance(t[0], str) for t in items):
     raise TypeError(f"{arg}: expected a sequence of {' or '.join(map(str, sizes))}-tuples "
@@ -488,7 +454,6 @@ def unchecked_check_inputs(
     leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
     hyperparams: Sequence[tuple[Any, ...]] = (),
     complex_params: bool = False,
-    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   """Checks params and gradients; casts each gradient to its param's dtype.
 
@@ -524,16 +489,7 @@ def unchecked_check_inputs(
   Returns:
     A stateless :class:`optax.GradientTransformationExtraArgs`.
   """
-  if not isinstance(name, str):
-    raise TypeError(f"name: expected a string, got {name!r}.")
-  names = _check_tuples("names", names, 3)
-  leaf_values = _check_tuples("leaf_values", leaf_values, 2)
-  hyperparams = _check_tuples("hyperparams", hyperparams, 2)
-  if checked:  # (an optimizer has checked the arguments it names here)
-    for arg, mask, _ in names:
-      masks.check_mask_like(mask, arg)
-    for arg, spec in leaf_values:
-      masks.check_leaf_values(spec, arg)
+  names, leaf_values, hyperparams = tuple(names), tuple(leaf_values), tuple(hyperparams)
 
   def init_fn(params):
     v.check_float_params(params, name, allow_complex=complex_params)
@@ -573,6 +529,22 @@ def unchecked_check_inputs(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-check_inputs = v.public_link(unchecked_check_inputs)
+def _check_names(arg: str, value: Any) -> None:
+  for name, mask, _ in _check_tuples(arg, value, 3):
+    masks.check_mask_like(mask, name)
+
+
+def _check_leaf_values(arg: str, value: Any) -> None:
+  for name, spec in _check_tuples(arg, value, 2):
+    masks.check_leaf_values(spec, name)
+
+
+check_inputs = _links.public_link(unchecked_check_inputs, params=None, declared={
+    "name": _links.TEXT,
+    "names": _links.Arg(_check_names),
+    "leaf_values": _links.Arg(_check_leaf_values),
+    "hyperparams": _links.Arg(lambda arg, value: _check_tuples(arg, value, 2)),
+    "complex_params": _links.FLAG,
+})
 
 

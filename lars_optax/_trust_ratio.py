@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _ratios
+from lars_optax import _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
@@ -95,8 +95,9 @@ def lars_trust_ratio(
 
   Raises:
     ValueError: for a ``trust_coefficient``, ``ratio_weight_decay`` or ``eps``
-      that is not a finite number >= 0, or a ``grad_scale`` that is not finite (as the
-      optimizers do; the message starts with the argument's name).
+      that is not a finite number >= 0, or a ``grad_scale`` that is not a finite number
+      > 0 (as :func:`scale_by_lars_trust_ratio` and the optimizers check them; the message
+      starts with the argument's name).
     TypeError: for a hyperparameter that is not a real number, or a
       ``param``/``grad`` that is not a real floating point array.
 
@@ -104,18 +105,16 @@ def lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
-  v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("grad_scale", grad_scale)
+  scalars = {"trust_coefficient": trust_coefficient, "ratio_weight_decay": ratio_weight_decay,
+             "eps": eps, "grad_scale": grad_scale}
+  _links.check_declared(scalars)
   v.check_axis_name(axis_name)
   for arg, x in (("param", param), ("grad", grad)):
     dtype = getattr(x, "dtype", None)
     dtype = np.asarray(x).dtype if dtype is None else dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
-  for arg, value in (("trust_coefficient", trust_coefficient),
-                     ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
+  for arg, value in scalars.items():
     v.check_representable(arg, value, param)
   if not stacked_mod.is_int(layer_axes) or not 0 <= layer_axes < max(np.ndim(param), 1):
     raise ValueError(f"layer_axes: expected an int in [0, param.ndim), got {layer_axes!r} "
@@ -181,7 +180,6 @@ def unchecked_scale_by_lars_trust_ratio(
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     larc_learning_rate: optax.ScalarOrSchedule | None = None,
-    checked: bool = False,
 ) -> GradientTransformationExtraArgs:
   r"""Scales the output of ``inner`` by the LARS trust ratio of each leaf.
 
@@ -257,32 +255,10 @@ def unchecked_scale_by_lars_trust_ratio(
     You, Gitman and Ginsburg, `Large Batch Training of Convolutional Networks
     <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
-  checks = checked
-  if checks:
-    v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
-    v.check_scalar("ratio_weight_decay", ratio_weight_decay, low=0.0)
-    v.check_scalar("eps", eps, low=0.0)
-    v.check_scalar("grad_scale", grad_scale, low=0.0, low_open=True)
-    if inner is not None:
-      v.check_transformation(inner)
-    masks.check_mask_like(skip, "skip")
-    masks.check_leaf_values(wd_mult, "wd_mult")
-    stacked_mod.check_axis_names(axis_name)
-    stacked_mod.check_stacked(stacked)
-    if larc_learning_rate is not None:
-      v.check_learning_rate("larc_learning_rate", larc_learning_rate)
   inner_tx = optax.with_extra_args_support(inner or optax.identity())
   name = "scale_by_lars_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLarsTrustRatioState:
-    if checks:
-      v.check_float_params(params, name, allow_complex=True)
-      for arg, value in (("trust_coefficient", trust_coefficient),
-                         ("ratio_weight_decay", ratio_weight_decay), ("eps", eps)):
-        v.check_representable(arg, value, params)
-      v.check_representable("grad_scale", grad_scale, params)
-      masks.check_unique_names(params)
-      masks.check_matches(skip, params, "skip")
     if skip is masks.MXNET_DEFAULT:
       masks.warn_foreign_names(params)
     ks = stacked_mod.resolve(stacked, params)
@@ -298,9 +274,6 @@ def unchecked_scale_by_lars_trust_ratio(
   def update_fn(updates, state, params=None, **extra_args):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
-      v.check_float_params(params, name, allow_complex=True)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     flat_g, treedef = jax.tree.flatten(updates)
@@ -329,7 +302,9 @@ def unchecked_scale_by_lars_trust_ratio(
   return GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-scale_by_lars_trust_ratio = v.public_link(unchecked_scale_by_lars_trust_ratio, _LINK_NAMES)
+scale_by_lars_trust_ratio = _links.public_link(
+    unchecked_scale_by_lars_trust_ratio, params="complex", matches=("skip",),
+    same_structure=True, hints=_LINK_NAMES)
 
 
 @_ratios.ratio_state
@@ -357,7 +332,6 @@ def unchecked_scale_by_lamb_trust_ratio(
     axis_name: stacked_mod.AxisNameLike = None,
     stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA,
     max_trust_ratio: float | None = None,
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""Scales each leaf's update by the LAMB trust ratio (MXNet's rule).
 
@@ -408,19 +382,10 @@ def unchecked_scale_by_lamb_trust_ratio(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
     2.0 ``mxnet.optimizer.LAMB``.
   """
-  checks = checked
-  if checks:
-    _ratios.check_bounds(lower_bound, upper_bound)
-    masks.check_mask_like(skip, "skip")
-    stacked_mod.check_axis_names(axis_name)
-    stacked_mod.check_stacked(stacked)
-    if max_trust_ratio is not None:
-      v.check_scalar("max_trust_ratio", max_trust_ratio, low=0.0, low_open=True)
   name = "scale_by_lamb_trust_ratio"
 
   def init_fn(params: optax.Params) -> ScaleByLambTrustRatioState:
-    ks = _ratios.ratio_axes(params, name, skip, lower_bound, upper_bound, stacked,
-                            checks=checks, allow_complex=True)
+    ks = _ratios.ratio_axes(params, skip, stacked)
     stacked_mod.resolve_axis_names(axis_name, params, ks)
     return ScaleByLambTrustRatioState(_ratios.ratio_vector(params),
                                       _ratios.layer_ratios(params, ks))
@@ -428,8 +393,6 @@ def unchecked_scale_by_lamb_trust_ratio(
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
     ks = _ratios.layer_axes(state.layer_trust_ratio, params)
     skipped = masks.resolve_mask(skip, params, "skip", ks)
     flat_u, treedef = jax.tree.flatten(updates)
@@ -447,7 +410,9 @@ def unchecked_scale_by_lamb_trust_ratio(
   return GradientTransformation(init_fn, update_fn)
 
 
-scale_by_lamb_trust_ratio = v.public_link(unchecked_scale_by_lamb_trust_ratio)
+scale_by_lamb_trust_ratio = _links.public_link(
+    unchecked_scale_by_lamb_trust_ratio, relations=_ratios.bound_order, params="complex",
+    matches=("skip",), same_structure=True)
 
 
 def trust_ratios(state: optax.OptState, params: Any = None) -> Any:

@@ -412,7 +412,7 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   (:func:`functools.wraps`), so :func:`inspect.signature`,
   :func:`lars_optax.mxnet.create` and ``optax.inject_hyperparams`` see its own
   arguments. An optimizer checks its own arguments and chains the links'
-  unchecked twins (see :func:`public_link`).
+  rules (see :func:`lars_optax._links.public_link`).
   """
 
   def decorate(fn: _F) -> _F:
@@ -431,34 +431,6 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
     return cast(_F, wrapper)
 
   return decorate
-
-
-def public_link(unchecked: _F, hints: Mapping[str, str] | None = None) -> _F:
-  """The public link of ``unchecked_<name>``, its private twin: ``<name>(...)`` is
-  ``unchecked_<name>(..., checked=True)``.
-
-  An argument is checked once, where it enters. A public link checks what it is
-  given, every time, whoever calls it: its arguments when it is built, the params
-  and gradients in ``init`` and ``update``. An optimizer checks its own arguments
-  and, in its first link (:func:`check_inputs <lars_optax.check_inputs>`), the trees,
-  and then chains the twins, which trust them (``checked=False``, the default).
-  ``hints``: as :func:`keyword_hints`.
-  """
-  name = unchecked.__name__.removeprefix("unchecked_")
-  signature = inspect.signature(unchecked)
-
-  @functools.wraps(unchecked)
-  def link(*args: Any, **kwargs: Any) -> Any:
-    if "checked" in kwargs:
-      raise TypeError(f"checked: {name}() has no argument 'checked'; a public link always "
-                      "checks what it is given.")
-    return unchecked(*args, checked=True, **kwargs)
-
-  link.__name__ = link.__qualname__ = name
-  link.__signature__ = signature.replace(  # type: ignore[attr-defined]
-      parameters=[p for p in signature.parameters.values() if p.name != "checked"])
-  del link.__wrapped__  # (its signature is the one above, without ``checked``)
-  return keyword_hints(hints or {})(cast(_F, link))
 
 
 _MXNET_HINTS = {

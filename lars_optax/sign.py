@@ -22,16 +22,14 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
 __all__ = ["signsgd", "signum"]
 
 
-@v.mxnet_names
+@base.optimizer()
 def signum(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -88,27 +86,20 @@ def signum(
     Optimisation for Non-Convex Problems <https://arxiv.org/abs/1802.04434>`_,
     ICML 2018; Apache MXNet 2.0 ``mxnet.optimizer.Signum``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
   if utils.is_const(momentum, 0):
     return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
                    clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
                    multi_precision=multi_precision)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
   if isinstance(momentum, jax.Array):
     # Possibly traced (optax.inject_hyperparams): 0 selects signSGD in the computation.
-    parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-    parts += [_sign_of_momentum_or_gradient(momentum, wd, wd_mult)]
+    parts = [*common.preprocess(decay=False), _sign_of_momentum_or_gradient(momentum, wd, wd_mult)]
   else:
-    parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-    parts += [utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
-              optax.scale_by_sign()]
+    parts = [*common.preprocess(), utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
+             optax.scale_by_sign()]
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return assembly.finish(parts, "signum", multi_precision=multi_precision,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      wd_lh=wd_lh, rescale_grad=rescale_grad))
+  return common.finish(parts, "signum", hyperparams={"wd_lh": wd_lh})
 
 
 def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
@@ -136,7 +127,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   return optax.GradientTransformation(ema.init, update_fn)
 
 
-@v.mxnet_names
+@base.optimizer()
 def signsgd(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -180,15 +171,11 @@ def signsgd(
   References:
     Bernstein et al., `signSGD <https://arxiv.org/abs/1802.04434>`_, 2018.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("wd_lh", wd_lh, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
   parts = [optax.scale_by_sign()]
   if not utils.is_const(wd, 0):
     parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
                                                         arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return assembly.finish(parts, "signsgd", multi_precision=multi_precision,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      wd_lh=wd_lh, rescale_grad=rescale_grad))
+  return common.finish(parts, "signsgd", hyperparams={"wd_lh": wd_lh})

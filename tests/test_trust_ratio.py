@@ -32,8 +32,8 @@ class TrustRatioTest(chex.TestCase):
     g = jnp.full((2, 3), 0.5)
     np.testing.assert_allclose(ratio(w, g, 0.1, 0.01, 1e-3), _np_ratio(w, g, 0.1, 0.01, 1e-3),
                                rtol=1e-6)
-    # grad_scale multiplies the gradient norm by |s|.
-    np.testing.assert_allclose(ratio(w, g, 0.1, 0.0, 0.0, -4.0), _np_ratio(w, 4 * g, 0.1, 0, 0),
+    # grad_scale multiplies the gradient norm by s.
+    np.testing.assert_allclose(ratio(w, g, 0.1, 0.0, 0.0, 4.0), _np_ratio(w, 4 * g, 0.1, 0, 0),
                                rtol=1e-6)
     zeros = jnp.zeros((2, 3))
     for bad_w, bad_g in [(zeros, g), (w, zeros), (w, g.at[0, 0].set(jnp.nan)),
@@ -95,6 +95,13 @@ class TrustRatioTest(chex.TestCase):
         lars_optax.scale_by_lars_trust_ratio(**kwargs)
     with pytest.raises(TypeError, match="inner"):
       lars_optax.scale_by_lars_trust_ratio(inner=lambda x: x)
+    # grad_scale means one thing in both places: MXNet's rescale_grad, > 0.
+    w = jnp.ones(3)
+    for scale in (0.0, -4.0):
+      with pytest.raises(ValueError, match=r"^grad_scale: must be > 0"):
+        lars_optax.scale_by_lars_trust_ratio(grad_scale=scale)
+      with pytest.raises(ValueError, match=r"^grad_scale: must be > 0"):
+        lars_optax.lars_trust_ratio(w, w, grad_scale=scale)
 
   def test_custom_chain_with_masked_weight_decay(self):
     """Users build variants: a LAMB-like chain with decay off for norm/bias leaves."""

@@ -35,17 +35,12 @@ from lars_optax.mxnet._adagrad_family import (
     scale_by_group_adagrad,
     scale_by_mxnet_adagrad,
 )
-from lars_optax.mxnet._adam_family import (
+from lars_optax.mxnet._adam_family import adabelief, adam, adamax, adamw, ftml, nadam
+from lars_optax.mxnet._adam_links import (
     ScaleByAdamMomentsState,
     ScaleByBiasCorrectionState,
     ScaleByFTMLState,
     ScaleByNadamState,
-    adabelief,
-    adam,
-    adamax,
-    adamw,
-    ftml,
-    nadam,
     scale_by_adam_moments,
     scale_by_bias_correction,
     scale_by_ftml,

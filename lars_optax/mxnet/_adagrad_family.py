@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _assembly as assembly
+from lars_optax import _links
 from lars_optax import _row_wise
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
@@ -77,8 +77,7 @@ def _divide(u: jax.Array, h: jax.Array, eps: Any) -> jax.Array:
   return utils.safe_divide(u.astype(dt), denom).astype(u.dtype)
 
 
-def unchecked_scale_by_mxnet_adagrad(eps: float = 1e-6, *,
-                                     checked: bool = False) -> optax.GradientTransformation:
+def unchecked_scale_by_mxnet_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   r"""Adagrad's scaling with :math:`\epsilon` outside the square root (MXNet's rule).
 
   .. math::
@@ -104,14 +103,8 @@ def unchecked_scale_by_mxnet_adagrad(eps: float = 1e-6, *,
     and Stochastic Optimization <https://jmlr.org/papers/v12/duchi11a.html>`_,
     JMLR 2011; Apache MXNet 2.0 ``mxnet.optimizer.AdaGrad``.
   """
-  checks = checked
-  if checks:
-    v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> optax.ScaleByRssState:
-    if checks:
-      v.check_float_params(params, "scale_by_mxnet_adagrad")
-      v.check_representable("eps", eps, params)
     return optax.ScaleByRssState(sum_of_squares=jax.tree.map(jnp.zeros_like, params))
 
   def update_fn(updates, state, params=None):
@@ -123,7 +116,7 @@ def unchecked_scale_by_mxnet_adagrad(eps: float = 1e-6, *,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-scale_by_mxnet_adagrad = v.public_link(unchecked_scale_by_mxnet_adagrad)
+scale_by_mxnet_adagrad = _links.public_link(unchecked_scale_by_mxnet_adagrad)
 
 
 @_row_wise.row_wise("row_sum_of_squares")
@@ -150,8 +143,7 @@ def _row_mean_square(u: jax.Array) -> jax.Array:
   return jnp.mean(jnp.square(wide), axis=tuple(range(1, u.ndim)), keepdims=True).astype(u.dtype)
 
 
-def unchecked_scale_by_group_adagrad(eps: float = 1e-6, *,
-                                     checked: bool = False) -> optax.GradientTransformation:
+def unchecked_scale_by_group_adagrad(eps: float = 1e-6) -> optax.GradientTransformation:
   r"""Adagrad with one accumulator per row (axis 0) of each leaf (MXNet's GroupAdaGrad).
 
   For row :math:`i` of a leaf with :math:`d` entries per row:
@@ -180,14 +172,8 @@ def unchecked_scale_by_group_adagrad(eps: float = 1e-6, *,
     <https://jmlr.org/papers/v12/duchi11a.html>`_, JMLR 2011; Apache MXNet 2.0
     ``mxnet.optimizer.contrib.GroupAdaGrad``.
   """
-  checks = checked
-  if checks:
-    v.check_scalar("eps", eps, low=0.0)
 
   def init_fn(params: optax.Params) -> ScaleByGroupAdagradState:
-    if checks:
-      v.check_float_params(params, "scale_by_group_adagrad")
-      v.check_representable("eps", eps, params)
     return ScaleByGroupAdagradState(jax.tree.map(
         lambda p: jnp.zeros(_row_shape(jnp.shape(p)), p.dtype), params))
 
@@ -201,10 +187,10 @@ def unchecked_scale_by_group_adagrad(eps: float = 1e-6, *,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-scale_by_group_adagrad = v.public_link(unchecked_scale_by_group_adagrad)
+scale_by_group_adagrad = _links.public_link(unchecked_scale_by_group_adagrad)
 
 
-def unchecked_clip_params(max_abs: float, checked: bool = False) -> optax.GradientTransformation:
+def unchecked_clip_params(max_abs: float) -> optax.GradientTransformation:
   r"""Updates that keep the params in :math:`[-c, c]` (MXNet's ``clip_weights``).
 
   .. math:: \text{update} = \mathrm{clip}(w + u, -c, c) - w
@@ -222,20 +208,13 @@ def unchecked_clip_params(max_abs: float, checked: bool = False) -> optax.Gradie
   References:
     Apache MXNet 2.0 ``mxnet.optimizer.RMSProp`` (``clip_weights``).
   """
-  checks = checked
-  if checks:
-    v.check_scalar("max_abs", max_abs, low=0.0, low_open=True)
 
   def init_fn(params: optax.Params) -> optax.EmptyState:
-    if checks:
-      v.check_representable("max_abs", max_abs, params)
     return optax.EmptyState()
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, "clip_params")
-    if checks:
-      v.check_same_structure(updates, params, "clip_params")
 
     def clip(u, w):
       c = utils.cast(max_abs, u.dtype)
@@ -247,7 +226,7 @@ def unchecked_clip_params(max_abs: float, checked: bool = False) -> optax.Gradie
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-clip_params = v.public_link(unchecked_clip_params)
+clip_params = _links.public_link(unchecked_clip_params, params=None, same_structure=True)
 
 
 @_row_wise.row_wise("z", "n")
@@ -273,7 +252,6 @@ def unchecked_ftrl_proximal(
     weight_decay: float = 0.0,
     lr_mult: masks.LeafValues = None,
     wd_mult: masks.LeafValues = None,
-    checked: bool = False,
 ) -> optax.GradientTransformation:
   r"""FTRL-proximal (McMahan et al.), as MXNet computes it: new weights from the state.
 
@@ -317,22 +295,9 @@ def unchecked_ftrl_proximal(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  checks = checked
-  if checks:
-    v.check_learning_rate("learning_rate", learning_rate, positive=True)
-    v.check_scalar("lamda1", lamda1, low=0.0)
-    v.check_scalar("beta", beta, low=0.0)
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
-    masks.check_leaf_values(lr_mult, "lr_mult")
-    masks.check_leaf_values(wd_mult, "wd_mult")
   name = "ftrl_proximal"
 
   def init_fn(params: optax.Params) -> FtrlProximalState:
-    if checks:
-      v.check_float_params(params, name)
-      for arg, value in (("learning_rate", learning_rate), ("lamda1", lamda1), ("beta", beta),
-                         ("weight_decay", weight_decay)):
-        v.check_representable(arg, value, params)
     if lr_mult is not None or wd_mult is not None:
       masks.check_unique_names(params)
     masks.resolve_leaf_values(lr_mult, params, "lr_mult", check_names=True)
@@ -344,8 +309,6 @@ def unchecked_ftrl_proximal(
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     flat_g, treedef = jax.tree.flatten(updates)
     flat_w = treedef.flatten_up_to(params)
@@ -377,7 +340,9 @@ def unchecked_ftrl_proximal(
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-ftrl_proximal = v.public_link(unchecked_ftrl_proximal)
+ftrl_proximal = _links.public_link(
+    unchecked_ftrl_proximal, declared={"learning_rate": _links.POSITIVE_RATE},
+    same_structure=True)
 
 
 # --------------------------------------------------------------------------
@@ -405,7 +370,7 @@ def _no_decay_on_sparse(wd: float, wd_mult: masks.LeafValues):
   return check
 
 
-@v.mxnet_names
+@base.optimizer()
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -459,21 +424,14 @@ def adagrad(
     and Stochastic Optimization <https://jmlr.org/papers/v12/duchi11a.html>`_,
     JMLR 2011; Apache MXNet 2.0 ``mxnet.optimizer.AdaGrad``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [unchecked_scale_by_mxnet_adagrad(epsilon), base.learning_rate_part(learning_rate),
-            *base.lr_mult_part(lr_mult)]
-  return assembly.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad,
-                                                      epsilon=epsilon),
-                         row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(), unchecked_scale_by_mxnet_adagrad(epsilon), *common.rate()]
+  return common.finish(parts, "adagrad", squares=True, hyperparams={"epsilon": epsilon},
+                       row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
-@v.mxnet_names
+@base.optimizer()
 def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -523,21 +481,14 @@ def groupadagrad(
     <https://jmlr.org/papers/v12/duchi11a.html>`_, JMLR 2011; Apache MXNet 2.0
     ``mxnet.optimizer.contrib.GroupAdaGrad``.
   """
-  base.check_base(learning_rate, 0.0, rescale_grad, clip_gradient, lr_mult, None)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts += [unchecked_scale_by_group_adagrad(epsilon), base.learning_rate_part(learning_rate),
-            *base.lr_mult_part(lr_mult)]
-  return assembly.finish(parts, "groupadagrad", multi_precision=multi_precision, squares=True,
-                         leaf_values=[("lr_mult", lr_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate,
-                                                      rescale_grad=rescale_grad,
-                                                      epsilon=epsilon),
-                         row_sparse=True)
+  common = base.Base(learning_rate, 0.0, rescale_grad, clip_gradient, lr_mult, None,
+                     multi_precision)
+  parts = [*common.preprocess(), unchecked_scale_by_group_adagrad(epsilon), *common.rate()]
+  return common.finish(parts, "groupadagrad", squares=True, hyperparams={"epsilon": epsilon},
+                       row_sparse=True)
 
 
-@v.mxnet_names
+@base.optimizer(declared=_links.POSITIVE_EPSILON)
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -610,16 +561,9 @@ def rmsprop(
     <https://arxiv.org/abs/1308.0850>`_, 2013, eqs. (38)-(45); Apache MXNet 2.0
     ``mxnet.optimizer.RMSProp``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("rho", rho, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0, low_open=True)
-  centered = v.check_flag("centered", centered)
-  if clip_weights is not None:
-    v.check_scalar("clip_weights", clip_weights, low=0.0, low_open=True,
-                   alternative=", or None")
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = common.preprocess()
   if centered:
     parts += [utils.keep_dtypes(optax.scale_by_stddev(rho, epsilon, eps_in_sqrt=True),
                                 rho, epsilon),
@@ -627,17 +571,13 @@ def rmsprop(
               unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
   else:
     parts += [utils.keep_dtypes(optax.scale_by_rms(rho, epsilon, eps_in_sqrt=False),
-                                rho, epsilon),
-              base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
+                                rho, epsilon), *common.rate()]
   if clip_weights is not None:
     parts.append(unchecked_clip_params(clip_weights))
-  return assembly.finish(parts, "rmsprop", multi_precision=multi_precision, squares=True,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad, epsilon=epsilon))
+  return common.finish(parts, "rmsprop", squares=True, hyperparams={"epsilon": epsilon})
 
 
-@v.mxnet_names
+@base.optimizer(declared=_links.POSITIVE_EPSILON)
 def adadelta(
     learning_rate: optax.ScalarOrSchedule = 1.0,
     *,
@@ -687,20 +627,15 @@ def adadelta(
     <https://arxiv.org/abs/1212.5701>`_, 2012; Apache MXNet 2.0
     ``mxnet.optimizer.AdaDelta``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("rho", rho, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0, low_open=True)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult)]
-  return assembly.finish(parts, "adadelta", multi_precision=multi_precision, squares=True,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad, epsilon=epsilon))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(),
+           utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
+           *common.rate()]
+  return common.finish(parts, "adadelta", squares=True, hyperparams={"epsilon": epsilon})
 
 
-@v.mxnet_names
+@base.optimizer(declared={"learning_rate": _links.POSITIVE_RATE})
 def ftrl(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -760,17 +695,10 @@ def ftrl(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                  positive_lr=True)
-  v.check_scalar("lamda1", lamda1, low=0.0)
-  v.check_scalar("beta", beta, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, 0.0, None)
-  parts += [unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
-                                    lr_mult=lr_mult, wd_mult=wd_mult)]
-  return assembly.finish(parts, "ftrl", multi_precision=multi_precision, squares=True,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad, lamda1=lamda1,
-                                                      beta=beta),
-                         row_sparse=True)
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(decay=False),
+           unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
+                                   lr_mult=lr_mult, wd_mult=wd_mult)]
+  return common.finish(parts, "ftrl", squares=True,
+                       hyperparams={"lamda1": lamda1, "beta": beta}, row_sparse=True)

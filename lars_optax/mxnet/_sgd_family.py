@@ -35,7 +35,7 @@ import optax
 from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
-from lars_optax import _assembly as assembly
+from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -55,7 +55,16 @@ __all__ = [
 _SEED_MAX = 2**32 - 1
 
 
-@v.mxnet_names
+def _lazy_or_master_weights(*, lazy_update: bool, multi_precision: bool, **_: Any) -> None:
+  if lazy_update and multi_precision:
+    raise ValueError(
+        "lazy_update: sgd takes lazy_update=True or multi_precision=True, not both, as "
+        "MXNet's SGD asserts. For row-sparse updates keep lazy_update=True with float32 "
+        "or bfloat16 params; for float32 master weights pass lazy_update=False (adam "
+        "takes both, on dense gradients).")
+
+
+@base.optimizer(relations=_lazy_or_master_weights)
 def sgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -96,26 +105,14 @@ def sgd(
   Returns:
     An :class:`optax.GradientTransformation`.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  lazy_update = v.check_flag("lazy_update", lazy_update)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  if lazy_update and multi_precision:
-    raise ValueError(
-        "lazy_update: sgd takes lazy_update=True or multi_precision=True, not both, as "
-        "MXNet's SGD asserts. For row-sparse updates keep lazy_update=True with float32 "
-        "or bfloat16 params; for float32 master weights pass lazy_update=False (adam "
-        "takes both, on dense gradients).")
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return assembly.finish(parts, "sgd", lazy=lazy_update, multi_precision=multi_precision,
-                         complex_params=clip_gradient is None,
-                     leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                     hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                              rescale_grad=rescale_grad))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(), *base.lr_mult_part(lr_mult),
+           unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
+  return common.finish(parts, "sgd", lazy=lazy_update, complex_params=clip_gradient is None)
 
 
-@v.mxnet_names
+@base.optimizer()
 def nag(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -171,17 +168,11 @@ def nag(
     <https://proceedings.mlr.press/v28/sutskever13.html>`_, ICML 2013;
     Apache MXNet 2.0 ``mxnet.optimizer.NAG``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [*base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum,
-                                                                  nesterov=True)]
-  return assembly.finish(parts, "nag", multi_precision=multi_precision,
-                         complex_params=clip_gradient is None,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(), *base.lr_mult_part(lr_mult),
+           unchecked_mxnet_momentum(learning_rate, momentum=momentum, nesterov=True)]
+  return common.finish(parts, "nag", complex_params=clip_gradient is None)
 
 
 class DelayCompensationState(NamedTuple):
@@ -195,8 +186,7 @@ class DelayCompensationState(NamedTuple):
   previous_params: optax.Params
 
 
-def unchecked_add_delay_compensation(variance_control: float = 0.04, *,
-                                     checked: bool = False) -> GradientTransformation:
+def unchecked_add_delay_compensation(variance_control: float = 0.04) -> GradientTransformation:
   r"""Adds DC-ASGD's delay compensation to the update (needs ``params``).
 
   .. math::
@@ -224,23 +214,15 @@ def unchecked_add_delay_compensation(variance_control: float = 0.04, *,
     Gradient Descent with Delay Compensation
     <https://arxiv.org/abs/1609.08326>`_, ICML 2017.
   """
-  checks = checked
-  if checks:
-    v.check_scalar("variance_control", variance_control, low=0.0)
   name = "add_delay_compensation"
 
   def init_fn(params: optax.Params) -> DelayCompensationState:
-    if checks:
-      v.check_float_params(params, name)
-      v.check_representable("variance_control", variance_control, params)
     # A copy, so that donating the params to a jitted step leaves the state intact.
     return DelayCompensationState(jax.tree.map(lambda p: jnp.array(p, copy=True), params))
 
   def update_fn(updates, state, params=None):
     params = v.align_params(updates, params)
     v.require_params(params, name)
-    if checks:
-      v.check_same_structure(updates, params, name)
 
     def compensate(u, w, prev):
       if utils.is_const(variance_control, 0):
@@ -258,10 +240,10 @@ def unchecked_add_delay_compensation(variance_control: float = 0.04, *,
   return GradientTransformation(init_fn, update_fn)
 
 
-add_delay_compensation = v.public_link(unchecked_add_delay_compensation)
+add_delay_compensation = _links.public_link(unchecked_add_delay_compensation, same_structure=True)
 
 
-@v.mxnet_names
+@base.optimizer()
 def dcasgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -319,17 +301,11 @@ def dcasgd(
     <https://arxiv.org/abs/1609.08326>`_, ICML 2017; Apache MXNet 2.0
     ``mxnet.optimizer.DCASGD``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("lamda", lamda, low=0.0)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [unchecked_add_delay_compensation(lamda), *base.lr_mult_part(lr_mult),
-            unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return assembly.finish(parts, "dcasgd", multi_precision=multi_precision,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      lamda=lamda, rescale_grad=rescale_grad))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(), unchecked_add_delay_compensation(lamda),
+           *base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
+  return common.finish(parts, "dcasgd", hyperparams={"lamda": lamda})
 
 
 class AddLangevinNoiseState(NamedTuple):
@@ -385,7 +361,6 @@ def unchecked_add_langevin_noise(
     key: Any = 0,
     multipliers: masks.LeafValues = None,
     arg_name: str = "multipliers",
-    checked: bool = False,
 ) -> GradientTransformation:
   r"""Adds Gaussian noise whose variance is the learning rate (Langevin dynamics).
 
@@ -430,17 +405,8 @@ def unchecked_add_langevin_noise(
     Dynamics <https://www.stats.ox.ac.uk/~teh/research/compstats/WelTeh2011a.pdf>`_,
     ICML 2011.
   """
-  checks = checked
-  if checks:
-    v.check_learning_rate("learning_rate", learning_rate)
-    _check_key("key", key)
-    masks.check_leaf_values(multipliers, arg_name)
-  name = "add_langevin_noise"
 
   def init_fn(params: optax.Params) -> AddLangevinNoiseState:
-    if checks:
-      v.check_float_params(params, name)
-      v.check_representable("learning_rate", learning_rate, params)
     if multipliers is not None:
       masks.check_unique_names(params)
     masks.resolve_leaf_values(multipliers, params, arg_name, check_names=True)
@@ -464,10 +430,11 @@ def unchecked_add_langevin_noise(
   return GradientTransformation(init_fn, update_fn)
 
 
-add_langevin_noise = v.public_link(unchecked_add_langevin_noise)
+add_langevin_noise = _links.public_link(unchecked_add_langevin_noise,
+                                        declared={"key": _links.Arg(_check_key)})
 
 
-@v.mxnet_names
+@base.optimizer(declared={"key": _links.Arg(_check_key)})
 def sgld(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -545,15 +512,9 @@ def sgld(
     Dynamics <https://www.stats.ox.ac.uk/~teh/research/compstats/WelTeh2011a.pdf>`_,
     ICML 2011; Apache MXNet 2.0 ``mxnet.optimizer.SGLD``.
   """
-  base.check_base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult)
-  _check_key("key", key)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  parts = base.preprocess(rescale_grad, clip_gradient, wd, wd_mult)
-  parts += [optax.scale(0.5), base.learning_rate_part(learning_rate),
-            *base.lr_mult_part(lr_mult),
-            unchecked_add_langevin_noise(learning_rate, key=key, multipliers=lr_mult,
-                                          arg_name="lr_mult")]
-  return assembly.finish(parts, "sgld", multi_precision=multi_precision,
-                         leaf_values=[("lr_mult", lr_mult), ("wd_mult", wd_mult)],
-                         hyperparams=base.hyperparams(learning_rate=learning_rate, wd=wd,
-                                                      rescale_grad=rescale_grad))
+  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
+                     multi_precision)
+  parts = [*common.preprocess(), optax.scale(0.5), *common.rate(),
+           unchecked_add_langevin_noise(learning_rate, key=key, multipliers=lr_mult,
+                                        arg_name="lr_mult")]
+  return common.finish(parts, "sgld")

@@ -9,7 +9,7 @@ from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax.mxnet._adam_family import unchecked_scale_by_mxnet_adam
+from lars_optax.mxnet._adam_links import unchecked_scale_by_mxnet_adam
 from lars_optax.sparse.lazy import lazy_update
 from lars_optax.porting import _shared as shared
 

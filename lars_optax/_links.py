@@ -1,0 +1,316 @@
+"""Private: a public link from its rule, and the one declaration of each argument.
+
+A link is written once, as its rule ``unchecked_<name>``: a plain function of its
+arguments that builds the :class:`optax.GradientTransformation` and checks
+nothing. The optimizers chain the rules, having checked their own arguments and,
+in their first link (:func:`lars_optax.check_inputs`), the trees;
+``group_by_shape`` builds the rules on stacks. :func:`public_link` makes the
+public ``<name>``, which checks what it is given, every time, whoever calls it:
+
+* its arguments, when it is built: each by its declaration in :data:`DECLARED`
+  (its kind, its range, and whether it must be finite in the params' dtype),
+  looked up by name, since a name means one thing everywhere; then the relations
+  between them (``relations``, a function of the link's arguments);
+* the trees, in ``init`` and ``update``: one wrapper (see :func:`public_link`'s
+  keywords) around the rule's transformation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, cast
+
+import optax
+
+from lars_optax import _masks as masks
+from lars_optax import _stacked as stacked_mod
+from lars_optax import _validation as v
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+  """One argument's declaration.
+
+  Attributes:
+    check: ``check(name, value)`` raises, naming ``name``, for a value of the
+      wrong kind or out of range (a None passes where the default is None).
+    in_dtype: a scalar that must be finite in the params' dtype (checked at
+      ``init``, see :func:`lars_optax._validation.check_representable`).
+    named_by: the argument whose value names this one in messages (``arg_name``).
+  """
+
+  check: Callable[[str, Any], Any]
+  in_dtype: bool = False
+  named_by: str | None = None
+
+
+def scalar(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, alternative: str = "", in_dtype: bool = True) -> Arg:
+  """A real number in the given range."""
+  return Arg(functools.partial(_scalar, low=low, high=high, low_open=low_open,
+                               high_open=high_open, alternative=alternative),
+             in_dtype=in_dtype)
+
+
+def optional(arg: Arg) -> Arg:
+  """``arg``, or None."""
+  def check(name: str, value: Any) -> None:
+    if value is not None:
+      arg.check(name, value)
+
+  return dataclasses.replace(arg, check=check)
+
+
+def _scalar(name: str, value: Any, **range_: Any) -> None:
+  v.check_scalar(name, value, **range_)
+
+
+def _rate(name: str, value: Any, positive: bool = False) -> None:
+  v.check_learning_rate(name, value, positive=positive)
+
+
+def _flag(name: str, value: Any) -> None:
+  v.check_flag(name, value)
+
+
+def _initial_count(name: str, value: Any) -> None:
+  v.check_count(name, value, maximum=v.MAX_INITIAL_COUNT, why=v.COUNT_WHY)
+
+
+def _text(name: str, value: Any) -> None:
+  if not isinstance(value, str):
+    raise TypeError(f"{name}: expected a string, got {value!r}.")
+
+
+def _axis_names(name: str, value: Any) -> None:
+  stacked_mod.check_axis_names(value, name)
+
+
+def _stacked(name: str, value: Any) -> None:
+  stacked_mod.check_stacked(value, name)
+
+
+def _leaf_values(name: str, value: Any) -> None:
+  masks.check_leaf_values(value, name)
+
+
+def _mask(name: str, value: Any) -> None:
+  masks.check_mask_like(value, name)
+
+
+def _transformation(name: str, value: Any) -> None:
+  v.check_transformation(value, name)
+
+
+UNIT = scalar(0.0, 1.0, high_open=True, in_dtype=False)
+"""A decay rate or momentum in [0, 1)."""
+NON_NEGATIVE = scalar(low=0.0)
+POSITIVE = scalar(low=0.0, low_open=True)
+RATE = Arg(_rate, in_dtype=True)
+POSITIVE_RATE = Arg(functools.partial(_rate, positive=True), in_dtype=True)
+"""A learning rate that is divided by: a constant one must be > 0."""
+FLAG = Arg(_flag)
+LEAF_VALUES = Arg(_leaf_values)
+MULTIPLIERS = Arg(_leaf_values, named_by="arg_name")
+MASK = Arg(_mask)
+TEXT = Arg(_text)
+
+DECLARED: dict[str, Arg] = {
+    "learning_rate": RATE,
+    "larc_learning_rate": Arg(_rate),
+    "momentum": UNIT,
+    "dampening": UNIT,
+    "nesterov": FLAG,
+    "b1": UNIT,
+    "b2": UNIT,
+    "eps": NON_NEGATIVE,
+    "eps_root": NON_NEGATIVE,
+    "bias_correction": FLAG,
+    "grad_averaging": FLAG,
+    "weight_decay": NON_NEGATIVE,
+    "wd_mult": LEAF_VALUES,
+    "lr_mult": LEAF_VALUES,
+    "multipliers": MULTIPLIERS,
+    "arg_name": TEXT,
+    "skip": MASK,
+    "axis_name": Arg(_axis_names),
+    "stacked": Arg(_stacked),
+    "inner": Arg(_transformation),
+    "trust_coefficient": NON_NEGATIVE,
+    "ratio_weight_decay": NON_NEGATIVE,
+    "grad_scale": POSITIVE,
+    "lower_bound": scalar(low=0.0, alternative=" or None"),
+    # (0 is refused: MXNet's fused kernels read upper_bound=0 as "no bound", its
+    # plain step as a norm of 0.)
+    "upper_bound": scalar(low=0.0, low_open=True, alternative=" or None"),
+    "max_trust_ratio": scalar(low=0.0, low_open=True, in_dtype=False),
+    "initial_count": Arg(_initial_count),
+    "schedule_decay": scalar(low=0.0, in_dtype=False),
+    "max_abs": POSITIVE,
+    "lamda1": NON_NEGATIVE,
+    "beta": NON_NEGATIVE,
+    "variance_control": NON_NEGATIVE,
+    # The optimizers' own (MXNet's names; the ports declare their peers')
+    "wd": NON_NEGATIVE,
+    "rescale_grad": POSITIVE,
+    "clip_gradient": POSITIVE,
+    "multi_precision": FLAG,
+    "lazy_update": FLAG,
+    "beta1": UNIT,
+    "beta2": UNIT,
+    "epsilon": NON_NEGATIVE,
+    "begin_num_update": Arg(_initial_count),
+    "correct_bias": FLAG,
+    "lamda": NON_NEGATIVE,
+    "wd_lh": NON_NEGATIVE,
+    "rho": UNIT,
+    "centered": FLAG,
+    "clip_weights": scalar(low=0.0, low_open=True, alternative=", or None"),
+    "eta": NON_NEGATIVE,
+    "wd_skip": MASK,
+    "group_by_shape": FLAG,
+}
+"""Each argument a link or an optimizer takes, declared once, by name."""
+
+POSITIVE_EPSILON = {"epsilon": POSITIVE}
+"""For the rules that divide by epsilon alone (RMSProp, AdaDelta)."""
+
+
+def check_declared(values: Mapping[str, Any], declared: Mapping[str, Arg] = DECLARED) -> None:
+  """Checks each of ``values`` (name: value) by its declaration, in order."""
+  for name, value in values.items():
+    arg = declared[name]
+    label = values[arg.named_by] if arg.named_by else name
+    arg.check(label, value)
+
+
+ParamsKind = Literal["real", "complex"] | None
+
+
+def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | None,
+            relations: Callable[..., None] | None) -> Callable[..., inspect.BoundArguments]:
+  """``bind(*args, **kwargs)``: ``fn``'s arguments, with defaults, each checked by its
+  declaration (a None passes where the default is None), then ``relations``."""
+  signature = inspect.signature(fn)
+  table = {**DECLARED, **(declared or {})}
+  undeclared = [p for p in signature.parameters if p not in table]
+  if undeclared:
+    raise TypeError(f"{name}: arguments {undeclared} are not declared.")
+  defaults = {p.name: p.default for p in signature.parameters.values()}
+
+  def bind(*args: Any, **kwargs: Any) -> inspect.BoundArguments:
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+      raise TypeError(f"{name}() {e}") from None
+    bound.apply_defaults()
+    values = bound.arguments
+    check_declared({k: x for k, x in values.items()
+                    if not (x is None and defaults[k] is None)}, table)
+    if relations is not None:
+      relations(**values)
+    return bound
+
+  return bind
+
+
+def checked_arguments(*, declared: Mapping[str, Arg] | None = None,
+                      relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
+  """A decorator for an optimizer: its arguments are checked by their declarations in
+  :data:`DECLARED` (``declared``: this optimizer's own), then ``relations`` (a function
+  of all of them), before it runs. The function keeps its signature."""
+
+  def decorate(fn: _F) -> _F:
+    bind = _binder(fn, fn.__name__, declared, relations)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+      bind(*args, **kwargs)
+      return fn(*args, **kwargs)
+
+    return cast(_F, wrapper)
+
+  return decorate
+
+
+def public_link(rule: _F, *, relations: Callable[..., None] | None = None,
+                declared: Mapping[str, Arg] | None = None, params: ParamsKind = "real",
+                matches: Sequence[str] = (), same_structure: bool = False,
+                hints: Mapping[str, str] | None = None) -> _F:
+  """The public link of ``unchecked_<name>``, its rule: it checks its arguments, builds
+  the rule and checks the trees.
+
+  Args:
+    rule: ``unchecked_<name>``, a plain function of the link's arguments.
+    relations: a check of the arguments together (e.g. Nesterov needs
+      ``dampening == 0``), called with all of them after each is checked.
+    declared: declarations that differ from :data:`DECLARED` for this link.
+    params: ``init`` accepts ``"real"`` floating point params, or
+      ``"complex"`` ones too (and ``update``, with ``same_structure``, checks
+      them again); None: the rule reads no param values.
+    matches: the masks whose names must each match a leaf (checked at ``init``,
+      with the leaves' names unique).
+    same_structure: ``update`` checks that the gradients have the params' tree
+      structure and shapes (when params are given; the rule requires them).
+    hints: as :func:`lars_optax._validation.keyword_hints`.
+  """
+  name = rule.__name__.removeprefix("unchecked_")
+  bind = _binder(rule, name, declared, relations)
+  table = {**DECLARED, **(declared or {})}
+  in_dtype = [p for p in inspect.signature(rule).parameters if table[p].in_dtype]
+
+  @functools.wraps(rule)
+  def link(*args: Any, **kwargs: Any) -> Any:
+    bound = bind(*args, **kwargs)
+    values = bound.arguments
+    tx = rule(*bound.args, **bound.kwargs)
+    return checked_trees(tx, name, params=params,
+                         in_dtype={k: values[k] for k in in_dtype if values[k] is not None},
+                         matches={k: values[k] for k in matches},
+                         same_structure=same_structure)
+
+  link.__name__ = link.__qualname__ = name
+  return v.keyword_hints(hints or {})(cast(_F, link))
+
+
+def checked_trees(tx: optax.GradientTransformation, name: str, *, params: ParamsKind,
+                  in_dtype: Mapping[str, Any], matches: Mapping[str, masks.MaskLike],
+                  same_structure: bool) -> optax.GradientTransformation:
+  """``tx`` whose ``init`` and ``update`` first check the trees (see :func:`public_link`)."""
+  allow_complex = params == "complex"
+
+  def init_fn(p: optax.Params) -> optax.OptState:
+    if params is not None:
+      v.check_float_params(p, name, allow_complex=allow_complex)
+    for arg, value in in_dtype.items():
+      v.check_representable(arg, value, p)
+    if matches:
+      masks.check_unique_names(p)
+      for arg, mask in matches.items():
+        masks.check_matches(mask, p, arg)
+    return tx.init(p)
+
+  def check_update(updates: optax.Updates, p: optax.Params | None) -> None:
+    if same_structure and p is not None:
+      p = v.align_params(updates, p)
+      v.check_same_structure(updates, p, name)
+      if params is not None:
+        v.check_float_params(p, name, allow_complex=allow_complex)
+
+  if isinstance(tx, optax.GradientTransformationExtraArgs):
+    def update_extra(updates, state, p=None, **extra_args):
+      check_update(updates, p)
+      return tx.update(updates, state, p, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_extra)
+
+  def update_fn(updates, state, p=None):
+    check_update(updates, p)
+    return tx.update(updates, state, p)
+
+  return optax.GradientTransformation(init_fn, update_fn)
