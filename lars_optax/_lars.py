@@ -5,12 +5,12 @@ The LARS of timm, optax, BYOL and SimCLR are in :mod:`lars_optax.porting`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-import numpy as np
 import optax
 
-from lars_optax import _grouping
+from lars_optax import _grouping, _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
@@ -160,7 +160,29 @@ def lars(
       leaf_values=common.leaf_values, hyperparams=common.hyperparams(eta=eta, epsilon=epsilon))
 
 
-@v.tf_names
+def _skip_list(name: str, skip_list: Any) -> None:
+  if isinstance(skip_list, (str, bytes)):
+    raise TypeError(f"{name}: expected a list of strings, got the single "
+                    f"string {skip_list!r}; write [{skip_list!r}].")
+  if not isinstance(skip_list, Iterable) or isinstance(skip_list, Iterator):
+    # (an iterator would be used up by this check)
+    raise TypeError(f"{name}: expected a list of strings, got {skip_list!r}.")
+  bad = [s for s in skip_list if not isinstance(s, str) or not s]
+  if bad:
+    raise TypeError(f"{name}: expected non-empty strings, got {bad!r}.")
+
+
+def _tf_relations(*, skip_list: Any, skip: Any, group_by_shape: Any, axis_name: Any,
+                  **_: Any) -> None:
+  if skip_list is not None and skip is not None:
+    raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
+                     "of both, pass one mask combined with |, e.g. "
+                     "skip=lars_optax.masks.FLAX_SKIP | lars_optax.by_substring('embedding').")
+  _grouping.check_group_by_shape(group_by_shape, axis_name)
+
+
+@base.optimizer(v.tf_names, declared={"skip_list": _links.Arg(_skip_list)},
+                relations=_tf_relations)
 def tf_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -240,31 +262,10 @@ def tf_lars(
     <https://arxiv.org/abs/1708.03888>`_, 2017; TensorFlow
     ``tf.contrib.opt.LARSOptimizer``.
   """
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("eeta", eeta, low=0.0)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  if not isinstance(use_nesterov, (bool, np.bool_)):
-    raise TypeError(f"use_nesterov: expected a bool, got {use_nesterov!r}.")
   use_nesterov = bool(use_nesterov)
-  if isinstance(skip_list, (str, bytes)):
-    raise TypeError("skip_list: expected a list of strings, got the single "
-                    f"string {skip_list!r}; write [{skip_list!r}].")
-  if skip_list is not None and not isinstance(skip_list, Iterable):
-    raise TypeError(f"skip_list: expected a list of strings, got {skip_list!r}.")
+  names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
   if skip_list is not None:
     skip_list = list(skip_list)
-    bad = [s for s in skip_list if not isinstance(s, str) or not s]
-    if bad:
-      raise TypeError(f"skip_list: expected non-empty strings, got {bad!r}.")
-  masks.check_mask_like(skip, "skip")
-  stacked_mod.check_stacked(stacked)
-  names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
-  if skip_list is not None and skip is not None:
-    raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
-                     "of both, pass one mask combined with |, e.g. "
-                     "skip=lars_optax.masks.FLAX_SKIP | lars_optax.by_substring('embedding').")
   if skip_list:
     skip = masks.by_substring(*skip_list)
     args = ", ".join(repr(s) for s in skip_list)
@@ -272,7 +273,6 @@ def tf_lars(
             "(e.g. 'bias' in a model without biases), pass "
             f"skip=lars_optax.by_substring({args}).optional() instead of skip_list.")
     names = [("skip_list", skip, hint)]
-  group_by_shape = _grouping.check_group_by_shape(group_by_shape, axis_name)
 
   def layer_wise(skip, stacked):
     return [unchecked_scale_by_lars_trust_ratio(

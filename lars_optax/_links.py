@@ -103,6 +103,18 @@ def _mask(name: str, value: Any) -> None:
   masks.check_mask_like(value, name)
 
 
+def _betas(name: str, value: Any) -> None:
+  if not isinstance(value, (tuple, list)) or len(value) != 2:
+    raise TypeError(f"{name}: expected a pair (beta1, beta2), got {value!r}.")
+  for i, b in enumerate(value):
+    v.check_scalar(f"{name}[{i}]", b, low=0.0, high=1.0, high_open=True)
+
+
+def _non_negative_or_schedule(name: str, value: Any) -> None:
+  if not callable(value):  # (optax takes a schedule)
+    v.check_scalar(name, value, low=0.0)
+
+
 def _transformation(name: str, value: Any) -> None:
   v.check_transformation(value, name)
 
@@ -119,6 +131,13 @@ LEAF_VALUES = Arg(_leaf_values)
 MULTIPLIERS = Arg(_leaf_values, named_by="arg_name")
 MASK = Arg(_mask)
 TEXT = Arg(_text)
+IN_BODY = Arg(lambda name, value: None)
+"""An argument the constructor checks itself, where the check builds what it checks
+(a peer's filter, a clip, a layer-decay table), or the ports' options dict (checked
+where they enter)."""
+UNUSED = Arg(lambda name, value: None)
+"""A peer's argument accepted as the peer takes it, which changes no number here."""
+NON_NEGATIVE_OR_SCHEDULE = Arg(_non_negative_or_schedule, in_dtype=True)
 
 DECLARED: dict[str, Arg] = {
     "learning_rate": RATE,
@@ -174,6 +193,28 @@ DECLARED: dict[str, Arg] = {
     "eta": NON_NEGATIVE,
     "wd_skip": MASK,
     "group_by_shape": FLAG,
+    # TensorFlow's
+    "eeta": NON_NEGATIVE,
+    "use_nesterov": FLAG,
+    # The peers' (the ports)
+    "lr": RATE,
+    "betas": Arg(_betas),
+    "trust_coeff": NON_NEGATIVE,
+    "trust_clip": FLAG,
+    "always_adapt": FLAG,
+    "caution": FLAG,
+    "decoupled_decay": FLAG,
+    "corrected_weight_decay": FLAG,
+    "max_grad_norm": optional(POSITIVE),
+    "max_lr": optional(POSITIVE),
+    "foreach": FLAG,
+    "maximize": FLAG,
+    "beta_1": UNIT,
+    "beta_2": UNIT,
+    "weight_decay_rate": NON_NEGATIVE,
+    "classic_momentum": FLAG,
+    "filter_bias_and_bn": FLAG,
+    "fallback_no_weight_decay": FLAG,
 }
 """Each argument a link or an optimizer takes, declared once, by name."""
 
@@ -198,7 +239,9 @@ def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | Non
   declaration (a None passes where the default is None), then ``relations``."""
   signature = inspect.signature(fn)
   table = {**DECLARED, **(declared or {})}
-  undeclared = [p for p in signature.parameters if p not in table]
+  named = [p.name for p in signature.parameters.values()
+           if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # (those are checked where they go)
+  undeclared = [p for p in named if p not in table]
   if undeclared:
     raise TypeError(f"{name}: arguments {undeclared} are not declared.")
   defaults = {p.name: p.default for p in signature.parameters.values()}
@@ -210,8 +253,8 @@ def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | Non
       raise TypeError(f"{name}() {e}") from None
     bound.apply_defaults()
     values = bound.arguments
-    check_declared({k: x for k, x in values.items()
-                    if not (x is None and defaults[k] is None)}, table)
+    check_declared({k: values[k] for k in named
+                    if not (values[k] is None and defaults[k] is None)}, table)
     if relations is not None:
       relations(**values)
     return bound

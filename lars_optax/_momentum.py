@@ -204,7 +204,8 @@ def unchecked_dampened_trace(
   return GradientTransformation(init_fn, update_fn)
 
 
-def _torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any) -> None:
+def torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any) -> None:
+  """PyTorch's Nesterov needs momentum > 0 and no dampening (each checked already)."""
   # Concrete arrays (optax.inject_hyperparams' defaults) are judged by their value.
   if nesterov and (v.known_value(momentum) == 0.0
                    or v.known_value(dampening) not in (None, 0.0)):
@@ -212,11 +213,5 @@ def _torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any) -> None:
                      f"(as in PyTorch), got momentum={momentum!r}, dampening={dampening!r}.")
 
 
-dampened_trace = _links.public_link(unchecked_dampened_trace, relations=_torch_nesterov,
+dampened_trace = _links.public_link(unchecked_dampened_trace, relations=torch_nesterov,
                                     params="complex")
-
-
-def check_torch_momentum(momentum: Any, dampening: Any, nesterov: Any) -> None:
-  """PyTorch's checks of ``momentum``, ``dampening`` and ``nesterov`` (for the ports)."""
-  _links.check_declared({"momentum": momentum, "dampening": dampening, "nesterov": nesterov})
-  _torch_nesterov(momentum=momentum, dampening=dampening, nesterov=nesterov)

@@ -13,9 +13,9 @@ import numpy as np
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._lamb import unchecked_scale_by_lamb_adam
@@ -25,7 +25,33 @@ from lars_optax._trust_ratio import unchecked_scale_by_lamb_trust_ratio
 from lars_optax.porting import _shared as shared
 
 
-@v.keyword_hints({})
+def _keras_name(name: str, value: Any) -> None:
+  if value is not None and not isinstance(value, str):
+    raise TypeError(f"{name}: expected a string or None, got {value!r}.")
+
+
+def _one_clip(*, clipnorm: Any, clipvalue: Any, global_clipnorm: Any, **_: Any) -> None:
+  given = [k for k, x in (("clipnorm", clipnorm), ("clipvalue", clipvalue),
+                          ("global_clipnorm", global_clipnorm)) if x is not None]
+  if len(given) > 1:
+    raise ValueError(f"{', '.join(given)}: Keras takes only one of clipnorm, clipvalue and "
+                     "global_clipnorm.")
+
+
+_KERAS = {
+    "clipnorm": _links.POSITIVE, "clipvalue": _links.POSITIVE,
+    "global_clipnorm": _links.POSITIVE, "use_ema": _links.FLAG,
+    "ema_momentum": _links.UNUSED, "ema_overwrite_frequency": _links.UNUSED,
+    "loss_scale_factor": _links.IN_BODY, "exclude_from_weight_decay": _links.IN_BODY,
+    "gradient_accumulation_steps": _links.Arg(lambda name, steps: _keras_accumulation(steps)),
+    "name": _links.Arg(_keras_name),
+}
+"""Keras's own: one clip at most; ``use_ema`` and ``loss_scale_factor`` refused with the
+optax way (:func:`_keras_refused`); the names excluded from decay, checked as they
+become a mask."""
+
+
+@shared.port(declared=_KERAS, relations=_one_clip)
 def keras_lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -81,14 +107,6 @@ def keras_lamb(
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
   clip = _keras_clip(clipnorm, clipvalue, global_clipnorm, axis_name)
   _keras_refused(use_ema, loss_scale_factor)
-  if name is not None and not isinstance(name, str):
-    raise TypeError(f"name: expected a string or None, got {name!r}.")
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
-  if weight_decay is not None:
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
   every = _keras_accumulation(gradient_accumulation_steps)
   if every > 1 and callable(learning_rate):
     # The j-th update is Keras's call (j + 1)·n - 1, the count its schedule reads.
@@ -168,13 +186,6 @@ def _keras_accumulated_rate(schedule: Callable[[Any], Any], every: int, count: A
 
 def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: Any) -> list:
   """Keras's base-optimizer gradient clips, as links (at most one, as Keras asserts)."""
-  given = {k: x for k, x in (("clipnorm", clipnorm), ("clipvalue", clipvalue),
-                             ("global_clipnorm", global_clipnorm)) if x is not None}
-  if len(given) > 1:
-    raise ValueError(f"{', '.join(given)}: Keras takes only one of clipnorm, clipvalue and "
-                     "global_clipnorm.")
-  for k, x in given.items():
-    v.check_scalar(k, x, low=0.0, low_open=True)
   if clipvalue is not None:
     return [optax.clip(clipvalue)]
   if global_clipnorm is not None:
@@ -190,7 +201,7 @@ def _keras_clip(clipnorm: Any, clipvalue: Any, global_clipnorm: Any, axis_name: 
 
 def _keras_refused(use_ema: Any, loss_scale_factor: Any) -> None:
   """Keras's arguments with no port, each refused with the optax way to do the same."""
-  if v.check_flag("use_ema", use_ema):
+  if use_ema:
     raise ValueError(
         "use_ema: lars_optax keeps no moving average of the weights inside the optimizer. "
         "Keep one beside it: ema = optax.incremental_update(params, ema, "

@@ -7,8 +7,8 @@ from typing import Any
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._lamb import unchecked_scale_by_lamb_adam
@@ -23,7 +23,13 @@ from lars_optax.porting import _shared as shared
 # --------------------------------------------------------------------------
 
 
-@v.keyword_hints({})
+_OPTAX = {"weight_decay": _links.NON_NEGATIVE_OR_SCHEDULE, "weight_decay_mask": _links.IN_BODY,
+          "trust_ratio_mask": _links.IN_BODY, "mask": _links.IN_BODY}
+"""optax's: a weight decay may be a schedule; a mask (True = apply) is checked as it is
+turned into the leaves left out (shared.optax_mask)."""
+
+
+@shared.port(declared=_OPTAX)
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -60,13 +66,6 @@ def optax_lars(
     Convolutional Networks <https://arxiv.org/abs/1708.03888>`_, 2017.
   """
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
-  v.check_learning_rate("learning_rate", learning_rate)
-  if not callable(weight_decay):  # (a schedule too, as optax takes)
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("trust_coefficient", trust_coefficient, low=0.0)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  nesterov = v.check_flag("nesterov", nesterov)
   no_decay = shared.optax_mask(weight_decay_mask, "weight_decay_mask")
   no_ratio = shared.optax_mask(trust_ratio_mask, "trust_ratio_mask")
 
@@ -87,7 +86,7 @@ def optax_lars(
   return shared.as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
-@v.keyword_hints({})
+@shared.port(declared=_OPTAX)
 def optax_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -120,11 +119,6 @@ def optax_lamb(
     2019.
   """
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_betas(b1, b2, eps)
-  v.check_scalar("eps_root", eps_root, low=0.0)
-  if not callable(weight_decay):  # (a schedule too, as optax takes)
-    v.check_scalar("weight_decay", weight_decay, low=0.0)
 
   def layer_wise(o: shared.Shared, m: dict[str, Any]) -> list:
     return [unchecked_scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),

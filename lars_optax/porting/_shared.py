@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _grouping
+from lars_optax import _grouping, _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
@@ -30,15 +30,40 @@ Shared = dict[str, Any]
 # --------------------------------------------------------------------------
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def port(*, declared: Mapping[str, _links.Arg] | None = None,
+         relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
+  """The decorators of a porting constructor: each argument checked by its declaration
+  (the peer's names in :data:`lars_optax._links.DECLARED`, ``declared`` for this
+  constructor's own), then ``relations`` and the shared options' (``group_by_shape``
+  not with ``axis_name``); an optax keyword it does not take gets a hint."""
+
+  def both(**values: Any) -> None:
+    if "group_by_shape" in values:
+      _grouping.check_group_by_shape(values["group_by_shape"], values["axis_name"])
+    if relations is not None:
+      relations(**values)
+
+  def decorate(fn: _F) -> _F:
+    return v.keyword_hints({})(_links.checked_arguments(declared=declared, relations=both)(fn))
+
+  return decorate
+
+
 def options(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
             stacked: Any, group_by_shape: bool = False) -> Shared:
-  """The library's shared options, checked where they enter."""
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  stacked_mod.check_axis_names(axis_name)
-  stacked_mod.check_stacked(stacked)
+  """The library's shared options (checked where they enter: :func:`port`, or
+  ``timm_optimizer``'s keywords)."""
   return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
-          "multi_precision": v.check_flag("multi_precision", multi_precision),
-          "group_by_shape": _grouping.check_group_by_shape(group_by_shape, axis_name)}
+          "multi_precision": bool(multi_precision), "group_by_shape": bool(group_by_shape)}
+
+
+def check_options(values: Mapping[str, Any]) -> None:
+  """The shared options given by keyword (``timm_optimizer``'s), checked."""
+  _links.check_declared(values)
+  _grouping.check_group_by_shape(values.get("group_by_shape", False), values.get("axis_name"))
 
 
 def lr_mult_links(opts: Shared) -> list:
@@ -149,14 +174,6 @@ def regexes(arg_name: str, patterns: Iterable[str] | None) -> masks.Mask | None:
     except re.error as e:
       raise ValueError(f"{arg_name}: not a valid regular expression: {p!r} ({e})") from e
   return masks.by_regex("|".join(f"(?:{p})" for p in patterns)).optional()
-
-
-def betas_pair(arg_name: str, betas: Any) -> tuple[Any, Any]:
-  if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-    raise TypeError(f"{arg_name}: expected a pair (beta1, beta2), got {betas!r}.")
-  for i, b in enumerate(betas):
-    v.check_scalar(f"{arg_name}[{i}]", b, low=0.0, high=1.0, high_open=True)
-  return betas[0], betas[1]
 
 
 def as_optax_stacks(tx: GradientTransformationExtraArgs, stacked: Any, name: str,

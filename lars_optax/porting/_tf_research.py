@@ -10,9 +10,9 @@ import jax
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._lamb import unchecked_scale_by_lamb_adam
@@ -51,7 +51,13 @@ def _byol_exempt(arg_name: str, filter_fn: Callable[..., Any] | None) -> masks.M
   return exempt
 
 
-@v.keyword_hints({})
+_FILTERS = dict.fromkeys(("weight_decay_filter", "lars_adaptation_filter",
+                          "exclude_from_weight_decay", "exclude_from_layer_adaptation"),
+                         _links.IN_BODY)
+"""The peers' filters and name patterns, checked as they are turned into masks."""
+
+
+@shared.port(declared=_FILTERS)
 def byol_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -81,10 +87,6 @@ def byol_lars(
     <https://arxiv.org/abs/2006.07733>`_, 2020 (``byol/utils/optimizers.py``).
   """
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("eta", eta, low=0.0)
 
   def layer_wise(o: shared.Shared, m: dict[str, Any]) -> list:
     return [*shared.decay_links(weight_decay, m["weight_decay_filter"], o, "weight_decay_filter"),
@@ -103,7 +105,7 @@ def byol_lars(
                    ("eta", eta)])
 
 
-@v.keyword_hints({})
+@shared.port(declared=_FILTERS)
 def simclr_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -139,12 +141,6 @@ def simclr_lars(
     (``simclr/tf2/lars_optimizer.py``).
   """
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("momentum", momentum, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("eeta", eeta, low=0.0)
-  use_nesterov = v.check_flag("use_nesterov", use_nesterov)
-  classic_momentum = v.check_flag("classic_momentum", classic_momentum)
   no_decay = shared.regexes("exclude_from_weight_decay", exclude_from_weight_decay)
   no_ratio = shared.regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
   no_ratio = no_decay if no_ratio is None else no_ratio
@@ -169,7 +165,7 @@ def simclr_lars(
                                                ("weight_decay", weight_decay), ("eeta", eeta)])
 
 
-@v.keyword_hints({})
+@shared.port(declared=_FILTERS)
 def albert_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -199,11 +195,6 @@ def albert_lamb(
     (``albert/lamb_optimizer.py``).
   """
   opts = shared.options(lr_mult, multi_precision, axis_name, stacked, group_by_shape)
-  v.check_learning_rate("learning_rate", learning_rate)
-  v.check_scalar("weight_decay_rate", weight_decay_rate, low=0.0)
-  v.check_scalar("beta_1", beta_1, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("beta_2", beta_2, low=0.0, high=1.0, high_open=True)
-  v.check_scalar("epsilon", epsilon, low=0.0)
   no_decay = shared.regexes("exclude_from_weight_decay", exclude_from_weight_decay)
   no_ratio = shared.regexes("exclude_from_layer_adaptation", exclude_from_layer_adaptation)
   no_ratio = no_decay if no_ratio is None else no_ratio

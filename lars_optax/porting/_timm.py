@@ -14,13 +14,14 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._lamb import unchecked_scale_by_lamb_adam
-from lars_optax._momentum import check_torch_momentum
+from lars_optax._momentum import torch_nesterov
 from lars_optax.sparse.optax_compat import clip_by_global_norm
 from lars_optax._transforms import unchecked_scale_by_caution
 from lars_optax._transforms import unchecked_add_decoupled_weight_decay
@@ -38,15 +39,9 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
                nesterov: bool, trust_coeff: Any, eps: Any, trust_clip: bool,
                always_adapt: bool, foreach: bool | None = None, no_decay: masks.MaskLike,
                opts: shared.Shared):
-  v.check_learning_rate("lr", lr)
-  if foreach is not None:
-    v.check_flag("foreach", foreach)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  v.check_scalar("trust_coeff", trust_coeff, low=0.0)
-  v.check_scalar("eps", eps, low=0.0)
-  check_torch_momentum(momentum, dampening, nesterov)
-  trust_clip = v.check_flag("trust_clip", trust_clip)
-  always_adapt = v.check_flag("always_adapt", always_adapt)
+  """timm's ``Lars`` (its arguments checked where they enter: :func:`timm_lars`, or
+  :func:`timm_optimizer`'s keywords)."""
+  del foreach  # (how PyTorch loops)
 
   def layer_wise(o: shared.Shared, m: dict[str, Any]) -> list:
     no_decay = m["no_weight_decay"]
@@ -69,7 +64,11 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
                    ("eps", eps)])
 
 
-@v.keyword_hints({})
+def _torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any, **_: Any) -> None:
+  torch_nesterov(momentum=momentum, dampening=dampening, nesterov=nesterov)
+
+
+@shared.port(relations=_torch_nesterov)
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -127,15 +126,11 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
                always_adapt: bool, caution: bool, decoupled_decay: bool,
                corrected_weight_decay: bool = False, max_lr: Any = None,
                foreach: bool | None = None, no_decay: masks.MaskLike, opts: shared.Shared):
-  v.check_learning_rate("lr", lr)
-  if foreach is not None:
-    v.check_flag("foreach", foreach)
-  b1, b2 = shared.betas_pair("betas", betas)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
-  if max_grad_norm is not None:
-    v.check_scalar("max_grad_norm", max_grad_norm, low=0.0, low_open=True)
-  flags = {k: v.check_flag(k, x) for k, x in (
+  """timm's ``Lamb`` (its arguments checked where they enter: :func:`timm_lamb`, or
+  :func:`timm_optimizer`'s keywords)."""
+  del foreach  # (how PyTorch loops)
+  b1, b2 = betas
+  flags = {k: bool(x) for k, x in (
       ("bias_correction", bias_correction), ("grad_averaging", grad_averaging),
       ("trust_clip", trust_clip), ("always_adapt", always_adapt), ("caution", caution),
       ("decoupled_decay", decoupled_decay), ("corrected_weight_decay", corrected_weight_decay))}
@@ -179,7 +174,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
       hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("eps", eps)])
 
 
-@v.keyword_hints({})
+@shared.port()
 def timm_lamb(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -435,6 +430,16 @@ _SHARED = ("lr_mult", "multi_precision", "axis_name", "stacked",
            "group_by_shape")  # the library's options
 
 
+def _timm_opt(name: str, opt: Any) -> None:
+  if not isinstance(opt, str) or opt.lower() not in _TIMM_NAMES:
+    raise ValueError(f"{name}: expected one of {', '.join(_TIMM_NAMES)}, got {opt!r}.")
+
+
+@shared.port(declared={"opt": _links.Arg(_timm_opt), "no_weight_decay": _links.IN_BODY,
+                       "layer_decay": _links.IN_BODY, "group_matcher": _links.IN_BODY,
+                       "layer_decay_min_scale": _links.IN_BODY,
+                       "layer_decay_no_opt_scale": _links.IN_BODY,
+                       "fallback_list": _links.Arg(_names_list)})
 def timm_optimizer(
     opt: str,
     *,
@@ -501,14 +506,8 @@ def timm_optimizer(
   References:
     timm ``timm.optim.create_optimizer_v2``, ``param_groups_weight_decay``.
   """
-  if not isinstance(opt, str) or opt.lower() not in _TIMM_NAMES:
-    raise ValueError(f"opt: expected one of {', '.join(_TIMM_NAMES)}, got {opt!r}.")
   opt = opt.lower()
-  filter_bias_and_bn = v.check_flag("filter_bias_and_bn", filter_bias_and_bn)
-  v.check_flag("fallback_no_weight_decay", fallback_no_weight_decay)
-  if foreach is not None:
-    v.check_flag("foreach", foreach)
-  _names_list("fallback_list", fallback_list)
+  del fallback_list, fallback_no_weight_decay, foreach  # (change no number here)
   if layer_decay is not None:
     layers = _TimmLayers(layer_decay, group_matcher, layer_decay_min_scale,
                          layer_decay_no_opt_scale, filter_bias_and_bn, no_weight_decay)
@@ -529,6 +528,7 @@ def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: 
   """:func:`timm_optimizer` once its no-decay group is known."""
   kwargs = dict(kwargs)
   common = {k: kwargs.pop(k) for k in _SHARED if k in kwargs}
+  shared.check_options(common)
   opts = shared.options(common.get("lr_mult"), common.get("multi_precision", False),
                         common.get("axis_name"), common.get("stacked", stacked_mod.FROM_METADATA),
                         common.get("group_by_shape", False))
@@ -546,8 +546,12 @@ def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: 
   args = {**own, **family[opt], **kwargs, "weight_decay": weight_decay}
   if family is _TIMM_LARS:
     args["momentum"] = momentum
-  return make(f"timm_{opt}", signature["lr"].default if lr is None else lr,
-              no_decay=no_decay, opts=opts, **args)
+  lr = signature["lr"].default if lr is None else lr
+  _links.check_declared({"lr": lr, **{k: x for k, x in args.items()
+                                      if not (x is None and own.get(k, 0) is None)}})
+  if family is _TIMM_LARS:
+    _torch_nesterov(**args)
+  return make(f"timm_{opt}", lr, no_decay=no_decay, opts=opts, **args)
 
 
 def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,
@@ -562,10 +566,8 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
     raise TypeError(f"{sorted(kwargs)[0]}: timm's 'cadamw' optimizer takes no such "
                     "argument; it takes betas, eps.")
   lr = 1e-3 if lr is None else lr
-  v.check_learning_rate("lr", lr)
-  b1, b2 = shared.betas_pair("betas", betas)
-  v.check_scalar("eps", eps, low=0.0)
-  v.check_scalar("weight_decay", weight_decay, low=0.0)
+  _links.check_declared({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+  b1, b2 = betas
   parts = [unchecked_scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
                                       stacked=opts["stacked"], axis_name=opts["axis_name"]),
            *shared.decay_links(weight_decay, no_decay, opts, "no_weight_decay"),

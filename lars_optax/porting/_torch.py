@@ -7,14 +7,13 @@ import optax
 
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax.mxnet._adam_links import unchecked_scale_by_mxnet_adam
 from lars_optax.sparse.lazy import lazy_update
 from lars_optax.porting import _shared as shared
 
 
-@v.keyword_hints({})
+@shared.port()
 def torch_sparse_adam(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -38,13 +37,8 @@ def torch_sparse_adam(
     PyTorch ``torch.optim.SparseAdam``; Kingma and Ba, `Adam
     <https://arxiv.org/abs/1412.6980>`_, 2015.
   """
-  v.check_learning_rate("lr", lr)
-  b1, b2 = shared.betas_pair("betas", betas)
-  v.check_scalar("eps", eps, low=0.0)
-  maximize = v.check_flag("maximize", maximize)
-  multi_precision = v.check_flag("multi_precision", multi_precision)
-  masks.check_leaf_values(lr_mult, "lr_mult")
-  # MXNet's lazy Adam (PyTorch's rule), from the links' twins: checked above, in torch's words.
+  b1, b2 = betas
+  # MXNet's lazy Adam (PyTorch's rule), from the links' rules: checked, in torch's words.
   tx = assembly.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
                        base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
                       "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
