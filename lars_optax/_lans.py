@@ -15,7 +15,6 @@ from lars_optax import _assembly as assembly
 from lars_optax import _grouping, _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _stacked as stacked_mod
 
 __all__ = ["NormalizePerLeafState", "ScaleByLansState", "lans", "normalize_per_leaf",
@@ -194,10 +193,7 @@ def unchecked_scale_by_lans(
                             _ratios.layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
-    params = v.align_params(updates, params)
-    v.require_params(params, name)
-    ks = _ratios.layer_axes(state.layer_trust_ratio, params)
-    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    params, ks, skipped = _ratios.update_inputs(updates, state, params, skip, name)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
     mu, nu = _ratios.moments(updates, state.mu, state.nu, b1, b2)
     count = optax.safe_int32_increment(state.count)

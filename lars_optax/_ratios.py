@@ -313,6 +313,16 @@ def ratio_axes(params: Any, skip: masks.MaskLike, stacked: stacked_mod.StackedLi
   return ks
 
 
+def update_inputs(updates: Any, state: Any, params: Any, skip: masks.MaskLike,
+                  name: str) -> tuple[Any, list[int], list[bool]]:
+  """A layer-wise rule's ``update`` preamble: the params (aligned with the updates, and
+  required), the layer axes kept in ``state`` and the leaves ``skip`` leaves out."""
+  params = v.align_params(updates, params)
+  v.require_params(params, name)
+  ks = layer_axes(state.layer_trust_ratio, params)
+  return params, ks, masks.resolve_mask(skip, params, "skip", ks)
+
+
 def moments(updates, mu, nu, b1, b2, grad_averaging=True):
   """Adam's running moments, in the buffers' dtypes (without grad averaging,
   the first moment adds the whole update: m = b1 m + u)."""

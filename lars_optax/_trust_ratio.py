@@ -272,10 +272,7 @@ def unchecked_scale_by_lars_trust_ratio(
                                       _ratios.layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None, **extra_args):
-    params = v.align_params(updates, params)
-    v.require_params(params, name)
-    ks = _ratios.layer_axes(state.layer_trust_ratio, params)
-    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    params, ks, skipped = _ratios.update_inputs(updates, state, params, skip, name)
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
@@ -391,10 +388,7 @@ def unchecked_scale_by_lamb_trust_ratio(
                                       _ratios.layer_ratios(params, ks))
 
   def update_fn(updates, state, params=None):
-    params = v.align_params(updates, params)
-    v.require_params(params, name)
-    ks = _ratios.layer_axes(state.layer_trust_ratio, params)
-    skipped = masks.resolve_mask(skip, params, "skip", ks)
+    params, ks, skipped = _ratios.update_inputs(updates, state, params, skip, name)
     flat_u, treedef = jax.tree.flatten(updates)
     flat_p = treedef.flatten_up_to(params)
     squares = stacked_mod.layer_sq_norms(

@@ -7,7 +7,9 @@ Capability flags:
 
 * ``complex``: takes complex params (with optax's numbers; test_dtypes.py);
 * ``stacked``, ``group_by_shape``: takes that keyword (read from the signature);
-* ``lazy``: has a lazy (row-sparse) step of its origin (``lazy_update=``, or it is one);
+* ``lazy``: has a lazy step of its origin, where the rows absent from a gradient keep
+  their params and state (``lazy_update=True``, or it is one: torch's SparseAdam); the
+  dense-exact ``sparse`` optimizers are not lazy (their rows catch up);
 * ``row_sparse``: takes row-sparse gradients (a ``BCOO`` or ``RowSparseUpdate``).
 """
 
@@ -78,9 +80,9 @@ TABLE = [
     _o("mxnet.ftrl", mx.ftrl, 0.1, row_sparse=True),
     _o("mxnet.dcasgd", mx.dcasgd, 0.1, momentum=0.9),
     _o("mxnet.sgld", mx.sgld, 0.01, key=0),
-    _o("sparse.adam", sparse.adam, 1e-2, lazy=True, row_sparse=True),
-    _o("sparse.adamw", sparse.adamw, 1e-2, weight_decay=1e-2, lazy=True, row_sparse=True),
-    _o("sparse.sgd", sparse.sgd, 0.1, momentum=0.9, lazy=True, row_sparse=True),
+    _o("sparse.adam", sparse.adam, 1e-2, row_sparse=True),
+    _o("sparse.adamw", sparse.adamw, 1e-2, weight_decay=1e-2, row_sparse=True),
+    _o("sparse.sgd", sparse.sgd, 0.1, momentum=0.9, row_sparse=True),
     _o("porting.timm_optimizer", porting.timm_optimizer, "lamb", lr=1e-2, weight_decay=1e-2),
     _o("porting.timm_lars", porting.timm_lars, 0.1, momentum=0.9, weight_decay=1e-4),
     _o("porting.timm_lamb", porting.timm_lamb, 1e-2, weight_decay=1e-2),
@@ -95,3 +97,15 @@ TABLE = [
 ]
 
 BY_NAME = {o.name: o for o in TABLE}
+
+
+def lazy_step(o: Optimizer, **kw: Any) -> Any:
+  """``o``'s lazy (row-sparse) step: ``lazy_update=True`` where it takes that flag."""
+  assert o.lazy, o.name
+  takes_flag = "lazy_update" in inspect.signature(o.fn).parameters
+  return o.make(**({"lazy_update": True} if takes_flag else {}), **kw)
+
+
+LAZY = [o.name for o in TABLE if o.lazy]
+ROW_SPARSE = [o.name for o in TABLE if o.row_sparse]
+COMPLEX = [o.name for o in TABLE if o.complex]

@@ -24,6 +24,7 @@ import pytest
 from conftest import public, x64
 
 import lars_optax
+import optimizers
 from lars_optax._utils import LOW_PRECISION
 
 OPTIMIZERS = {
@@ -462,17 +463,24 @@ def _train_complex(tx, params, steps=4):
   return params
 
 
-COMPLEX_VS_OPTAX = {
-    "sgd": (lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9), lambda: optax.sgd(0.1, momentum=0.9)),
-    "nag": (lambda: lars_optax.mxnet.nag(0.1, momentum=0.9),
-            lambda: optax.sgd(0.1, momentum=0.9, nesterov=True)),
+_T = optimizers.BY_NAME
+COMPLEX_VS_OPTAX = {  # every optimizer the one table marks complex, with optax's own rule
+    "mxnet.sgd": (lambda: _T["mxnet.sgd"].fn(0.1, momentum=0.9),
+                  lambda: optax.sgd(0.1, momentum=0.9)),
+    "mxnet.nag": (lambda: _T["mxnet.nag"].fn(0.1, momentum=0.9),
+                  lambda: optax.sgd(0.1, momentum=0.9, nesterov=True)),
     # MXNet's epsilon sits outside the bias correction (optax's inside): 0 for both.
-    "adam": (lambda: lars_optax.mxnet.adam(0.1, epsilon=0.0), lambda: optax.adam(0.1, eps=0.0)),
-    "adam_lazy": (lambda: lars_optax.mxnet.adam(0.1, epsilon=0.0, lazy_update=True),
-                  lambda: optax.adam(0.1, eps=0.0)),
-    "lamb": (lambda: lars_optax.lamb(0.1, wd=1e-2),
+    "mxnet.adam": (lambda: _T["mxnet.adam"].fn(0.1, epsilon=0.0),
+                   lambda: optax.adam(0.1, eps=0.0)),
+    "mxnet.adam_lazy": (lambda: _T["mxnet.adam"].fn(0.1, epsilon=0.0, lazy_update=True),
+                        lambda: optax.adam(0.1, eps=0.0)),
+    "lamb": (lambda: _T["lamb"].fn(0.1, wd=1e-2),
              lambda: optax.lamb(0.1, eps=1e-6, weight_decay=1e-2)),
 }
+
+
+def test_every_complex_optimizer_of_the_table_is_compared_with_optax():
+  assert {n.removesuffix("_lazy") for n in COMPLEX_VS_OPTAX} == set(optimizers.COMPLEX)
 
 
 @pytest.mark.parametrize("dtype", [jnp.complex64, jnp.complex128])

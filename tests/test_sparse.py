@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import optimizers
 from conftest import as_row_sparse as _as_row_sparse
 from jax.experimental.sparse import BCOO
 
@@ -41,9 +42,9 @@ def _params(n=8, d=3):
           "w": jnp.asarray(rng.normal(size=(d, 2)), jnp.float32)}
 
 
-OPTIMIZERS = {
-    "adam": lambda: lars_optax.mxnet.adam(0.01, wd=0.01, lazy_update=True),
-    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=0.001, lazy_update=True),
+OPTIMIZERS = {  # every lazy step of the one table (tests/optimizers.py), and two other paths
+    **{name: lambda name=name: optimizers.lazy_step(optimizers.BY_NAME[name])
+       for name in optimizers.LAZY},
     "create_adam": lambda: lars_optax.mxnet.create("adam", learning_rate=0.01, lazy_update=True),
     "create_sgd": lambda: lars_optax.mxnet.create("sgd", momentum=0.9, lazy_update=True),
     "wrapped_optax_adam": lambda: lars_optax.sparse.lazy_update(optax.adam(0.01)),
@@ -82,7 +83,7 @@ def test_lazy_step_on_bcoo_equals_dense_lazy_path(name):
 
 def test_lazy_step_on_bcoo_without_jit_equals_jit():
   params = _params()
-  tx = OPTIMIZERS["adam"]()
+  tx = OPTIMIZERS["mxnet.adam"]()
   chex.assert_trees_all_close(_run(tx, params, True, jit=False), _run(tx, params, True),
                               rtol=1e-6, atol=1e-7)
 
@@ -109,7 +110,7 @@ def test_row_listed_with_zero_values_is_present():
 @pytest.mark.op_by_op
 def test_scalar_state_counts_every_step():
   params = _params()
-  _, state = _run(OPTIMIZERS["adam"](), params, sparse=True)
+  _, state = _run(OPTIMIZERS["mxnet.adam"](), params, sparse=True)
   assert int(optax.tree_utils.tree_get(state, "count")) == len(STEPS)
 
 
@@ -146,7 +147,7 @@ def test_update_is_row_sparse_of_the_gradients_type_and_apply_updates_scatters(k
   assert new.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("name", ["adam", "sgd", "adam_masters_float16"])
+@pytest.mark.parametrize("name", ["mxnet.adam", "mxnet.sgd", "adam_masters_float16"])
 def test_donated_step_has_no_table_sized_temporary(name):
   """Also with float32 masters for a float16 table: their float32 update is added
   on its rows only, never by widening the table (XLA's CPU scatter widens a whole
@@ -170,7 +171,7 @@ def test_donated_step_has_no_table_sized_temporary(name):
   assert mem.temp_size_in_bytes < table // 20, (mem.temp_size_in_bytes, table)
   # Params and every buffer (moments, momentum, masters) are updated in place.
   buffers = sum(x.nbytes for x in jax.tree.leaves((params, state)) if x.shape == (n, d))
-  assert buffers >= table * (2 if name == "sgd" else 3)
+  assert buffers >= table * (2 if name == "mxnet.sgd" else 3)
   assert mem.alias_size_in_bytes >= buffers
 
 
@@ -545,7 +546,7 @@ def _data_parallel_step(name, n_dev, seed):
   return params, state, ids, y, step
 
 
-@pytest.mark.parametrize("name", ["adam", "sgd"])
+@pytest.mark.parametrize("name", ["mxnet.adam", "mxnet.sgd"])
 def test_pmap_step_equals_single_device_step_on_the_whole_batch(name):
   n_dev = jax.local_device_count()
   params, state, ids, y, step = _data_parallel_step(name, n_dev, seed=2)
@@ -624,7 +625,7 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
 
   mesh = Mesh(np.array(jax.devices()), ("batch",))
   n_dev = len(jax.devices())
-  params, state, ids, y, step = _data_parallel_step("adam", n_dev, seed=3)
+  params, state, ids, y, step = _data_parallel_step("mxnet.adam", n_dev, seed=3)
   single = jax.jit(step)(params, state, ids, y)
   sharded = jax.jit(jax.shard_map(
       lambda p, s, i, t: step(p, s, i, t, "batch"), mesh=mesh,
@@ -633,7 +634,7 @@ def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
 
 
 @pytest.mark.parametrize("name", sorted(set(lars_optax.mxnet.registered()) - {
-    "adam", "sgd", "adagrad", "groupadagrad", "ftrl"}))
+    n.removeprefix("mxnet.") for n in optimizers.ROW_SPARSE}))
 def test_every_registered_optimizer_without_lazy_updates_rejects_a_bcoo_naming_the_leaf(name):
   params = {"emb": jnp.ones((5, 3))}
   grads = {"emb": lars_optax.sparse.row_sparse(jnp.ones((2, 3)), rows=jnp.array([0, 3]),
@@ -1194,14 +1195,9 @@ def test_value_and_grad_refuses_global_ids_on_a_table_split_by_rows_in_shard_map
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("optimizer", [
-    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True),
-    lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True),
-    lambda: lars_optax.mxnet.adagrad(0.1), lambda: lars_optax.mxnet.ftrl(),
-    lambda: lars_optax.sparse.adam(0.1), lambda: lars_optax.sparse.sgd(0.1, momentum=0.9)],
-    ids=["adam", "sgd", "adagrad", "ftrl", "dense-exact-adam", "dense-exact-sgd"])
+@pytest.mark.parametrize("name", optimizers.ROW_SPARSE)
 @pytest.mark.parametrize("kind", ["row_sparse", "plain-BCOO"])
-def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer, kind):
+def test_numpy_params_and_state_take_the_sparse_path_eagerly(name, kind):
   """flax.serialization.from_bytes and checkpoints give numpy arrays; a plain BCOO
   gradient (``jax.experimental.sparse``'s own) gets an update numpy params can take."""
   params = {"emb": np.arange(12.0, dtype=np.float32).reshape(6, 2), "w": np.ones(2, np.float32)}
@@ -1209,7 +1205,8 @@ def test_numpy_params_and_state_take_the_sparse_path_eagerly(optimizer, kind):
   if kind == "plain-BCOO":
     emb = BCOO((emb.data, emb.indices), shape=emb.shape)
   grads = {"emb": emb, "w": np.full(2, 0.5, np.float32)}
-  tx = optimizer()
+  o = optimizers.BY_NAME[name]  # every optimizer that takes row-sparse gradients
+  tx = optimizers.lazy_step(o) if o.lazy else o.make()
   want_u, want_s = tx.update(grads, tx.init(jax.tree.map(jnp.asarray, params)),
                              jax.tree.map(jnp.asarray, params))
   state = jax.tree.map(np.asarray, tx.init(params))  # a restored state: numpy leaves

@@ -24,6 +24,7 @@ import optax
 import pytest
 
 import lars_optax
+import optimizers
 from conftest import launched_kernels, step_lowered_for
 from lars_optax import masks
 
@@ -133,6 +134,11 @@ CASES = {
   "create_lamb": lambda **kw: lars_optax.mxnet.create("lamb", learning_rate=0.05, wd=0.01, **kw),
   "create_lans": lambda **kw: lars_optax.mxnet.create("lans", learning_rate=0.05, wd=0.01, **kw),
 }
+# Every other optimizer of the one table that takes stacked=, in its table configuration.
+_COVERED = {"lars", "tf_lars", "lamb", "lans", "porting.timm_optimizer", "porting.timm_lars",
+            "porting.optax_lars", "porting.timm_lamb", "porting.optax_lamb"}
+CASES.update({o.name: lambda o=o, **kw: o.make(**kw) for o in optimizers.TABLE
+              if o.stacked and o.name not in _COVERED})
 
 
 @pytest.mark.op_by_op
