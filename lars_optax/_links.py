@@ -276,6 +276,7 @@ def checked_arguments(*, declared: Mapping[str, Arg] | None = None,
       bind(*args, **kwargs)
       return fn(*args, **kwargs)
 
+    wrapper.checked_by_declaration = True  # type: ignore[attr-defined]
     return cast(_F, wrapper)
 
   return decorate

@@ -416,10 +416,13 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   """
 
   def decorate(fn: _F) -> _F:
-    taken = set(inspect.signature(fn).parameters)
+    parameters = inspect.signature(fn).parameters
+    taken = set(parameters)
     wrong = {k: why for k in _OPTAX_EQUIVALENTS.keys() | _NO_EQUIVALENT.keys()
              if (why := _optax_hint(k, taken)) is not None}
     wrong.update({k: why for k, why in hints.items() if k not in taken})
+    if any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+      wrong = {}  # (it takes any keyword, and routes it: timm_optimizer's to timm's class)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -115,3 +115,30 @@ def test_an_argument_means_one_thing_in_every_link():
                lambda: lars_optax.lars_trust_ratio(w, w, grad_scale=-1.0)):
     with pytest.raises(ValueError, match=r"^grad_scale: must be > 0, got -1"):
       call()
+
+
+def test_every_optimizer_checks_its_arguments_by_their_declarations():
+  """#59 item 2: the optimizers' arguments are declared in the same table as the links'.
+  The dense-exact sparse optimizers check theirs by hand: lars_optax.sparse sits below
+  the links' layer (tests/test_layout.py)."""
+  import optimizers
+  by_hand = sorted(o.name for o in optimizers.TABLE
+                   if not getattr(o.fn, "checked_by_declaration", False))
+  assert by_hand == ["sparse.adam", "sparse.adamw", "sparse.sgd"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: lars_optax.mxnet.adam(beta1=1.0), r"^beta1: must be in \[0, 1\)"),
+    (lambda: lars_optax.mxnet.rmsprop(epsilon=0.0), r"^epsilon: must be > 0"),
+    (lambda: lars_optax.mxnet.ftml(0.0), r"^learning_rate: must be > 0"),
+    (lambda: lars_optax.porting.timm_lamb(betas=(0.9,)), r"^betas: expected a pair"),
+    (lambda: lars_optax.porting.keras_lamb(clipnorm=1.0, clipvalue=1.0),
+     r"^clipnorm, clipvalue: Keras takes only one"),
+    (lambda: lars_optax.tf_lars(0.1, skip_list=["b"], skip="flax"),
+     r"^skip_list: give skip_list or skip, not both"),
+    (lambda: lars_optax.lamb(lower_bound=2.0, upper_bound=1.0),
+     r"^lower_bound: must be <= upper_bound"),
+])
+def test_an_optimizer_refuses_by_the_declaration_or_its_relations(call, message):
+  with pytest.raises((TypeError, ValueError), match=message):
+    call()
