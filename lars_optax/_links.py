@@ -133,8 +133,7 @@ MASK = Arg(_mask)
 TEXT = Arg(_text)
 IN_BODY = Arg(lambda name, value: None)
 """An argument the constructor checks itself, where the check builds what it checks
-(a peer's filter, a clip, a layer-decay table), or the ports' options dict (checked
-where they enter)."""
+(a peer's filter or name patterns, a layer-decay table) or refuses it with advice."""
 UNUSED = Arg(lambda name, value: None)
 """A peer's argument accepted as the peer takes it, which changes no number here."""
 NON_NEGATIVE_OR_SCHEDULE = Arg(_non_negative_or_schedule, in_dtype=True)
