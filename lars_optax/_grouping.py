@@ -246,13 +246,6 @@ def by_shape_relation(*, group_by_shape: Any, axis_name: Any, **_: Any) -> None:
   check_group_by_shape(group_by_shape, axis_name)
 
 
-def lamb_relations(*, lower_bound: Any, upper_bound: Any, group_by_shape: Any, axis_name: Any,
-                   **_: Any) -> None:
-  """LAMB's and LANS's relations: the bounds' order and ``group_by_shape``'s."""
-  _ratios.bound_order(lower_bound=lower_bound, upper_bound=upper_bound)
-  check_group_by_shape(group_by_shape, axis_name)
-
-
 def maybe_by_shape(group: bool, build: Callable[..., Sequence[GradientTransformation]], *,
                    masks_by_arg: Mapping[str, masks.MaskLike],
                    values_by_arg: Mapping[str, masks.LeafValues],

@@ -5,6 +5,8 @@ The LAMB of timm, Keras, optax and ALBERT are in :mod:`lars_optax.porting`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -110,7 +112,14 @@ def unchecked_scale_by_lamb_adam(
 scale_by_lamb_adam = _links.public_link(unchecked_scale_by_lamb_adam, params="complex")
 
 
-@base.optimizer(relations=_grouping.lamb_relations)
+def bounds_and_grouping(*, lower_bound: Any, upper_bound: Any, group_by_shape: Any,
+                        axis_name: Any, **_: Any) -> None:
+  """LAMB's and LANS's relations: the bounds' order and ``group_by_shape``'s."""
+  _ratios.bound_order(lower_bound=lower_bound, upper_bound=upper_bound)
+  _grouping.check_group_by_shape(group_by_shape, axis_name)
+
+
+@base.optimizer(relations=bounds_and_grouping)
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,

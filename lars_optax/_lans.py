@@ -12,10 +12,11 @@ from optax import GradientTransformation
 
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
-from lars_optax import _grouping, _links, _ratios
+from lars_optax import _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
+from lars_optax._lamb import bounds_and_grouping
 
 __all__ = ["NormalizePerLeafState", "ScaleByLansState", "lans", "normalize_per_leaf",
            "scale_by_lans"]
@@ -239,7 +240,7 @@ scale_by_lans = _links.public_link(unchecked_scale_by_lans, relations=_ratios.bo
                                    matches=("skip",), same_structure=True)
 
 
-@base.optimizer(relations=_grouping.lamb_relations)
+@base.optimizer(relations=bounds_and_grouping)
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
