@@ -204,7 +204,7 @@ def unchecked_dampened_trace(
   return GradientTransformation(init_fn, update_fn)
 
 
-def torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any) -> None:
+def torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any, **_: Any) -> None:
   """PyTorch's Nesterov needs momentum > 0 and no dampening (each checked already)."""
   # Concrete arrays (optax.inject_hyperparams' defaults) are judged by their value.
   if nesterov and (v.known_value(momentum) == 0.0

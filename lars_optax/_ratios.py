@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -260,15 +259,9 @@ def apply_ratios(flat_u: Sequence[jax.Array], ratios: Sequence[Any]) -> list[jax
           for u, r in zip(flat_u, ratios)]
 
 
-def check_bounds(lower_bound: Any, upper_bound: Any) -> None:
-  """LAMB's bounds on the weight norm: None, or ``0 <= lower_bound <= upper_bound``."""
-  _links.check_declared({k: x for k, x in (("lower_bound", lower_bound),
-                                           ("upper_bound", upper_bound)) if x is not None})
-  bound_order(lower_bound=lower_bound, upper_bound=upper_bound)
-
-
 def bound_order(*, lower_bound: Any, upper_bound: Any, **_: Any) -> None:
-  """``lower_bound <= upper_bound`` (each checked, see :func:`check_bounds`)."""
+  """LAMB's bounds on the weight norm: ``lower_bound <= upper_bound`` (each is declared
+  in :data:`lars_optax._links.DECLARED`: None, or a number >= 0, > 0 for the upper)."""
   if v.is_constant(lower_bound) and v.is_constant(upper_bound) and (
       float(np.asarray(lower_bound)) > float(np.asarray(upper_bound))):
     raise ValueError(

@@ -64,11 +64,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
                    ("eps", eps)])
 
 
-def _torch_nesterov(*, momentum: Any, dampening: Any, nesterov: Any, **_: Any) -> None:
-  torch_nesterov(momentum=momentum, dampening=dampening, nesterov=nesterov)
-
-
-@shared.port(relations=_torch_nesterov)
+@shared.port(relations=torch_nesterov)
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -550,7 +546,7 @@ def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: 
   _links.check_declared({"lr": lr, **{k: x for k, x in args.items()
                                       if not (x is None and own.get(k, 0) is None)}})
   if family is _TIMM_LARS:
-    _torch_nesterov(**args)
+    torch_nesterov(**args)
   return make(f"timm_{opt}", lr, no_decay=no_decay, opts=opts, **args)
 
 
