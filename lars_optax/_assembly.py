@@ -42,13 +42,15 @@ def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
 
 def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
             names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
-            leaf_values: Sequence[tuple[str, masks.LeafValues]] = (),
-            hyperparams: Sequence[tuple[Any, ...]] = (), complex_params: bool = False,
-            squares: bool = False, row_sparse: bool = False,
+            complex_params: bool = False, squares: bool = False, row_sparse: bool = False,
             row_sparse_check: Callable[[list[str], Any], None] | None = None):
   """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
 
-  ``complex_params``: the rule is defined on complex params (see
+  The optimizer's arguments are checked against the params at ``init`` by their
+  declarations (:func:`lars_optax._links.checked_arguments`); ``names``: the masks it
+  builds from them (``(argument, mask, hint)``, e.g. TensorFlow's ``skip_list`` as a
+  mask), whose names must each match a leaf. ``complex_params``: the rule is defined
+  on complex params (see
   :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`). ``squares``: the rule
   accumulates squared gradients in the params' dtype, so ``init`` warns for
   float16 params (without ``multi_precision``, whose master weights are
@@ -57,8 +59,7 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
   (see :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls
   ``row_sparse_check``).
   """
-  tx = optax.chain(unchecked_check_inputs(name, names=names, leaf_values=leaf_values,
-                                          hyperparams=hyperparams, complex_params=complex_params),
+  tx = optax.chain(unchecked_check_inputs(name, names=names, complex_params=complex_params),
                    *parts)
   if squares:
     tx = warn_float16_squares(tx, name)

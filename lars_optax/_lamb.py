@@ -256,7 +256,4 @@ def lamb(
       layer_wise, "lamb", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
       pre=common.preprocess(decay=False),
-      multi_precision=multi_precision, complex_params=clip_gradient is None,
-      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=common.leaf_values, hyperparams=common.hyperparams(
-          epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))
+      multi_precision=multi_precision, complex_params=clip_gradient is None)

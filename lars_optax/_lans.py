@@ -337,8 +337,6 @@ def lans(
     Pretraining in 54 minutes <https://arxiv.org/abs/2006.13484>`_, 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.LANS``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -352,7 +350,4 @@ def lans(
   return assembly.finish_layer_wise(
       layer_wise, "lans", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
-      multi_precision=multi_precision,
-      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=common.leaf_values, hyperparams=common.hyperparams(
-          epsilon=epsilon, lower_bound=lower_bound, upper_bound=upper_bound))
+      multi_precision=multi_precision)

@@ -137,8 +137,6 @@ def lars(
     <https://arxiv.org/abs/1708.03888>`_, 2017; Apache MXNet 2.0
     ``mxnet.optimizer.LARS``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -155,9 +153,7 @@ def lars(
   return assembly.finish_layer_wise(
       layer_wise, "lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
-      multi_precision=multi_precision, complex_params=clip_gradient is None,
-      names=[("skip", skip, None), ("wd_skip", wd_skip, None)],
-      leaf_values=common.leaf_values, hyperparams=common.hyperparams(eta=eta, epsilon=epsilon))
+      multi_precision=multi_precision, complex_params=clip_gradient is None)
 
 
 def _skip_list(name: str, skip_list: Any) -> None:
@@ -263,7 +259,7 @@ def tf_lars(
     ``tf.contrib.opt.LARSOptimizer``.
   """
   use_nesterov = bool(use_nesterov)
-  names: list[tuple[str, masks.MaskLike, str | None]] = [("skip", skip, None)]
+  names: list[tuple[str, masks.MaskLike, str | None]] = []  # (skip's: its declaration's)
   if skip_list is not None:
     skip_list = list(skip_list)
   if skip_list:
@@ -283,6 +279,4 @@ def tf_lars(
 
   return assembly.finish_layer_wise(
       layer_wise, "tf_lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
-      values_by_arg={}, stacked=stacked, names=names, complex_params=True,
-      hyperparams=[("learning_rate", learning_rate), ("eeta", eeta),
-                   ("weight_decay", weight_decay), ("epsilon", epsilon)])
+      values_by_arg={}, stacked=stacked, names=names, complex_params=True)

@@ -20,12 +20,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lars_optax import _masks as masks
+from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
 from lars_optax import _validation as v
 
@@ -39,22 +44,30 @@ class Arg:
   Attributes:
     check: ``check(name, value)`` raises, naming ``name``, for a value of the
       wrong kind or out of range (a None passes where the default is None).
-    in_dtype: a scalar that must be finite in the params' dtype (checked at
-      ``init``, see :func:`lars_optax._validation.check_representable`).
+    in_dtype: a scalar that must be finite in the dtype it is used in (checked
+      at ``init``, see :func:`lars_optax._validation.check_representable`):
+      the params' dtype, or with ``computed`` the float32-or-wider dtype of the
+      norms (a LARS coefficient, LAMB's bounds on a norm).
+    computed: see ``in_dtype``.
     named_by: the argument whose value names this one in messages (``arg_name``).
+    matched: ``"mask"`` or ``"values"``: the argument names leaves (a mask, or
+      per-leaf values as ``lr_mult``), each of which must match one at ``init``.
   """
 
   check: Callable[[str, Any], Any]
   in_dtype: bool = False
+  computed: bool = False
   named_by: str | None = None
+  matched: Literal["mask", "values"] | None = None
 
 
 def scalar(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False, alternative: str = "", in_dtype: bool = True) -> Arg:
+           high_open: bool = False, alternative: str = "", in_dtype: bool = True,
+           computed: bool = False) -> Arg:
   """A real number in the given range."""
   return Arg(functools.partial(_scalar, low=low, high=high, low_open=low_open,
                                high_open=high_open, alternative=alternative),
-             in_dtype=in_dtype)
+             in_dtype=in_dtype, computed=computed)
 
 
 def optional(arg: Arg) -> Arg:
@@ -123,13 +136,15 @@ UNIT = scalar(0.0, 1.0, high_open=True, in_dtype=False)
 """A decay rate or momentum in [0, 1)."""
 NON_NEGATIVE = scalar(low=0.0)
 POSITIVE = scalar(low=0.0, low_open=True)
+COEFFICIENT = scalar(low=0.0, computed=True)
+"""A coefficient >= 0 used in the float32-or-wider dtype of the norms."""
 RATE = Arg(_rate, in_dtype=True)
 POSITIVE_RATE = Arg(functools.partial(_rate, positive=True), in_dtype=True)
 """A learning rate that is divided by: a constant one must be > 0."""
 FLAG = Arg(_flag)
-LEAF_VALUES = Arg(_leaf_values)
+LEAF_VALUES = Arg(_leaf_values, matched="values")
 MULTIPLIERS = Arg(_leaf_values, named_by="arg_name")
-MASK = Arg(_mask)
+MASK = Arg(_mask, matched="mask")
 TEXT = Arg(_text)
 IN_BODY = Arg(lambda name, value: None)
 """An argument the constructor checks itself, where the check builds what it checks
@@ -159,16 +174,16 @@ DECLARED: dict[str, Arg] = {
     "axis_name": Arg(_axis_names),
     "stacked": Arg(_stacked),
     "inner": Arg(_transformation),
-    "trust_coefficient": NON_NEGATIVE,
-    "ratio_weight_decay": NON_NEGATIVE,
+    "trust_coefficient": COEFFICIENT,
+    "ratio_weight_decay": COEFFICIENT,
     "grad_scale": POSITIVE,
-    "lower_bound": scalar(low=0.0, alternative=" or None"),
+    "lower_bound": scalar(low=0.0, alternative=" or None", computed=True),
     # (0 is refused: MXNet's fused kernels read upper_bound=0 as "no bound", its
     # plain step as a norm of 0.)
-    "upper_bound": scalar(low=0.0, low_open=True, alternative=" or None"),
+    "upper_bound": scalar(low=0.0, low_open=True, alternative=" or None", computed=True),
     "max_trust_ratio": scalar(low=0.0, low_open=True, in_dtype=False),
     "initial_count": Arg(_initial_count),
-    "schedule_decay": scalar(low=0.0, in_dtype=False),
+    "schedule_decay": scalar(low=0.0, computed=True),
     "max_abs": POSITIVE,
     "lamda1": NON_NEGATIVE,
     "beta": NON_NEGATIVE,
@@ -176,7 +191,7 @@ DECLARED: dict[str, Arg] = {
     # The optimizers' own (MXNet's names; the ports declare their peers')
     "wd": NON_NEGATIVE,
     "rescale_grad": POSITIVE,
-    "clip_gradient": POSITIVE,
+    "clip_gradient": scalar(low=0.0, low_open=True, in_dtype=False),  # (1e39 clips nothing)
     "multi_precision": FLAG,
     "lazy_update": FLAG,
     "beta1": UNIT,
@@ -188,24 +203,24 @@ DECLARED: dict[str, Arg] = {
     "wd_lh": NON_NEGATIVE,
     "rho": UNIT,
     "centered": FLAG,
-    "clip_weights": scalar(low=0.0, low_open=True, alternative=", or None"),
-    "eta": NON_NEGATIVE,
+    "clip_weights": scalar(low=0.0, low_open=True, alternative=", or None", in_dtype=False),
+    "eta": COEFFICIENT,
     "wd_skip": MASK,
     "group_by_shape": FLAG,
     # TensorFlow's
-    "eeta": NON_NEGATIVE,
+    "eeta": COEFFICIENT,
     "use_nesterov": FLAG,
     # The peers' (the ports)
     "lr": RATE,
     "betas": Arg(_betas),
-    "trust_coeff": NON_NEGATIVE,
+    "trust_coeff": COEFFICIENT,
     "trust_clip": FLAG,
     "always_adapt": FLAG,
     "caution": FLAG,
     "decoupled_decay": FLAG,
     "corrected_weight_decay": FLAG,
-    "max_grad_norm": optional(POSITIVE),
-    "max_lr": optional(POSITIVE),
+    "max_grad_norm": optional(scalar(low=0.0, low_open=True, in_dtype=False)),
+    "max_lr": optional(scalar(low=0.0, low_open=True, in_dtype=False)),
     "foreach": FLAG,
     "maximize": FLAG,
     "beta_1": UNIT,
@@ -221,19 +236,22 @@ POSITIVE_EPSILON = {"epsilon": POSITIVE}
 """For the rules that divide by epsilon alone (RMSProp, AdaDelta)."""
 
 
-def check_declared(values: Mapping[str, Any], declared: Mapping[str, Arg] = DECLARED) -> None:
-  """Checks each of ``values`` (name: value) by its declaration, in order."""
+def check_declared(values: Mapping[str, Any], declared: Mapping[str, Arg] = DECLARED, *,
+                   prefix: str = "") -> None:
+  """Checks each of ``values`` (name: value) by its declaration, in order (messages
+  name it ``prefix`` + its name)."""
   for name, value in values.items():
     arg = declared[name]
     label = values[arg.named_by] if arg.named_by else name
-    arg.check(label, value)
+    arg.check(prefix + label, value)
 
 
 ParamsKind = Literal["real", "complex"] | None
 
 
 def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | None,
-            relations: Callable[..., None] | None) -> Callable[..., inspect.BoundArguments]:
+            relations: Callable[..., None] | None,
+            prefix: str = "") -> Callable[..., inspect.BoundArguments]:
   """``bind(*args, **kwargs)``: ``fn``'s arguments, with defaults, each checked by its
   declaration (a None passes where the default is None), then ``relations``."""
   signature = inspect.signature(fn)
@@ -253,7 +271,7 @@ def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | Non
     bound.apply_defaults()
     values = bound.arguments
     check_declared({k: values[k] for k in named
-                    if not (values[k] is None and defaults[k] is None)}, table)
+                    if not (values[k] is None and defaults[k] is None)}, table, prefix=prefix)
     if relations is not None:
       relations(**values)
     return bound
@@ -262,18 +280,23 @@ def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | Non
 
 
 def checked_arguments(*, declared: Mapping[str, Arg] | None = None,
-                      relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
+                      relations: Callable[..., None] | None = None,
+                      where: str | None = None) -> Callable[[_F], _F]:
   """A decorator for an optimizer: its arguments are checked by their declarations in
   :data:`DECLARED` (``declared``: this optimizer's own), then ``relations`` (a function
-  of all of them), before it runs. The function keeps its signature."""
+  of all of them), before it runs; its ``init`` checks the params against them
+  (:func:`checked_at_init`). Messages name an argument alone, or ``"<where>: <name>"``
+  (``where``: the optimizer's name where others share its arguments' names, such as
+  ``"sparse.adam"``). The function keeps its signature."""
+  prefix = f"{where}: " if where else ""
 
   def decorate(fn: _F) -> _F:
-    bind = _binder(fn, fn.__name__, declared, relations)
+    bind = _binder(fn, where or fn.__name__, declared, relations, prefix)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-      bind(*args, **kwargs)
-      return fn(*args, **kwargs)
+      bound = bind(*args, **kwargs)
+      return checked_at_init(fn(*args, **kwargs), bound.arguments, declared, prefix=prefix)
 
     wrapper.checked_by_declaration = True  # type: ignore[attr-defined]
     return cast(_F, wrapper)
@@ -315,7 +338,7 @@ def public_link(rule: _F, *, relations: Callable[..., None] | None = None,
     return checked_trees(tx, name, params=params,
                          in_dtype={k: values[k] for k in in_dtype if values[k] is not None},
                          matches={k: values[k] for k in matches},
-                         same_structure=same_structure)
+                         same_structure=same_structure, declared=table)
 
   link.__name__ = link.__qualname__ = name
   return v.keyword_hints(hints or {})(cast(_F, link))
@@ -323,15 +346,16 @@ def public_link(rule: _F, *, relations: Callable[..., None] | None = None,
 
 def checked_trees(tx: optax.GradientTransformation, name: str, *, params: ParamsKind,
                   in_dtype: Mapping[str, Any], matches: Mapping[str, masks.MaskLike],
-                  same_structure: bool) -> optax.GradientTransformation:
-  """``tx`` whose ``init`` and ``update`` first check the trees (see :func:`public_link`)."""
+                  same_structure: bool,
+                  declared: Mapping[str, Arg] = DECLARED) -> optax.GradientTransformation:
+  """``tx`` whose ``init`` and ``update`` first check the trees (see :func:`public_link`;
+  ``declared``: the table the constants' dtypes are read from)."""
   allow_complex = params == "complex"
 
   def init_fn(p: optax.Params) -> optax.OptState:
     if params is not None:
       v.check_float_params(p, name, allow_complex=allow_complex)
-    for arg, value in in_dtype.items():
-      v.check_representable(arg, value, p)
+    check_constants(in_dtype.items(), p, declared)
     if matches:
       masks.check_unique_names(p)
       for arg, mask in matches.items():
@@ -357,3 +381,82 @@ def checked_trees(tx: optax.GradientTransformation, name: str, *, params: Params
     return tx.update(updates, state, p)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def check_constants(constants: Iterable[tuple[str, Any]], params: Any,
+                    declared: Mapping[str, Arg] = DECLARED, *, prefix: str = "") -> None:
+  """Each ``(argument, value)`` is finite in the dtype it is used in, by the argument's
+  declaration (an undeclared name: the params' dtype); messages name it ``prefix`` +
+  its name."""
+  for arg, value in constants:
+    computed = arg in declared and declared[arg].computed
+    v.check_representable(prefix + arg, value, params, computed=computed)
+
+
+def check_names(params: Any, names: Sequence[tuple[str, masks.MaskLike, str | None]],
+                leaf_values: Sequence[tuple[str, masks.LeafValues]]) -> None:
+  """Each name given in a mask (``(argument, mask, hint)``) or in per-leaf values
+  (``(argument, spec)``) matches a leaf, and the leaves' names are unique; an
+  exemption mask that looks like an optax mask passed as it is gets a warning."""
+  if any(mask is not None for _, mask, _ in names) or any(
+      spec is not None for _, spec in leaf_values):
+    masks.check_unique_names(params)
+  for arg, mask, hint in names:
+    masks.check_matches(mask, params, arg, hint=hint)
+    chosen = masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, bools
+    if arg in v.EXEMPT_MASKS:
+      _warn_inverted(arg, chosen, params)
+  for arg, spec in leaf_values:
+    masks.resolve_leaf_values(spec, params, arg, check_names=True, check_layers=False)
+
+
+def _warn_inverted(arg: str, exempt: Sequence[bool], params: Any) -> None:
+  """Warns when an exemption mask (True = left out) exempts every leaf of two or
+  more axes and none of one or none: an optax mask (True = apply), inverted."""
+  big = [np.ndim(p) > 1 for p in jax.tree.leaves(params)]
+  if all(big) or not any(big) or list(exempt) != big:
+    return
+  warnings.warn(
+      f"{arg}: exempts every weight (each leaf of 2 or more axes) and no bias or norm "
+      f"scale (the leaves of 0 or 1 axis), the reverse of the usual rule. {arg} takes "
+      "True = left out, the reverse of an optax mask (True = applied): this looks like "
+      "an optax mask passed as it is. Pass its inverse, e.g. "
+      "jax.tree.map(operator.not_, mask) or lars_optax.by_ndim(1) (the leaves of "
+      "at most one axis).", UserWarning, stacklevel=4)
+
+
+def _master_dtypes(params: Any) -> Any:
+  """``params``' shapes and dtypes, float32 for float16 and bfloat16 leaves: the dtypes
+  the rule runs in with master weights (:func:`lars_optax.multi_precision`)."""
+  def master(p: Any) -> Any:
+    dtype = getattr(p, "dtype", None)
+    dtype = jnp.dtype(np.asarray(p).dtype if dtype is None else dtype)
+    return jax.ShapeDtypeStruct(np.shape(p), jnp.float32 if dtype in utils.LOW_PRECISION
+                                else dtype)
+
+  return jax.tree.map(master, params)
+
+
+def checked_at_init(tx: optax.GradientTransformation, arguments: Mapping[str, Any],
+                    declared: Mapping[str, Arg] | None = None, *, prefix: str = "") -> Any:
+  """``tx`` whose ``init`` first checks the params against what ``arguments``
+  (an optimizer's, by name) declare: each name in a mask or in per-leaf values
+  matches a leaf (:func:`check_names`), and each constant is finite in the dtype it
+  is used in (:func:`check_constants`; with ``multi_precision``, float32 for
+  float16 and bfloat16 params, their master weights')."""
+  table = {**DECLARED, **(declared or {})}
+  given = {k: x for k, x in arguments.items() if k in table and x is not None}
+  constants = [(k, x) for k, x in given.items() if table[k].in_dtype]
+  names = [(k, x, None) for k, x in given.items() if table[k].matched == "mask"]
+  leaf_values = [(k, x) for k, x in given.items() if table[k].matched == "values"]
+  master = bool(arguments.get("multi_precision", False))
+  if not (constants or names or leaf_values):
+    return tx
+
+  def init_fn(params: optax.Params) -> optax.OptState:
+    check_constants(constants, _master_dtypes(params) if master else params, table,
+                    prefix=prefix)
+    check_names(params, names, leaf_values)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)

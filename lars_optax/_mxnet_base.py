@@ -71,12 +71,6 @@ def learning_rate_part(learning_rate) -> optax.GradientTransformation:
   return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
 
 
-def hyperparams(**values: Any) -> list[tuple[str, Any]]:
-  """The scalars to check against the params' dtypes at ``init`` (see check_inputs;
-  the dtype each is used in comes from its name, v.COMPUTED_ARGUMENTS)."""
-  return [(k, x) for k, x in values.items() if x is not None]
-
-
 def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
   return [] if lr_mult is None else [unchecked_scale_per_leaf(lr_mult, arg_name="lr_mult",
                                                               stacked=stacked)]
@@ -86,10 +80,10 @@ class Base(NamedTuple):
   """MXNet's optimizer-base arguments as one object: the learning rate and ``wd``, their
   per-leaf multipliers, the gradient's rescale and clip, and master weights.
 
-  An optimizer checks them with its other arguments (:func:`optimizer`), then builds
-  ``base.preprocess()``, its own links and ``base.rate()``, and ``base.finish`` puts
-  them together (:func:`lars_optax._assembly.finish`), checking the multipliers' names
-  and the constants against the params at ``init``.
+  An optimizer checks them with its other arguments (:func:`optimizer`, which also
+  checks the multipliers' names and the constants against the params at ``init``),
+  then builds ``base.preprocess()``, its own links and ``base.rate()``, and
+  ``base.finish`` puts them together (:func:`lars_optax._assembly.finish`).
   """
 
   learning_rate: Any
@@ -110,30 +104,17 @@ class Base(NamedTuple):
     """``-learning_rate``, then ``lr_mult``."""
     return [learning_rate_part(self.learning_rate), *lr_mult_part(self.lr_mult, stacked)]
 
-  @property
-  def leaf_values(self) -> list[tuple[str, masks.LeafValues]]:
-    return [("lr_mult", self.lr_mult), ("wd_mult", self.wd_mult)]
-
-  def hyperparams(self, **others: Any) -> list[tuple[str, Any]]:
-    """The constants checked against the params' dtypes at ``init``: the base's, ``others``."""
-    return hyperparams(learning_rate=self.learning_rate, wd=self.wd,
-                       rescale_grad=self.rescale_grad, **others)
-
-  def finish(self, parts: list, name: str, *, hyperparams: Mapping[str, Any] | None = None,
-             **kwargs: Any) -> optax.GradientTransformationExtraArgs:
-    """:func:`lars_optax._assembly.finish` of ``parts`` with the base's checks and master
-    weights (``hyperparams``: the optimizer's own constants)."""
-    return assembly.finish(parts, name, multi_precision=self.multi_precision,
-                           leaf_values=self.leaf_values,
-                           hyperparams=self.hyperparams(**(hyperparams or {})), **kwargs)
+  def finish(self, parts: list, name: str, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
+    """:func:`lars_optax._assembly.finish` of ``parts``, with master weights."""
+    return assembly.finish(parts, name, multi_precision=self.multi_precision, **kwargs)
 
 
 def optimizer(hints: Callable[[Any], Any] = v.mxnet_names, *,
               declared: Mapping[str, Any] | None = None,
               relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
   """The decorators of an optimizer taking MXNet's base arguments: its arguments are
-  checked by their declarations (:func:`lars_optax._links.checked_arguments`) and a
-  wrong keyword gets ``hints``."""
+  checked by their declarations, when it is built and against the params at ``init``
+  (:func:`lars_optax._links.checked_arguments`), and a wrong keyword gets ``hints``."""
 
   def decorate(fn: _F) -> _F:
     return cast(_F, hints(_links.checked_arguments(declared=declared, relations=relations)(fn)))

@@ -28,7 +28,6 @@ debiasing)."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -432,21 +431,6 @@ def _check_tuples(arg: str, value: Any, *sizes: int) -> tuple:
   return items
 
 
-def _warn_inverted(arg: str, exempt: Sequence[bool], params: Any) -> None:
-  """Warns when an exemption mask (True = left out) exempts every leaf of two or
-  more axes and none of one or none: an optax mask (True = apply), inverted."""
-  big = [np.ndim(p) > 1 for p in jax.tree.leaves(params)]
-  if all(big) or not any(big) or list(exempt) != big:
-    return
-  warnings.warn(
-      f"{arg}: exempts every weight (each leaf of 2 or more axes) and no bias or norm "
-      f"scale (the leaves of 0 or 1 axis), the reverse of the usual rule. {arg} takes "
-      "True = left out, the reverse of an optax mask (True = applied): this looks like "
-      "an optax mask passed as it is. Pass its inverse, e.g. "
-      "jax.tree.map(operator.not_, mask) or lars_optax.by_ndim(1) (the leaves of "
-      "at most one axis).", UserWarning, stacklevel=3)
-
-
 def unchecked_check_inputs(
     name: str = "optimizer",
     *,
@@ -479,8 +463,9 @@ def unchecked_check_inputs(
     names: masks whose given names must match a leaf.
     leaf_values: per-leaf value specs whose names must match a leaf.
     hyperparams: ``(argument, value)`` for the optimizer's scalars; each is
-      checked in the dtype its name is used in (the parameter dtype, or the
-      float32-or-wider dtype of norms for an epsilon or a LARS coefficient).
+      checked in the dtype its name's declaration says it is used in (the
+      parameter dtype, or the float32-or-wider dtype of the norms for a LARS
+      coefficient or LAMB's bounds).
     complex_params: accept complex params and gradients too (for the
       optimizers whose rule is defined on them, see
       :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`); a complex gradient
@@ -493,18 +478,8 @@ def unchecked_check_inputs(
 
   def init_fn(params):
     v.check_float_params(params, name, allow_complex=complex_params)
-    for arg, value in hyperparams:
-      v.check_representable(arg, value, params)
-    if any(mask is not None for _, mask, _ in names) or any(
-        spec is not None for _, spec in leaf_values):
-      masks.check_unique_names(params)
-    for arg, mask, hint in names:
-      masks.check_matches(mask, params, arg, hint=hint)
-      chosen = masks.resolve_mask(mask, params, arg)  # a bool pytree's structure, bools
-      if arg in v.EXEMPT_MASKS:
-        _warn_inverted(arg, chosen, params)
-    for arg, spec in leaf_values:
-      masks.resolve_leaf_values(spec, params, arg, check_names=True, check_layers=False)
+    _links.check_constants(hyperparams, params)
+    _links.check_names(params, names, leaf_values)
     return optax.EmptyState()
 
   def cast(g, p):

@@ -114,8 +114,7 @@ def lars_trust_ratio(
     dtype = np.asarray(x).dtype if dtype is None else dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise TypeError(f"{arg}: expected a real floating point array, got dtype {dtype}.")
-  for arg, value in scalars.items():
-    v.check_representable(arg, value, param)
+  _links.check_constants(scalars.items(), param)
   if not stacked_mod.is_int(layer_axes) or not 0 <= layer_axes < max(np.ndim(param), 1):
     raise ValueError(f"layer_axes: expected an int in [0, param.ndim), got {layer_axes!r} "
                      f"for a param of shape {np.shape(param)}.")

@@ -137,33 +137,20 @@ def known_value(value: Any) -> float | None:
     return None
 
 
-# The one table of argument kinds: the hyperparameters used only in the float32-or-wider
-# dtype of the norms (the LARS coefficient, the ratio's lambda, LAMB's bounds on a norm).
-# Every other constant is checked in the params' dtype, the stricter of the two (a value
-# finite there is finite in float32). A name means one thing everywhere, so its kind is
-# the name's, whoever takes it: an epsilon is checked in the params' dtype, where optax's
-# rules (sparse.adam) add it, also where a rule of ours adds it in float32.
-COMPUTED_ARGUMENTS = frozenset({
-    "trust_coefficient", "trust_coeff", "eta", "eeta", "ratio_weight_decay",
-    "lower_bound", "upper_bound",
-})
-
-
-def check_representable(name: str, value: Any, params: Any, *,
+def check_representable(name: str, value: Any, params: Any, *, computed: bool = False,
                         nonzero: bool = False) -> None:
   """A constant hyperparameter must be finite in the dtype it is used in.
 
   Checked at ``init``, when the params' dtypes are known: ``value`` is cast to
-  each parameter's dtype (for a name in :data:`COMPUTED_ARGUMENTS`, to the
-  float32-or-wider dtype that norms and Adam's division use; ``name`` may be
-  ``"prefix: argument"``). A value beyond that dtype's largest finite
+  each parameter's dtype (with ``computed``, to the float32-or-wider dtype that
+  norms use: an argument's declaration says which, see
+  :class:`lars_optax._links.Arg`). A value beyond that dtype's largest finite
   number would become infinite and make the update inf or NaN; with
   ``nonzero``, a value > 0 that rounds to 0 is rejected too (an epsilon that
   would vanish). Schedules and traced values are not checked.
   """
   if not is_constant(value):
     return
-  compute = name.rsplit(": ", 1)[-1] in COMPUTED_ARGUMENTS
   x = float(np.asarray(value, np.float64))
   seen = set()
   for leaf_name, leaf in masks.named_leaves(params):
@@ -171,7 +158,7 @@ def check_representable(name: str, value: Any, params: Any, *,
     dtype = jnp.dtype(np.asarray(leaf).dtype if dtype is None else dtype)
     if not jnp.issubdtype(dtype, jnp.floating):
       continue
-    if compute:
+    if computed:
       dtype = jnp.promote_types(dtype, jnp.float32)
     if dtype in seen:
       continue
@@ -180,14 +167,14 @@ def check_representable(name: str, value: Any, params: Any, *,
     if abs(x) > float(info.max):
       raise ValueError(
           f"{name}: {x:g} is beyond the range of {dtype.name} (largest finite value "
-          f"{float(info.max):g}), the dtype {'it is used in for' if compute else 'of'} "
+          f"{float(info.max):g}), the dtype {'it is used in for' if computed else 'of'} "
           f"parameter {leaf_name!r}: it would make the update infinite or NaN. Use a "
           "smaller value" + (", or multi_precision=True (float32 master weights)."
                              if dtype in (jnp.float16, jnp.bfloat16) else "."))
     if nonzero and x != 0 and float(np.asarray(x).astype(dtype)) == 0:
       raise ValueError(
           f"{name}: {x:g} is 0 in {dtype.name}, the dtype "
-          f"{'it is used in for' if compute else 'of'} parameter {leaf_name!r}; use a value "
+          f"{'it is used in for' if computed else 'of'} parameter {leaf_name!r}; use a value "
           f">= {float(info.tiny):g}.")
 
 

@@ -99,7 +99,7 @@ def signum(
     parts = [*common.preprocess(), utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
              optax.scale_by_sign()]
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return common.finish(parts, "signum", hyperparams={"wd_lh": wd_lh})
+  return common.finish(parts, "signum")
 
 
 def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
@@ -178,4 +178,4 @@ def signsgd(
     parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
                                                         arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return common.finish(parts, "signsgd", hyperparams={"wd_lh": wd_lh})
+  return common.finish(parts, "signsgd")

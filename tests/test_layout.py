@@ -7,7 +7,8 @@ later, on some call. :func:`test_no_deferred_imports_remain` checks that no
 function imports from the package.
 
 The layers, bottom up: the private helpers (``_utils``, ``_validation``,
-``_row_wise``) and ``_masks`` (with its public face ``masks``); the row-sparse
+``_row_wise``, ``_stacked``, and ``_links``: the arguments' declarations and the checks
+they give) and ``_masks`` (with its public face ``masks``); the row-sparse
 machinery (``lars_optax.sparse``'s modules); the core modules (links, wrappers and the library's own
 optimizers); MXNet's registry (``lars_optax.mxnet``'s modules); the package
 ``__init__`` files, which only re-export. No arrow runs up.
@@ -37,7 +38,7 @@ def _module_name(path: pathlib.Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 PACKAGES = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
 BOTTOM = {"lars_optax._utils", "lars_optax._validation", "lars_optax._row_wise",
-          "lars_optax._masks", "lars_optax.masks"}
+          "lars_optax._stacked", "lars_optax._links", "lars_optax._masks", "lars_optax.masks"}
 
 
 def _imports(tree: ast.Module, *, deferred_only: bool = False) -> list[tuple[ast.AST, bool]]:

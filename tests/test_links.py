@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import lars_optax
+from lars_optax import _assembly as assembly
 from lars_optax import _links
 
 pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
@@ -118,13 +119,45 @@ def test_an_argument_means_one_thing_in_every_link():
 
 
 def test_every_optimizer_checks_its_arguments_by_their_declarations():
-  """#59 item 2: the optimizers' arguments are declared in the same table as the links'.
-  The dense-exact sparse optimizers check theirs by hand: lars_optax.sparse sits below
-  the links' layer (tests/test_layout.py)."""
+  """#59 item 2: the optimizers' arguments are declared in the same table as the links',
+  the dense-exact sparse ones' too (their own, such as ``window``, beside them)."""
   import optimizers
   by_hand = sorted(o.name for o in optimizers.TABLE
                    if not getattr(o.fn, "checked_by_declaration", False))
-  assert by_hand == ["sparse.adam", "sparse.adamw", "sparse.sgd"]
+  assert by_hand == []
+
+
+def test_what_init_checks_comes_from_the_declarations():
+  """#59 item 2: no constructor lists its constants, masks and multipliers for init; the
+  declarations say which arguments init checks against the params, and in which dtype."""
+  assert not {"hyperparams", "leaf_values"} & set(inspect.signature(assembly.finish).parameters)
+  f16 = {"w": jnp.ones((2, 2), jnp.float16), "b": jnp.ones(2, jnp.float16)}
+  # In the params' dtype, or in the master weights' with multi_precision.
+  with pytest.raises(ValueError, match=r"^learning_rate: 100000 is beyond the range of "
+                                       r"float16"):
+    lars_optax.mxnet.adam(1e5).init(f16)
+  lars_optax.mxnet.adam(1e5, multi_precision=True).init(f16)
+  # A coefficient of the norms (declared computed) is used in float32; epsilon is not.
+  lars_optax.lars(0.1, eta=1e5).init(f16)
+  with pytest.raises(ValueError, match=r"^epsilon: 100000 is beyond the range of float16"):
+    lars_optax.lars(0.1, epsilon=1e5).init(f16)
+  # A name in a mask or in per-leaf values must match a leaf.
+  with pytest.raises(ValueError, match=r"^wd_mult: .*'kernel'"):
+    lars_optax.mxnet.sgd(0.1, wd=1e-4, wd_mult={"kernel": 0.0}).init(f16)
+  with pytest.raises(ValueError, match=r"^skip: "):
+    lars_optax.lamb(1e-3, skip=lars_optax.by_leaf_name("bias")).init(f16)
+  # The dense-exact sparse optimizers' under their names.
+  with pytest.raises(ValueError, match=r"^sparse.adamw: weight_decay: 100000 is beyond"):
+    lars_optax.sparse.adamw(1e-6, weight_decay=1e5).init(f16)
+
+
+def test_the_sparse_optimizers_arguments_are_declared_with_their_names():
+  with pytest.raises(TypeError, match=r"^sparse.adam: mu_dtype: expected a dtype or None"):
+    lars_optax.sparse.adam(1e-3, mu_dtype="half-ish")
+  with pytest.raises(ValueError, match=r"^sparse.sgd: window: expected an int in \[1, 4096\]"):
+    lars_optax.sparse.sgd(0.1, momentum=0.9, window=0)
+  with pytest.raises(ValueError, match=r"^sparse.adam: eps_root must be 0"):
+    lars_optax.sparse.adam(1e-3, eps_root=1e-8)
 
 
 @pytest.mark.parametrize("call, message", [

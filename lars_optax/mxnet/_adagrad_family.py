@@ -427,7 +427,7 @@ def adagrad(
   common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
                      multi_precision)
   parts = [*common.preprocess(), unchecked_scale_by_mxnet_adagrad(epsilon), *common.rate()]
-  return common.finish(parts, "adagrad", squares=True, hyperparams={"epsilon": epsilon},
+  return common.finish(parts, "adagrad", squares=True,
                        row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
@@ -484,8 +484,7 @@ def groupadagrad(
   common = base.Base(learning_rate, 0.0, rescale_grad, clip_gradient, lr_mult, None,
                      multi_precision)
   parts = [*common.preprocess(), unchecked_scale_by_group_adagrad(epsilon), *common.rate()]
-  return common.finish(parts, "groupadagrad", squares=True, hyperparams={"epsilon": epsilon},
-                       row_sparse=True)
+  return common.finish(parts, "groupadagrad", squares=True, row_sparse=True)
 
 
 @base.optimizer(declared=_links.POSITIVE_EPSILON)
@@ -574,7 +573,7 @@ def rmsprop(
                                 rho, epsilon), *common.rate()]
   if clip_weights is not None:
     parts.append(unchecked_clip_params(clip_weights))
-  return common.finish(parts, "rmsprop", squares=True, hyperparams={"epsilon": epsilon})
+  return common.finish(parts, "rmsprop", squares=True)
 
 
 @base.optimizer(declared=_links.POSITIVE_EPSILON)
@@ -632,7 +631,7 @@ def adadelta(
   parts = [*common.preprocess(),
            utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
            *common.rate()]
-  return common.finish(parts, "adadelta", squares=True, hyperparams={"epsilon": epsilon})
+  return common.finish(parts, "adadelta", squares=True)
 
 
 @base.optimizer(declared={"learning_rate": _links.POSITIVE_RATE})
@@ -700,5 +699,4 @@ def ftrl(
   parts = [*common.preprocess(decay=False),
            unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
                                    lr_mult=lr_mult, wd_mult=wd_mult)]
-  return common.finish(parts, "ftrl", squares=True,
-                       hyperparams={"lamda1": lamda1, "beta": beta}, row_sparse=True)
+  return common.finish(parts, "ftrl", squares=True, row_sparse=True)

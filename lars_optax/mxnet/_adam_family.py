@@ -130,8 +130,7 @@ def adam(
   parts = [*common.preprocess(),
            unchecked_scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon,
                                          initial_count=begin_num_update), *common.rate()]
-  return common.finish(parts, "adam", lazy=lazy_update, complex_params=clip_gradient is None,
-                      hyperparams={"epsilon": epsilon})
+  return common.finish(parts, "adam", lazy=lazy_update, complex_params=clip_gradient is None)
 
 
 @base.optimizer()
@@ -213,7 +212,7 @@ def adamw(
   if correct_bias:
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
-  return common.finish([*parts, *common.rate()], "adamw", hyperparams={"epsilon": epsilon})
+  return common.finish([*parts, *common.rate()], "adamw")
 
 
 @base.optimizer()
@@ -275,7 +274,7 @@ def adamax(
   parts = [*common.preprocess(), unchecked_scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
            unchecked_scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
            *common.rate()]
-  return common.finish(parts, "adamax", hyperparams={"epsilon": epsilon})
+  return common.finish(parts, "adamax")
 
 
 @base.optimizer()
@@ -347,8 +346,7 @@ def nadam(
            unchecked_scale_by_mxnet_nadam(beta1, b2=beta2, eps=epsilon,
                                           schedule_decay=schedule_decay,
                                           initial_count=begin_num_update), *common.rate()]
-  return common.finish(parts, "nadam",
-                      hyperparams={"epsilon": epsilon, "schedule_decay": schedule_decay})
+  return common.finish(parts, "nadam")
 
 
 @base.optimizer()
@@ -417,7 +415,7 @@ def adabelief(
   if correct_bias:
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
-  return common.finish([*parts, *common.rate()], "adabelief", hyperparams={"epsilon": epsilon})
+  return common.finish([*parts, *common.rate()], "adabelief")
 
 
 @base.optimizer(declared={"learning_rate": _links.POSITIVE_RATE})
@@ -483,4 +481,4 @@ def ftml(
   parts = [*common.preprocess(),
            unchecked_scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon,
                                    lr_mult=lr_mult, initial_count=begin_num_update)]
-  return common.finish(parts, "ftml", hyperparams={"epsilon": epsilon})
+  return common.finish(parts, "ftml")

@@ -305,7 +305,7 @@ def dcasgd(
                      multi_precision)
   parts = [*common.preprocess(), unchecked_add_delay_compensation(lamda),
            *base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return common.finish(parts, "dcasgd", hyperparams={"lamda": lamda})
+  return common.finish(parts, "dcasgd")
 
 
 class AddLangevinNoiseState(NamedTuple):

@@ -132,10 +132,7 @@ def keras_lamb(
         stacked=o["stacked"])]
 
   tx = shared.finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False, pre=clip,
-                                masks_by_arg={"exclude_from_weight_decay": exempt},
-                                hyperparams=[("learning_rate", learning_rate),
-                                             ("weight_decay", weight_decay),
-                                             ("epsilon", epsilon)])
+                                masks_by_arg={"exclude_from_weight_decay": exempt})
   if exempt is not None:
     tx = _warning_unmatched(tx, named, "exclude_from_weight_decay")
   if every > 1:

@@ -78,11 +78,7 @@ def optax_lars(
 
   tx = shared.finish_layer_wise(layer_wise, "optax_lars", opts,
                                 masks_by_arg={"weight_decay_mask": no_decay,
-                                              "trust_ratio_mask": no_ratio},
-                                hyperparams=[("learning_rate", learning_rate),
-                                             ("weight_decay", weight_decay),
-                                             ("trust_coefficient", trust_coefficient),
-                                             ("eps", eps)])
+                                              "trust_ratio_mask": no_ratio})
   return shared.as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
@@ -127,8 +123,5 @@ def optax_lamb(
             base.learning_rate_part(learning_rate)]
 
   tx = shared.finish_layer_wise(layer_wise, "optax_lamb", opts,
-                                masks_by_arg={"mask": shared.optax_mask(mask, "mask")},
-                                hyperparams=[("learning_rate", learning_rate),
-                                             ("weight_decay", weight_decay), ("eps", eps),
-                                             ("eps_root", eps_root)])
+                                masks_by_arg={"mask": shared.optax_mask(mask, "mask")})
   return shared.as_optax_stacks(tx, stacked, "optax_lamb", "optax.lamb")

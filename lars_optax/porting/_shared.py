@@ -70,35 +70,28 @@ def lr_mult_links(opts: Shared) -> list:
   return base.lr_mult_part(opts["lr_mult"], opts["stacked"])
 
 
-def _assembled(opts: Shared, exempt: Sequence[tuple[str, Any]],
-               hyperparams: Sequence[tuple[str, Any]]) -> dict[str, Any]:
-  """:func:`lars_optax._assembly.finish`'s keywords for a port: master weights, the
-  peer's exemptions and ``lr_mult`` checked against the params at ``init``, and the
-  constants given (``(peer's name, value)``) checked against the params' dtypes."""
+def _assembled(opts: Shared, exempt: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+  """:func:`lars_optax._assembly.finish`'s keywords for a port: master weights, and the
+  exemptions built from the peer's arguments (``(argument, mask)``) checked against the
+  params at ``init``. (The arguments themselves are checked by their declarations:
+  :func:`port`.)"""
   return {"multi_precision": opts["multi_precision"],
-          "names": [(arg, mask, None) for arg, mask in exempt],
-          "leaf_values": [("lr_mult", opts["lr_mult"])],
-          "hyperparams": [h for h in hyperparams if h[1] is not None]}
+          "names": [(arg, mask, None) for arg, mask in exempt]}
 
 
 def finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
-           hyperparams: Sequence[tuple[str, Any]], lr_mult: bool = True,
-           ) -> GradientTransformationExtraArgs:
+           lr_mult: bool = True) -> GradientTransformationExtraArgs:
   """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
-  around; warn for stacks. ``hyperparams``: ``(peer's name, value)`` of the constants
-  to check against the params' dtypes at ``init``, as :func:`lars_optax.check_inputs`
-  takes them."""
+  around; warn for stacks."""
   tx = assembly.finish([*parts, *(lr_mult_links(opts) if lr_mult else [])], name,
-                       **_assembled(opts, exempt, hyperparams))
+                       **_assembled(opts, exempt))
   return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
 
 
 def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name: str,
                       opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
-                      exempt: Sequence[tuple[str, Any]] = (),
-                      hyperparams: Sequence[tuple[str, Any]], with_lr_mult: bool = True,
-                      pre: Sequence[Any] = (),
-                      ) -> GradientTransformationExtraArgs:
+                      exempt: Sequence[tuple[str, Any]] = (), with_lr_mult: bool = True,
+                      pre: Sequence[Any] = ()) -> GradientTransformationExtraArgs:
   """:func:`finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
   peer's masks by argument name), ``lr_mult`` last unless ``layer_wise`` placed it.
   With ``group_by_shape`` they run on the leaves stacked by shape, and the
@@ -111,7 +104,7 @@ def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name
   return assembly.finish_layer_wise(
       build, name, group_by_shape=opts["group_by_shape"], masks_by_arg=dict(masks_by_arg or {}),
       values_by_arg={"lr_mult": opts["lr_mult"]}, stacked=opts["stacked"], pre=pre,
-      **_assembled(opts, exempt, hyperparams))
+      **_assembled(opts, exempt))
 
 
 def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:

@@ -100,9 +100,7 @@ def byol_lars(
       masks_by_arg={
           "weight_decay_filter": _byol_exempt("weight_decay_filter", weight_decay_filter),
           "lars_adaptation_filter": _byol_exempt("lars_adaptation_filter",
-                                                 lars_adaptation_filter)},
-      hyperparams=[("learning_rate", learning_rate), ("weight_decay", weight_decay),
-                   ("eta", eta)])
+                                                 lars_adaptation_filter)})
 
 
 @shared.port(declared=_FILTERS)
@@ -160,9 +158,7 @@ def simclr_lars(
 
   return shared.finish_layer_wise(layer_wise, "simclr_lars", opts,
                                   masks_by_arg={"exclude_from_weight_decay": no_decay,
-                                                "exclude_from_layer_adaptation": no_ratio},
-                                  hyperparams=[("learning_rate", learning_rate),
-                                               ("weight_decay", weight_decay), ("eeta", eeta)])
+                                                "exclude_from_layer_adaptation": no_ratio})
 
 
 @shared.port(declared=_FILTERS)
@@ -209,7 +205,4 @@ def albert_lamb(
 
   return shared.finish_layer_wise(layer_wise, "albert_lamb", opts,
                                   masks_by_arg={"exclude_from_weight_decay": no_decay,
-                                                "exclude_from_layer_adaptation": no_ratio},
-                                  hyperparams=[("learning_rate", learning_rate),
-                                               ("weight_decay_rate", weight_decay_rate),
-                                               ("epsilon", epsilon)])
+                                                "exclude_from_layer_adaptation": no_ratio})

@@ -59,9 +59,7 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
 
   return shared.finish_layer_wise(
       layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
-      exempt=[("no_weight_decay", no_decay)],
-      hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("trust_coeff", trust_coeff),
-                   ("eps", eps)])
+      exempt=[("no_weight_decay", no_decay)])
 
 
 @shared.port(relations=torch_nesterov)
@@ -166,8 +164,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
           else [clip_by_global_norm(max_grad_norm, axis_name=opts["axis_name"])])
   return shared.finish_layer_wise(
       layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
-      exempt=[("no_weight_decay", no_decay)], with_lr_mult=False, pre=clip,
-      hyperparams=[("lr", lr), ("weight_decay", weight_decay), ("eps", eps)])
+      exempt=[("no_weight_decay", no_decay)], with_lr_mult=False, pre=clip)
 
 
 @shared.port()
@@ -542,12 +539,17 @@ def _timm_groups(opt: str, lr: Any, weight_decay: Any, momentum: Any, no_decay: 
   args = {**own, **family[opt], **kwargs, "weight_decay": weight_decay}
   if family is _TIMM_LARS:
     args["momentum"] = momentum
+  # What it routes (timm_optimizer checks its own), checked against the params at init
+  # by the same declarations.
+  routed = {**({"lr": signature["lr"].default} if lr is None else {}), **common,
+            **{k: x for k, x in args.items() if k not in ("weight_decay", "momentum")}}
   lr = signature["lr"].default if lr is None else lr
   _links.check_declared({"lr": lr, **{k: x for k, x in args.items()
                                       if not (x is None and own.get(k, 0) is None)}})
   if family is _TIMM_LARS:
     torch_nesterov(**args)
-  return make(f"timm_{opt}", lr, no_decay=no_decay, opts=opts, **args)
+  tx = make(f"timm_{opt}", lr, no_decay=no_decay, opts=opts, **args)
+  return _links.checked_at_init(tx, routed)
 
 
 def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: dict,
@@ -561,12 +563,13 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
   if kwargs:
     raise TypeError(f"{sorted(kwargs)[0]}: timm's 'cadamw' optimizer takes no such "
                     "argument; it takes betas, eps.")
-  lr = 1e-3 if lr is None else lr
+  given_lr, lr = lr, 1e-3 if lr is None else lr
   _links.check_declared({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
   b1, b2 = betas
   parts = [unchecked_scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
                                       stacked=opts["stacked"], axis_name=opts["axis_name"]),
            *shared.decay_links(weight_decay, no_decay, opts, "no_weight_decay"),
            base.learning_rate_part(lr)]
-  return shared.finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)],
-                       hyperparams=[("lr", lr), ("weight_decay", weight_decay)])
+  tx = shared.finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)])
+  return _links.checked_at_init(tx, {**({"lr": 1e-3} if given_lr is None else {}),
+                                     "eps": eps, **opts})

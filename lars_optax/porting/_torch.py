@@ -42,8 +42,7 @@ def torch_sparse_adam(
   tx = assembly.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
                        base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
                       "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
-                      complex_params=True, leaf_values=[("lr_mult", lr_mult)],
-                      hyperparams=base.hyperparams(lr=lr, eps=eps))
+                      complex_params=True)
   if not maximize:
     return tx
   # The gradient negated on its rows (a row-sparse gradient stays row-sparse).

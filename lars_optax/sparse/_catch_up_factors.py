@@ -83,13 +83,12 @@ class Rule:
   wd_mask: Any = None
   window: int = 0
   runs: tuple[tuple[int, int], ...] = ()  # Adam: the window's runs (adam_runs)
-  constants: tuple[tuple[str, Any], ...] = ()  # (name, value): checked against the params
+  constants: tuple[tuple[str, Any], ...] = ()  # (name, value): the rates kept in the state
 
   def check_params(self, params: Any) -> None:
-    """At ``init``: float params, each constant finite in their dtypes, a well-formed mask."""
+    """At ``init``: float params and a well-formed mask (the constants are checked against
+    the params by their declarations, see :func:`lars_optax._links.checked_arguments`)."""
     v.check_float_params(params, self.name)
-    for arg, value in self.constants:
-      v.check_representable(f"{self.name}: {arg}", value, params)
     decay_mask(self, params, jax.tree.structure(params))
 
   def rates(self) -> np.ndarray:
@@ -546,12 +545,13 @@ def decay_mask(rule: Rule, params: Any, treedef: Any) -> list[bool]:
   return [bool(x) for x in flat]
 
 
-def check_mask(where: str, mask: Any) -> None:
-  """``optax.adamw``'s ``mask``: None, a bool, a bool pytree or a callable returning one."""
+def check_mask(label: str, mask: Any) -> None:
+  """``optax.adamw``'s ``mask`` (named ``label`` in the message): None, a bool, a bool
+  pytree or a callable returning one."""
   if mask is None or callable(mask) or isinstance(mask, (bool, np.bool_)):
     return
   if isinstance(mask, (str, bytes, int, float, complex, np.number, np.ndarray, jax.Array)):
-    raise TypeError(f"{where}: mask: expected optax's mask (a bool pytree with the params' "
+    raise TypeError(f"{label}: expected optax's mask (a bool pytree with the params' "
                     "structure, or a callable params -> bool pytree; True where the decay "
                     f"applies), got {mask!r}.")
 

@@ -57,8 +57,10 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +68,7 @@ import numpy as np
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
@@ -76,33 +79,77 @@ from lars_optax.sparse._catch_up_state import CatchUpState
 
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-def _known(where: str, name: str, value: Any) -> Any:
-  """``value`` as a Python number (a concrete array too); a traced one is refused.
+
+def _known(arg: _links.Arg) -> _links.Arg:
+  """``arg``, refusing a traced value first.
 
   ``optax.inject_hyperparams`` passes every numeric argument as an array, traced
   under ``jit``: the catch-up needs the decay rates and the window when it is
   built, and the learning rate and decay at every skipped step, which a value
   set from outside each step does not give.
   """
+  def check(label: str, value: Any) -> None:
+    if isinstance(value, jax.core.Tracer):
+      name = label.rpartition(": ")[2]
+      raise ValueError(
+          f"{label} is traced (optax.inject_hyperparams passes its arguments as "
+          f"arrays): the catch-up of the steps a row skipped needs {name}'s value for each "
+          "of them. Pass a number, or for a learning rate or weight decay an optax "
+          f"schedule, and leave it out of inject_hyperparams (static_args=({name!r}, ...)).")
+    arg.check(label, value)
+
+  return dataclasses.replace(arg, check=check)
+
+
+def _number(value: Any) -> Any:
+  """``value`` as a Python number where it is a concrete 0-d array."""
   if value is None or callable(value) or isinstance(value, (bool, np.bool_)):
     return value
-  if isinstance(value, jax.core.Tracer):
-    raise ValueError(
-        f"{where}: {name} is traced (optax.inject_hyperparams passes its arguments as "
-        f"arrays): the catch-up of the steps a row skipped needs {name}'s value for each "
-        "of them. Pass a number, or for a learning rate or weight decay an optax schedule, "
-        f"and leave it out of inject_hyperparams (static_args=({name!r}, ...)).")
   if np.ndim(value) == 0 and hasattr(value, "dtype"):
     return value.item() if hasattr(value, "item") else value
   return value
 
 
-def _check_window(window: Any, poles: Any, where: str) -> None:
-  if window is not None:
-    v.check_count(f"{where}: window", window, 1, arrays=False, maximum=4096)
-  if poles is not None:
-    v.check_count(f"{where}: poles", poles, 1, arrays=False, maximum=factors.MAX_RUNS)
+def _eps_root(label: str, value: Any) -> None:
+  v.check_scalar(label, value, low=0.0)
+  if float(value) != 0.0:
+    raise ValueError(f"{label} must be 0 (got {float(value):g}): with it the skipped steps "
+                     "of an untouched row have no closed form here.")
+
+
+def _dtype(label: str, value: Any) -> None:
+  try:
+    jnp.dtype(value)
+  except TypeError:
+    raise TypeError(f"{label}: expected a dtype or None, got {value!r}.") from None
+
+
+def _count(maximum: int) -> _links.Arg:
+  return _known(_links.Arg(lambda label, value: v.check_count(
+      label, value, 1, arrays=False, maximum=maximum)))
+
+
+# The dense-exact optimizers' arguments (optax's names) as they take them: a value known
+# when built (not traced), and their own (eps_root must be 0, the window's sizes).
+_DECLARED = {
+    **{k: _known(_links.DECLARED[k]) for k in ("b1", "b2", "eps", "momentum")},
+    "learning_rate": _known(_links.RATE),
+    "weight_decay": _known(_links.RATE),  # (optax's adamw takes a schedule)
+    "eps_root": _known(_links.Arg(_eps_root)),
+    "mu_dtype": _links.Arg(_dtype),
+    "accumulator_dtype": _links.Arg(_dtype),
+    "mask": _links.Arg(factors.check_mask),
+    "window": _count(4096),
+    "poles": _count(factors.MAX_RUNS),
+}
+
+
+def _checked(where: str) -> Callable[[_F], _F]:
+  """Each argument checked by its declaration, when built and against the params at
+  ``init``, under ``where`` (``"sparse.adam"``)."""
+  return _links.checked_arguments(declared=_DECLARED, where=where)
 
 
 _COUPLED = ("weight decay added to the gradient (coupled L2 decay, as MXNet's wd) has no "
@@ -130,11 +177,8 @@ _sgd_names = v.keyword_hints({
 # --------------------------------------------------------------------------
 
 
-def _checked_lr(where: str, learning_rate: Any) -> None:
-  v.check_learning_rate(f"{where}: learning_rate", learning_rate)
-
-
 @_adam_names
+@_checked("sparse.adam")
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
          nesterov: bool = False, window: int | None = None,
@@ -186,6 +230,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
 
 
 @_adamw_names
+@_checked("sparse.adamw")
 def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
@@ -204,26 +249,15 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
     eps_root, window, poles: as in :func:`adam`.
   """
   where = "sparse.adamw"
-  v.check_learning_rate(f"{where}: weight_decay", weight_decay)
-  factors.check_mask(where, mask)
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
                     poles, weight_decay, mask)
 
 
 def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window, poles,
                weight_decay, mask):
-  learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay = (
-      _known(where, name, x) for name, x in zip(
-          ("learning_rate", "b1", "b2", "eps", "eps_root", "window", "poles", "weight_decay"),
-          (learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay)))
-  _checked_lr(where, learning_rate)
-  v.check_betas(b1, b2, eps, names=(f"{where}: b1", f"{where}: b2", f"{where}: eps"))
-  v.check_scalar(f"{where}: eps_root", eps_root, low=0.0)
-  if float(eps_root) != 0.0:
-    raise ValueError(f"{where}: eps_root must be 0 (got {float(eps_root):g}): with it the "
-                     "skipped steps of an untouched row have no closed form here.")
-  nesterov = v.check_flag(f"{where}: nesterov", nesterov)
-  _check_window(window, poles, where)
+  learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay = map(
+      _number, (learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay))
+  nesterov = bool(nesterov)
   b1f, b2f = float(b1), float(b2)
   if weight_decay is None:
     twin = optax.adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov)
@@ -267,6 +301,7 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
 
 
 @_sgd_names
+@_checked("sparse.sgd")
 def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
         nesterov: bool = False, accumulator_dtype: Any = None,
         window: int | None = None) -> GradientTransformationExtraArgs:
@@ -287,14 +322,8 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
       :math:`\mu^k < 10^{-6}`); past it the sum is taken whole, exactly.
   """
   where = "sparse.sgd"
-  learning_rate, momentum, window = (
-      _known(where, name, x) for name, x in zip(("learning_rate", "momentum", "window"),
-                                                 (learning_rate, momentum, window)))
-  _checked_lr(where, learning_rate)
-  if momentum is not None:
-    v.check_scalar(f"{where}: momentum", momentum, low=0.0, high=1.0, high_open=True)
-  nesterov = v.check_flag(f"{where}: nesterov", nesterov)
-  _check_window(window, 1, where)
+  learning_rate, momentum, window = map(_number, (learning_rate, momentum, window))
+  nesterov = bool(nesterov)
   mu = None if momentum is None else float(momentum)
   if mu is not None and callable(learning_rate) and mu > factors.MAX_FUTURE_MOMENTUM:
     raise ValueError(
