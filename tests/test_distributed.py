@@ -23,31 +23,34 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lars_optax
+import optimizers
 from conftest import explicit_mesh, use_mesh
 
 N_DEV = jax.device_count()
 pytestmark = pytest.mark.skipif(N_DEV < 8, reason="needs 8 devices (see conftest.py)")
 
+# Every public optimizer in its canonical configuration (tests/optimizers.py), and the
+# configurations of what those leave out: MXNet's rescale, clip and multipliers, TF's
+# skip_list with Nesterov, lazy updates, LAMB's bounds, group_by_shape and a wrapper.
 OPTIMIZERS = {
-    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3, rescale_grad=0.5,
-                                    clip_gradient=1.0),
+    **{o.name: o.make for o in optimizers.TABLE},
+    "lars_rescale_clip": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3,
+                                                 rescale_grad=0.5, clip_gradient=1.0),
     "lars_mult": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3,
                                          lr_mult={"fc1_weight": 0.5},
                                          wd_mult={"fc2_weight": 2.0}),
-    "tf_lars": lambda: lars_optax.tf_lars(0.1, use_nesterov=True, skip_list=["bias", "gamma"]),
-    "signum": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
-    "signsgd": lambda: lars_optax.signsgd(0.01, wd=1e-3),
-    "adam": lambda: lars_optax.mxnet.adam(0.01, wd=1e-3, clip_gradient=1.0),
-    "adam_lazy": lambda: lars_optax.mxnet.adam(0.01, lazy_update=True),
-    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3),
-    "lamb": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet"),
-    "lans": lambda: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5),
+    "tf_lars_skip_list": lambda: lars_optax.tf_lars(0.1, use_nesterov=True,
+                                                    skip_list=["bias", "gamma"]),
+    "signum_wd_lh": lambda: lars_optax.signum(0.01, wd=1e-3, wd_lh=1e-3),
+    "mxnet.adam_clip": lambda: lars_optax.mxnet.adam(0.01, wd=1e-3, clip_gradient=1.0),
+    "mxnet.adam_lazy": lambda: lars_optax.mxnet.adam(0.01, lazy_update=True),
+    "lamb_bounds": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet"),
+    "lans_clip": lambda: lars_optax.lans(0.01, wd=1e-3, clip_gradient=0.5),
     "lars_by_shape": lambda: lars_optax.lars(0.1, momentum=0.9, eta=0.1, wd=1e-3,
                                              group_by_shape=True),
     "lamb_by_shape": lambda: lars_optax.lamb(0.01, wd=1e-3, lower_bound=0.1, skip="mxnet",
                                              group_by_shape=True),
     "skip_nonfinite": lambda: lars_optax.skip_nonfinite(lars_optax.lamb(0.01, wd=1e-3)),
-    "sparse_adamw": lambda: lars_optax.sparse.adamw(0.01, weight_decay=1e-3),
 }
 
 
@@ -72,6 +75,13 @@ def _loss(p, batch):
   return jnp.mean((h @ p["fc2_weight"] + p["fc2_bias"] - y) ** 2)
 
 
+@functools.cache
+def _one_device(name):
+  """``OPTIMIZERS[name]``'s run on one device, the reference of every layout below
+  (computed once per optimizer and worker)."""
+  return _single_device_run(OPTIMIZERS[name]())
+
+
 def _single_device_run(tx, steps=4):
   params = _params()
   state = tx.init(params)
@@ -94,7 +104,7 @@ def _single_device_run(tx, steps=4):
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_pmap_data_parallel_equals_one_device(name):
   tx = OPTIMIZERS[name]()
-  expected, _ = _single_device_run(tx)
+  expected, _ = _one_device(name)
 
   def replicate(tree):
     return jax.tree.map(lambda a: jnp.broadcast_to(a, (N_DEV, *a.shape)), tree)
@@ -145,7 +155,7 @@ def _train_sharded(step, params, state, mesh, shardings, expected_params):
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_sharded_params_under_jit(name):
   tx = OPTIMIZERS[name]()
-  expected_params, expected_state = _single_device_run(tx)
+  expected_params, expected_state = _one_device(name)
   mesh = _mesh()
   shardings = {k: NamedSharding(mesh, s) for k, s in _param_specs().items()}
   params = jax.device_put(_params(), shardings)
@@ -217,7 +227,7 @@ def test_explicitly_sharded_params_under_jit(name):
   have one shape: ``group_by_shape`` must not stack them (a stack of differently
   sharded arrays is a type error there)."""
   tx = OPTIMIZERS[name]()
-  expected_params, _ = _single_device_run(tx)
+  expected_params, _ = _one_device(name)
   mesh = explicit_mesh((4, 2), ("data", "model"))
   with use_mesh(mesh):
     # Typed shardings must agree where the model contracts them: fc2_weight is
@@ -544,19 +554,21 @@ def _exact(make):
   return lambda: (make(), make())  # (a transformation is a pair of pure functions)
 
 
+def _row_sparse(o):
+  """A table optimizer that takes row-sparse gradients: its lazy step where it has one."""
+  make = functools.partial(optimizers.lazy_step, o) if o.lazy else o.make
+  return _exact(make) if o.name.startswith("sparse.") else lambda: (make(), None)
+
+
+# Every optimizer the table flags row_sparse, a schedule, and the wrappers.
 _TABLE_OPTIMIZERS = {
-    "sparse.lazy_update": lambda: (lars_optax.sparse.lazy_update(optax.adam(0.01)), None),
-    "sparse.adam": _exact(lambda: lars_optax.sparse.adam(0.01)),
-    "sparse.adamw": _exact(lambda: lars_optax.sparse.adamw(
+    **{name: _row_sparse(optimizers.BY_NAME[name]) for name in optimizers.ROW_SPARSE},
+    "sparse.adamw(schedule)": _exact(lambda: lars_optax.sparse.adamw(
         optax.cosine_decay_schedule(0.01, 10), weight_decay=0.1)),
+    "sparse.lazy_update": lambda: (lars_optax.sparse.lazy_update(optax.adam(0.01)), None),
     "skip_nonfinite(sparse.sgd)": lambda: (
         lars_optax.skip_nonfinite(lars_optax.sparse.sgd(0.1, momentum=0.9)),
         lars_optax.sparse.sgd(0.1, momentum=0.9)),
-    "mxnet.adam": lambda: (lars_optax.mxnet.adam(0.01, lazy_update=True), None),
-    "mxnet.sgd": lambda: (lars_optax.mxnet.sgd(0.1, momentum=0.9, lazy_update=True), None),
-    "mxnet.adagrad": lambda: (lars_optax.mxnet.adagrad(0.1), None),
-    "mxnet.groupadagrad": lambda: (lars_optax.mxnet.groupadagrad(0.1), None),
-    "mxnet.ftrl": lambda: (lars_optax.mxnet.ftrl(0.1), None),
 }
 _ROWS = 1000  # (a row count no other array of the step has: a table-sized collective shows)
 _STEPS = 3
@@ -704,8 +716,8 @@ _LAYOUTS = {  # mesh shape and names, the batch's axis, the table's axis
     # the dense-exact optimizers only, the others have no catch_up.)
     "replicated_table": ((8,), ("data",), "data", None),
 }
-_CATCH_UP_ONLY = {"replicated_table": ["sparse.adam", "sparse.adamw",
-                                       "skip_nonfinite(sparse.sgd)"],
+_CATCH_UP_ONLY = {"replicated_table": ["sparse.adam", "sparse.adamw", "sparse.adamw(schedule)",
+                                       "sparse.sgd", "skip_nonfinite(sparse.sgd)"],
                   # (the lookup path of data_x_table, whose data axis has size 1 here:
                   # a lazy and a dense-exact optimizer show it; data_x_table runs all)
                   "ids_on_every_device": ["sparse.lazy_update", "sparse.adam"]}

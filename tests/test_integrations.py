@@ -44,6 +44,7 @@ import pytest
 
 import lars_optax
 from lars_optax import masks
+import optimizers
 
 STEPS = 8
 OPTIMIZERS = ("lars", "tf_lars", "signum", "adam")
@@ -549,25 +550,22 @@ def test_equinox_update_with_the_model_as_params(opt_name):
 # The rest of MXNet's registry: boxed Flax params and whole Equinox models
 # --------------------------------------------------------------------------
 
-REGISTRY_NAMES = sorted(set(lars_optax.mxnet.registered())
-                        - {"lars", "signum", "signsgd", "adam", "sgd"})
+# Every public optimizer, in its canonical configuration (tests/optimizers.py).
+TABLE_NAMES = [o.name for o in optimizers.TABLE]
 
 
-def _registry_tx(name):
-  kwargs = {"skip": "flax"} if name in ("lamb", "lans") else {}
-  return lars_optax.mxnet.create(name, learning_rate=0.01,
-                                 wd=1e-4 if name != "groupadagrad" else 0.0,
-                           **kwargs)
+def _table_tx(name):
+  return optimizers.BY_NAME[name].make()
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", REGISTRY_NAMES)
-def test_registry_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
+@pytest.mark.parametrize("name", TABLE_NAMES)
+def test_every_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
   pytest.importorskip("flax")
   import flax.linen as nn
 
   model = _boxed_linen_model()
-  tx = _registry_tx(name)
+  tx = _table_tx(name)
 
   def run(params):
     state = tx.init(params)
@@ -590,12 +588,12 @@ def test_registry_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", REGISTRY_NAMES)
-def test_registry_optimizer_takes_the_whole_equinox_model(name):
+@pytest.mark.parametrize("name", TABLE_NAMES)
+def test_every_optimizer_takes_the_whole_equinox_model(name):
   pytest.importorskip("equinox")
   import equinox as eqx
 
-  tx = _registry_tx(name)
+  tx = _table_tx(name)
   model = _equinox_model()
   opt_state = tx.init(eqx.filter(model, eqx.is_array))
 

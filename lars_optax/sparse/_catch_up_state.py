@@ -16,6 +16,7 @@ from optax import GradientTransformationExtraArgs
 
 from lars_optax import _row_wise
 from lars_optax import _utils as utils
+from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _rows, _types
 from lars_optax.sparse import _catch_up_factors as factors
@@ -408,7 +409,8 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
   def update_fn(updates, state, params=None, **extra_args):
     if params is None:
       raise ValueError(f"{where}: params are required; call update(updates, state, params).")
-    return step(updates, state, params, extra_args)
+    # (An Equinox model passed whole: its non-array leaves, None in the gradients, drop.)
+    return step(updates, state, v.align_params(updates, params), extra_args)
 
   update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
   return GradientTransformationExtraArgs(init_fn, update_fn)
