@@ -1,7 +1,7 @@
 """Every public optimizer's unit checks, drawn from ``tests/optimizers.py``'s table: it
 builds, takes a jitted step on a small tree (finite updates in the params' structure
-and dtypes), refuses a bad first argument by name when built, and the table lists
-every public optimizer. Part of the inner-loop subset (``pytest -m unit``)."""
+and dtypes), refuses a bad first argument by name when built and non-float params by
+the leaf's name, and the table lists every public optimizer. Part of the inner-loop subset (``pytest -m unit``)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,20 @@ def test_group_by_shape_gives_the_per_leaf_step(name):
     tx = BY_NAME[name].make(group_by_shape=grouped)
     out.append(jax.jit(tx.update)(grads, tx.init(params), params)[0])
   chex.assert_trees_all_close(out[1], out[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_])  # complex: test_dtypes.py
+def test_non_float_params_are_refused_at_init_by_the_leafs_name(name, dtype):
+  params = {"w": jnp.ones((4, 2)), "layer": {"bad": jnp.ones((2,), dtype)}}
+  with pytest.raises(TypeError, match="'layer/bad'"):
+    BY_NAME[name].make().init(params)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_non_float_params_are_refused_at_update_by_the_leafs_name(name):
+  tx = BY_NAME[name].make()
+  state = tx.init(_params())
+  bad = {**_params(), "embed": jnp.ones((6, 4), jnp.int32)}
+  with pytest.raises(TypeError, match="'embed'"):
+    tx.update(bad, state, bad)

@@ -410,7 +410,10 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
     if params is None:
       raise ValueError(f"{where}: params are required; call update(updates, state, params).")
     # (An Equinox model passed whole: its non-array leaves, None in the gradients, drop.)
-    return step(updates, state, v.align_params(updates, params), extra_args)
+    params = v.align_params(updates, params)
+    v.check_float_params(_rows.shape_view(updates), where, "gradient")
+    v.check_float_params(params, where)
+    return step(updates, state, params, extra_args)
 
   update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
   return GradientTransformationExtraArgs(init_fn, update_fn)
