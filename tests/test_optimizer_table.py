@@ -1,7 +1,8 @@
 """Every public optimizer's unit checks, drawn from ``tests/optimizers.py``'s table: it
 builds, takes a jitted step on a small tree (finite updates in the params' structure
 and dtypes), refuses a bad first argument by name when built and non-float params by
-the leaf's name, and the table lists every public optimizer. Part of the inner-loop subset (``pytest -m unit``)."""
+the leaf's name, and the table lists every public optimizer. Part of the inner-loop
+subset (``pytest -m unit``)."""
 
 from __future__ import annotations
 
