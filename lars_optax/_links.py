@@ -13,6 +13,11 @@ public ``<name>``, which checks what it is given, every time, whoever calls it:
   between them (``relations``, a function of the link's arguments);
 * the trees, in ``init`` and ``update``: one wrapper (see :func:`public_link`'s
   keywords) around the rule's transformation.
+
+An optimizer's arguments are declared in the same table and checked by
+:func:`checked_arguments` when it is built; its ``init`` then checks the params
+against the same declarations (:func:`checked_at_init`: the names in masks and
+per-leaf values, the constants' dtypes), so no constructor lists them again.
 """
 
 from __future__ import annotations
