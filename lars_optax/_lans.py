@@ -196,7 +196,7 @@ def unchecked_scale_by_lans(
   def update_fn(updates, state, params=None):
     params, ks, skipped = _ratios.update_inputs(updates, state, params, skip, name)
     mults = masks.resolve_leaf_values(wd_mult, params, "wd_mult", layer_axes=ks)
-    mu, nu = _ratios.moments(updates, state.mu, state.nu, b1, b2)
+    mu, nu = utils.moments(updates, state.mu, state.nu, b1, b2)
     count = optax.safe_int32_increment(state.count)
     flat_g, treedef = jax.tree.flatten(updates)
     flat_p, flat_m, flat_n = (treedef.flatten_up_to(x) for x in (params, mu, nu))

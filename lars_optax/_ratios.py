@@ -316,20 +316,6 @@ def update_inputs(updates: Any, state: Any, params: Any, skip: masks.MaskLike,
   return params, ks, masks.resolve_mask(skip, params, "skip", ks)
 
 
-def moments(updates, mu, nu, b1, b2, grad_averaging=True):
-  """Adam's running moments, in the buffers' dtypes (without grad averaging,
-  the first moment adds the whole update: m = b1 m + u)."""
-  if grad_averaging:
-    mu = jax.tree.map(
-        lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u, mu, updates)
-  else:
-    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + u.astype(m.dtype), mu, updates)
-  nu = jax.tree.map(
-      lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
-      nu, updates)
-  return mu, nu
-
-
 def bias_corrections(count: jax.Array, b1: Any, b2: Any) -> Any:
   """dtype -> ``(1 - b1^t, 1 - b2^t)`` in that dtype (float32 or wider).
 

@@ -220,6 +220,23 @@ def one_minus_pow(beta: Any, t: jax.Array) -> jax.Array:
   return -jnp.expm1(t * log_beta)
 
 
+def moments(updates: Any, mu: Any, nu: Any, b1: Any, b2: Any, *, grad_averaging: bool = True,
+            square: Callable[[jax.Array], jax.Array] = abs_sq) -> tuple[Any, Any]:
+  r"""Adam's running moments, in the buffers' dtypes.
+
+  :math:`m \leftarrow \beta_1 m + (1 - \beta_1) u` (without grad averaging, the first
+  moment adds the whole update: :math:`m \leftarrow \beta_1 m + u`) and
+  :math:`v \leftarrow \beta_2 v + (1 - \beta_2)\,\mathrm{square}(u)`.
+  """
+  if grad_averaging:
+    mu = jax.tree.map(lambda m, u: cast(b1, m.dtype) * m + cast(1 - b1, m.dtype) * u, mu, updates)
+  else:
+    mu = jax.tree.map(lambda m, u: cast(b1, m.dtype) * m + u.astype(m.dtype), mu, updates)
+  nu = jax.tree.map(lambda n, u: cast(b2, n.dtype) * n + cast(1 - b2, n.dtype) * square(u),
+                    nu, updates)
+  return mu, nu
+
+
 def safe_divide(x: jax.Array, denom: jax.Array) -> jax.Array:
   """``x / denom``, 0 where ``denom`` is exactly 0 (no 0/0 is formed: ``jax_debug_nans``).
 

@@ -101,11 +101,7 @@ def unchecked_scale_by_mxnet_adam(
 
   def update_fn(updates, state, params=None):
     del params
-    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
-                      state.mu, updates)
-    nu = jax.tree.map(
-        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * utils.abs_sq(u),
-        state.nu, updates)
+    mu, nu = utils.moments(updates, state.mu, state.nu, b1, b2)
     count = optax.safe_int32_increment(state.count)
     scales = {}  # dtype -> bias-correction factor
 
@@ -467,11 +463,7 @@ def unchecked_scale_by_mxnet_nadam(
     grad_coef = (1 - mu_t) / (1 - m_schedule)
     mom_coef = mu_next / (1 - m_schedule * mu_next)
     debias2 = utils.one_minus_pow(b2, t)
-    mu = jax.tree.map(lambda m, u: utils.cast(b1, m.dtype) * m + utils.cast(1 - b1, m.dtype) * u,
-                      state.mu, updates)
-    nu = jax.tree.map(
-        lambda n, u: utils.cast(b2, n.dtype) * n + utils.cast(1 - b2, n.dtype) * jnp.square(u),
-        state.nu, updates)
+    mu, nu = utils.moments(updates, state.mu, state.nu, b1, b2, square=jnp.square)
 
     def step(u, m, n):
       ldt = utils.norm_dtype(u.dtype)

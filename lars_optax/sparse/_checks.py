@@ -102,10 +102,6 @@ def check_row_sparse(name: str, grad: BCOO, param: Any, where: str) -> Any:
         "n_sparse=1 (indices of shape (K, 1), values of shape (K, *row_shape)). "
         "Build it with BCOO((values, rows[:, None]), shape=param.shape) or "
         "lars_optax.sparse.row_sparse(values, rows=rows, num_rows=num_rows).")
-  if not jnp.issubdtype(grad.indices.dtype, jnp.integer):
-    raise TypeError(
-        f"{where}: gradient {name!r} has indices of dtype {grad.indices.dtype}; "
-        f"row indices must be integers. {BEFORE_HINT}")
   if tuple(grad.shape) != shape:
     raise ValueError(
         f"{where}: gradient {name!r} has shape {tuple(grad.shape)} but the "
