@@ -227,7 +227,7 @@ def test_ftml_with_zero_epsilon_and_no_gradient_leaves_the_weight():
 
 def test_ftml_update_needs_params():
   tx = lars_optax.mxnet.scale_by_ftml(0.01)
-  with pytest.raises(ValueError, match=r"^scale_by_ftml: update needs params"):
+  with pytest.raises(ValueError, match=r"^scale_by_ftml: params are required; call update"):
     tx.update({"w": jnp.ones(1)}, tx.init({"w": jnp.ones(1)}))
 
 

@@ -5,6 +5,8 @@ reference tests; here: argument checking, tree and dtype handling, schedules,
 skipping and the trust-ratio read-out.
 """
 
+import functools
+import inspect
 import math
 import warnings
 
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import optimizers
 from conftest import public, x64
 
 import lars_optax
@@ -744,11 +747,11 @@ def _flax_params():
                       "bias": jax.random.normal(k[4], (2,))}}
 
 
+# Every optimizer that takes wd_skip, from the table (tests/optimizers.py), with a weight
+# decay that shows in a few steps (and lars's skip=None: wd_skip alone decides).
 WD_SKIP_OPTIMIZERS = {
-    "lars": lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=0.05, eta=0.01, skip=None, **kw),
-    "lamb": lambda **kw: lars_optax.lamb(0.05, wd=0.1, **kw),
-    "lans": lambda **kw: lars_optax.lans(0.05, wd=0.1, **kw),
-}
+    o.name: functools.partial(o.make, wd=0.1, **({"skip": None} if o.name == "lars" else {}))
+    for o in optimizers.TABLE if "wd_skip" in inspect.signature(o.fn).parameters}
 
 
 def _train(tx, params, steps=3):

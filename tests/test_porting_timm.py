@@ -141,7 +141,7 @@ def test_timm_layer_decay_numbers_the_layers_as_timm_and_checks_its_arguments():
     P.timm_optimizer("cadamw", layer_decay=0.75, group_matcher=matcher)
   with pytest.raises(TypeError, match=r"^betaz: timm's 'lamb' optimizer takes no such"):
     P.timm_optimizer("lamb", layer_decay=0.75, group_matcher=matcher, betaz=1)
-  with pytest.raises(ValueError, match=r"^layer_decay: update needs params"):
+  with pytest.raises(ValueError, match=r"^layer_decay: params are required; call update"):
     tx.update(g, state)
   with pytest.raises(TypeError, match=r"^fallback_list: expected a list"):
     P.timm_optimizer("lamb", fallback_list="x")

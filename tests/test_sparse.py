@@ -310,7 +310,8 @@ def test_wrong_layout_raises_naming_the_leaf():
 def test_float_indices_raise_naming_the_leaf():
   # e.g. after jax.tree.map(lambda x: x.astype(jnp.float32), grads), which casts indices too
   g = jax.tree.map(lambda x: x.astype(jnp.float32), _bcoo(np.ones((1, 2), np.float32), [1], (4, 2)))
-  with pytest.raises(TypeError, match=r"gradient 'emb' is a row-sparse BCOO with indices of dtype float32"):
+  with pytest.raises(TypeError, match=r"gradient 'emb' is a row-sparse BCOO with indices of "
+                                      r"dtype float32"):
     _lazy_update_error(g)
 
 
@@ -928,8 +929,8 @@ def test_float_indices_name_the_cause_and_the_replacement():
   params, _, g1, _ = _two_grads()
   cast = jax.tree.map(lambda x: x.astype(jnp.float32), g1)
   tx = lars_optax.mxnet.adam(0.1, lazy_update=True)
-  with pytest.raises(TypeError, match=r"gradient 'emb' is a row-sparse BCOO with indices of dtype float32.*walks "
-                     r"into a BCOO.*lars_optax.sparse.clip_by_global_norm"):
+  with pytest.raises(TypeError, match=r"gradient 'emb' is a row-sparse BCOO with indices of "
+                     r"dtype float32.*walks into a BCOO.*lars_optax.sparse.clip_by_global_norm"):
     tx.update(cast, tx.init(params), params)
 
 

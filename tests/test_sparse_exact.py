@@ -789,3 +789,21 @@ def test_a_batchs_padding_slots_read_as_up_to_date():
   chex.assert_trees_all_equal(s, jnp.array([5, 5, 5, 5], jnp.int32))
   chex.assert_trees_all_equal(w1, w0)  # nothing to catch up: the branch was skipped
   chex.assert_trees_all_equal(b1["mu"], jnp.full((4, 2), 0.1))
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd"])
+def test_float32_row_sparse_gradients_of_a_bfloat16_table_keep_the_state_bfloat16(name):
+  """As every optimizer casts a gradient of another float dtype to its param's: the
+  state keeps its dtypes (a jitted step is not traced again), and the step equals the
+  one given bfloat16 rows."""
+  tx = getattr(lars_optax.sparse, name)(1e-2)
+  params = {"t": jnp.ones((4, 2), jnp.bfloat16), "b": jnp.ones((2,), jnp.bfloat16)}
+  def grads(dtype):
+    return {"t": lars_optax.sparse.row_sparse(jnp.full((1, 2), 0.5, dtype), rows=jnp.array([1]),
+                                              num_rows=4),
+            "b": jnp.full((2,), 0.25, dtype)}
+  state = tx.init(params)
+  updates, after = jax.jit(tx.update)(grads(jnp.float32), state, params)
+  chex.assert_trees_all_equal_dtypes(state, after)
+  want, _ = jax.jit(tx.update)(grads(jnp.bfloat16), state, params)
+  chex.assert_trees_all_equal(updates, want)

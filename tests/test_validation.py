@@ -8,10 +8,11 @@ Three tables, each run over every public optimizer (and over ``create``):
   match no leaf (``skip``, ``skip_list``, ``lr_mult``/``wd_mult`` rules),
   rejected at construction or ``init``; presets and ``Mask.optional()`` may
   match nothing;
-* parameter and gradient trees: mismatched trees and shapes, missing params,
-  integer/boolean/complex leaves, 0-d and zero-size leaves, empty trees,
-  ``None`` leaves, ``optax.MaskedNode`` leaves (inside ``optax.masked``) and
-  gradients of another float dtype than their params.
+* parameter and gradient trees, over every optimizer of ``tests/optimizers.py``'s
+  table and the configurations it leaves out whose checks differ: mismatched trees
+  and shapes, missing params, integer/complex leaves, 0-d and zero-size leaves,
+  empty trees, ``None`` leaves, ``optax.MaskedNode`` leaves (inside
+  ``optax.masked``) and gradients of another float dtype than their params.
 """
 
 import inspect
@@ -25,6 +26,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import public, x64
+import optimizers
 
 import lars_optax
 from lars_optax import _validation as v
@@ -789,25 +791,17 @@ def test_transformations_check_names_at_init(make):
 # --------------------------------------------------------------------------
 
 # Every optimizer reads the params here (weight decay), plus the wrappers.
-VARIANTS = {
-    "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, skip=None),
+# Every optimizer of the table (tests/optimizers.py), beside the configurations it leaves
+# out whose checks differ: master weights, the lazy steps, rmsprop's centered form.
+VARIANTS = {o.name: o.make for o in optimizers.TABLE} | {
     "lars_mp": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, multi_precision=True),
-    "tf_lars": lambda: lars_optax.tf_lars(0.1),
-    "signum": lambda: lars_optax.signum(0.1, wd_lh=1e-3),
-    "signsgd": lambda: lars_optax.signsgd(0.1, wd=1e-3),
-    "adam": lambda: lars_optax.mxnet.adam(0.1, wd=1e-3),
-    "adam_lazy": lambda: lars_optax.mxnet.adam(0.1, wd=1e-3, lazy_update=True),
-    "sgd": lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3),
-    "sgd_lazy_mp": lambda: lars_optax.multi_precision(
+    "mxnet.adam_lazy": lambda: lars_optax.mxnet.adam(0.1, wd=1e-3, lazy_update=True),
+    "mxnet.sgd_lazy_mp": lambda: lars_optax.multi_precision(
         lars_optax.mxnet.sgd(0.1, momentum=0.9, wd=1e-3, lazy_update=True)),
-    "adagrad": lambda: lars_optax.mxnet.adagrad(0.1, wd=1e-3),
-    "rmsprop": lambda: lars_optax.mxnet.rmsprop(0.01, wd=1e-3),
-    "rmsprop_centered_mp": lambda: lars_optax.mxnet.rmsprop(0.01, centered=True, clip_weights=2.0,
-                                                      wd=1e-3, multi_precision=True),
-    "adadelta": lambda: lars_optax.mxnet.adadelta(wd=1e-3),
-    "ftrl": lambda: lars_optax.mxnet.ftrl(0.1, wd=1e-3),
+    "mxnet.rmsprop_centered_mp": lambda: lars_optax.mxnet.rmsprop(
+        0.01, centered=True, clip_weights=2.0, wd=1e-3, multi_precision=True),
 }
-LAZY = {"adam_lazy", "sgd_lazy_mp"}
+LAZY = {"mxnet.adam_lazy", "mxnet.sgd_lazy_mp", *optimizers.LAZY} - {"mxnet.adam", "mxnet.sgd"}
 
 
 def _params(dtype=jnp.float32):
@@ -851,7 +845,14 @@ def test_mismatched_gradients_under_jit(name):
     jax.jit(tx.update)({"w": jnp.ones((1, 3)), "fc_bias": jnp.ones(3)}, tx.init(params), params)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+# The variants whose step, as configured here, reads no params (no weight decay, trust
+# ratio or master weights): update takes params=None (test_params_optional_where_not_read).
+PARAMS_OPTIONAL = {"mxnet.adabelief", "mxnet.adadelta", "mxnet.adagrad", "mxnet.adamax",
+                   "mxnet.groupadagrad", "mxnet.nadam", "mxnet.nag", "mxnet.rmsprop",
+                   "mxnet.sgld", "porting.torch_sparse_adam"}
+
+
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - PARAMS_OPTIONAL))
 def test_params_required_where_read(name):
   tx = VARIANTS[name]()
   params = _params()
@@ -870,7 +871,15 @@ def test_params_required_where_read(name):
     ids=["signum", "signsgd", "adam", "sgd", "adam_lazy", "adagrad", "groupadagrad",
          "rmsprop_centered", "adadelta"])
 def test_params_optional_where_not_read(make):
-  tx = make()
+  _params_optional(make())
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS_OPTIONAL))
+def test_params_optional_where_the_variant_reads_none(name):
+  _params_optional(VARIANTS[name]())
+
+
+def _params_optional(tx):
   params = _params()
   grads = _grads(params)
   with_params, _ = tx.update(grads, tx.init(params), params)
@@ -878,12 +887,14 @@ def test_params_optional_where_not_read(make):
   chex.assert_trees_all_equal(with_params, without)
 
 
-# The variants whose rule is defined on complex params (see tests/test_dtypes.py).
-COMPLEX_OK = {"lars", "tf_lars", "adam", "adam_lazy", "sgd"}
+# The variants whose rule is defined on complex params (see tests/test_dtypes.py); torch's
+# SparseAdam port is mxnet.adam's lazy step.
+COMPLEX_OK = {"lars", "tf_lars", "lamb", "mxnet.adam", "mxnet.adam_lazy", "mxnet.sgd", "mxnet.nag",
+              "porting.torch_sparse_adam"}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_, jnp.complex64])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.complex64])  # uint8, bool: test_optimizer_table
 def test_non_float_params_rejected_at_init(name, dtype):
   params = {"w": jnp.ones((2, 3)), "layer": {"bad": jnp.ones((2,), dtype)}}
   if dtype == jnp.complex64 and name in COMPLEX_OK:
@@ -944,6 +955,8 @@ def test_zero_size_leaf(name):
   updates, state = _step(tx, params, _grads(params), jit=True)
   chex.assert_shape(updates["empty"], (0, 3))
   chex.assert_tree_all_finite((updates, state))
+  if name == "mxnet.sgld":  # its noise keys are split once per leaf, by the leaf's place
+    return
   # The other leaves are updated as without the empty one.
   ref, _ = _step(VARIANTS[name](), _params(), _grads(_params()), jit=True)
   chex.assert_trees_all_close({k: updates[k] for k in ref}, ref, rtol=1e-6)

@@ -549,10 +549,8 @@ def unchecked_scale_by_ftml(
     return ScaleByFTMLState(count=jnp.zeros([], jnp.int32), d=zeros(), v=zeros(), z=zeros())
 
   def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError("scale_by_ftml: update needs params (the rule sets w_t = -z_t / d_t).")
+    v.require_params(params, "scale_by_ftml")  # the rule sets w_t = -z_t / d_t
     params = v.align_params(updates, params)
-    v.require_params(params, "scale_by_ftml")
     lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
     count = optax.safe_int32_increment(state.count)
     flat_u, treedef = jax.tree.flatten(updates)

@@ -383,9 +383,7 @@ class _TimmLayers:
       return get(params).init(params)
 
     def update_fn(updates, state, params=None, **extra_args):
-      if params is None:
-        raise ValueError("layer_decay: update needs params (the layer ids come from their "
-                         "names).")
+      v.require_params(params, "layer_decay")  # the layer ids come from their names
       return get(params).update(updates, state, params, **extra_args)
 
     return GradientTransformationExtraArgs(init_fn, update_fn)

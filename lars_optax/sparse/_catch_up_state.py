@@ -378,8 +378,9 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
       return jax.tree.unflatten(treedef, list(values))
 
     # optax's own step on the rows brought up to date.
+    fields = list(_buffer_trees(state.inner))
     inner_in = _with_buffer_trees(
-        state.inner, {f: tree(c.bufs[f] for c in caught) for f in leaves[0].bufs})
+        state.inner, {f: tree(c.bufs[f] for c in caught) for f in fields})
     step_updates, inner_out = twin.update(tree(c.grad for c in caught), inner_in,
                                           tree(c.w1 for c in caught), **extra_args)
     flat_u = treedef.flatten_up_to(step_updates)
@@ -400,7 +401,7 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
     out = [_write_back(x, c, u, {f: b[i] for f, b in bufs_out.items()}, new_count, log_next)
            for i, (x, c, u) in enumerate(zip(leaves, caught, flat_u))]
     inner_state = _with_buffer_trees(
-        inner_out, {f: tree(o[3][f] for o in out) for f in leaves[0].bufs})
+        inner_out, {f: tree(o[3][f] for o in out) for f in fields})
     snaps = tree(o[2] for o in out)
     new_state = CatchUpState(new_count, tree(o[1] for o in out), log_decay,
                              state.row_log_decay, inner_state, state.rates, state.row_future)
@@ -411,9 +412,13 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
       raise ValueError(f"{where}: params are required; call update(updates, state, params).")
     # (An Equinox model passed whole: its non-array leaves, None in the gradients, drop.)
     params = v.align_params(updates, params)
-    v.check_float_params(_rows.shape_view(updates), where, "gradient")
+    view = _rows.shape_view(updates)  # row-sparse leaves by their dense shape and dtype
+    v.check_same_structure(view, params, where)
+    v.check_float_params(view, where, "gradient")
     v.check_float_params(params, where)
-    return step(updates, state, params, extra_args)
+    # A gradient of another float dtype is cast to its param's, so the state keeps its dtypes.
+    return step(jax.tree.map(_to_param_dtype, updates, params, is_leaf=_rows.is_row_sparse),
+                state, params, extra_args)
 
   update_fn.catch_up_rule = rule  # type: ignore[attr-defined]  # read by catch_up
   return GradientTransformationExtraArgs(init_fn, update_fn)
@@ -422,6 +427,16 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
 # --------------------------------------------------------------------------
 # catch_up's walk over the state
 # --------------------------------------------------------------------------
+
+
+def _to_param_dtype(g: Any, p: Any) -> Any:
+  """``g`` in ``p``'s dtype (a row-sparse gradient: its rows' values)."""
+  dtype = jnp.result_type(p)
+  if g.dtype == dtype:
+    return g
+  if _rows.is_row_sparse(g):
+    return _rows.with_values(g, g.data.astype(dtype))
+  return jnp.asarray(g, dtype)
 
 
 def rows_by_leaf(rows: dict[str, Any] | None, params: Any, treedef: Any) -> list[Any]:
