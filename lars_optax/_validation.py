@@ -178,7 +178,8 @@ def check_representable(name: str, value: Any, params: Any, *, computed: bool = 
           f">= {float(info.tiny):g}.")
 
 
-COMPLEX_OPTIMIZERS = ("mxnet.sgd", "mxnet.nag", "mxnet.adam", "lars", "tf_lars", "lamb")
+COMPLEX_OPTIMIZERS = ("mxnet.sgd", "mxnet.nag", "mxnet.adam", "lars", "tf_lars", "lamb",
+                      "porting.torch_sparse_adam")
 """The optimizers that take complex params (as :func:`optax.sgd` and
 :func:`optax.adam` do): their rules are defined with :math:`|g|^2` and norms of
 :math:`|w|`, :math:`|g|`. Sign-based rules, the AdaGrad family, FTRL and the

@@ -86,7 +86,7 @@ TABLE = [
     _o("porting.timm_optimizer", porting.timm_optimizer, "lamb", lr=1e-2, weight_decay=1e-2),
     _o("porting.timm_lars", porting.timm_lars, 0.1, momentum=0.9, weight_decay=1e-4),
     _o("porting.timm_lamb", porting.timm_lamb, 1e-2, weight_decay=1e-2),
-    _o("porting.torch_sparse_adam", porting.torch_sparse_adam, 1e-2, lazy=True,
+    _o("porting.torch_sparse_adam", porting.torch_sparse_adam, 1e-2, complex=True, lazy=True,
        row_sparse=True),
     _o("porting.keras_lamb", porting.keras_lamb, 1e-2),
     _o("porting.optax_lars", porting.optax_lars, 0.1, weight_decay=1e-4, momentum=0.9),

@@ -476,6 +476,9 @@ COMPLEX_VS_OPTAX = {  # every optimizer the one table marks complex, with optax'
                         lambda: optax.adam(0.1, eps=0.0)),
     "lamb": (lambda: _T["lamb"].fn(0.1, wd=1e-2),
              lambda: optax.lamb(0.1, eps=1e-6, weight_decay=1e-2)),
+    # torch's epsilon, like MXNet's, sits outside the bias correction: 0 for both.
+    "porting.torch_sparse_adam": (lambda: _T["porting.torch_sparse_adam"].fn(0.1, eps=0.0),
+                                  lambda: optax.adam(0.1, eps=0.0)),
 }
 
 

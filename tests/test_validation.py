@@ -910,7 +910,8 @@ def test_complex_params_rejected_naming_the_optimizers_that_take_them(name):
   with pytest.raises(TypeError, match=r"Complex params are taken by lars_optax.mxnet.sgd, "
                                       r"lars_optax.mxnet.nag, lars_optax.mxnet.adam, "
                                       r"lars_optax.lars, "
-                                      r"lars_optax.tf_lars, lars_optax.lamb \(without "
+                                      r"lars_optax.tf_lars, lars_optax.lamb, "
+                                      r"lars_optax.porting.torch_sparse_adam \(without "
                                       r"clip_gradient or multi_precision\)"):
     VARIANTS[name]().init(params)
 
