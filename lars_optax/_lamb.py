@@ -89,8 +89,7 @@ def unchecked_scale_by_lamb_adam(
 
   def update_fn(updates, state, params=None):
     del params
-    mu, nu = utils.moments(updates, state.mu, state.nu, b1, b2,
-                              grad_averaging=grad_averaging)
+    mu, nu = utils.moments(updates, state.mu, state.nu, b1, b2, grad_averaging=grad_averaging)
     count = optax.safe_int32_increment(state.count)
     corrections = _ratios.bias_corrections(count, b1, b2)
 
