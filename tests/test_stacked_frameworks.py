@@ -2,7 +2,9 @@
 
 Flax linen ``nn.scan`` (with an explicit ``stacked`` and with partition
 boxes), nnx ``nnx.vmap`` + ``nnx.scan`` trained through ``nnx.Optimizer``,
-Haiku ``hk.layer_stack`` and Equinox ``eqx.filter_vmap`` + ``lax.scan``; and
+Haiku ``hk.layer_stack`` and Equinox ``eqx.filter_vmap`` + ``lax.scan`` (with
+lars, lamb and lans; every other ``stacked=`` optimizer of ``tests/optimizers.py``
+with linen's boxes); and
 the stack sharded over 8 virtual devices, split along a feature axis and
 along the layer axis (``jit`` with ``NamedSharding``, ``shard_map`` with
 ``axis_name``). Each model is trained stacked and unrolled from the same
@@ -24,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import lars_optax
+import optimizers
 from conftest import explicit_mesh, use_mesh
 from lars_optax import masks
 
@@ -137,6 +140,28 @@ def test_flax_linen_scan_equals_unrolled_blocks(name, how):
   want_ratios = lars_optax.trust_ratios(u_state, want)
   np.testing.assert_allclose(
       ratios, [float(want_ratios[f"block_{i}/Dense_0/kernel"]) for i in range(L)], rtol=RTOL)
+
+
+# Every other optimizer of the table that takes stacked=: with stacked=FROM_METADATA (the
+# default of most; optax's ports default to optax's one ratio per stack, and warn), it
+# reads the scanned layers from linen's partition boxes.
+OTHER_STACKED = sorted(o.name for o in optimizers.TABLE if o.stacked and o.name not in OPTIMIZERS)
+
+
+@pytest.mark.op_by_op
+@pytest.mark.parametrize("name", OTHER_STACKED)
+def test_every_stacked_optimizer_of_the_table_reads_linen_scans_boxes(name):
+  nn = pytest.importorskip("flax.linen")
+  scanned, unrolled = _linen_models(partitioned=True)
+  params = scanned.init(jax.random.key(0), jnp.ones((2, D)))["params"]
+  make = optimizers.BY_NAME[name].make
+
+  def loss(model):
+    return lambda p, x, y: jnp.mean((model.apply({"params": p}, x) - y) ** 2)
+
+  got, _ = fit(make(stacked=lars_optax.stacked.FROM_METADATA), params, loss(scanned))
+  want, _ = fit(make(), _linen_unroll(params), loss(unrolled))
+  assert_close(nn.meta.unbox(got), _linen_restack(want))
 
 
 def test_flax_linen_layer_axis_not_leading_is_an_error():
