@@ -790,7 +790,6 @@ def test_transformations_check_names_at_init(make):
 # Parameter and gradient trees, for every optimizer
 # --------------------------------------------------------------------------
 
-# Every optimizer reads the params here (weight decay), plus the wrappers.
 # Every optimizer of the table (tests/optimizers.py), beside the configurations it leaves
 # out whose checks differ: master weights, the lazy steps, rmsprop's centered form.
 VARIANTS = {o.name: o.make for o in optimizers.TABLE} | {
@@ -801,7 +800,8 @@ VARIANTS = {o.name: o.make for o in optimizers.TABLE} | {
     "mxnet.rmsprop_centered_mp": lambda: lars_optax.mxnet.rmsprop(
         0.01, centered=True, clip_weights=2.0, wd=1e-3, multi_precision=True),
 }
-LAZY = {"mxnet.adam_lazy", "mxnet.sgd_lazy_mp", *optimizers.LAZY} - {"mxnet.adam", "mxnet.sgd"}
+# The lazy steps (rows of a leaf), which refuse a 0-d leaf.
+LAZY = {"mxnet.adam_lazy", "mxnet.sgd_lazy_mp", "porting.torch_sparse_adam"}
 
 
 def _params(dtype=jnp.float32):
@@ -887,10 +887,10 @@ def _params_optional(tx):
   chex.assert_trees_all_equal(with_params, without)
 
 
-# The variants whose rule is defined on complex params (see tests/test_dtypes.py); torch's
-# SparseAdam port is mxnet.adam's lazy step.
-COMPLEX_OK = {"lars", "tf_lars", "lamb", "mxnet.adam", "mxnet.adam_lazy", "mxnet.sgd", "mxnet.nag",
-              "porting.torch_sparse_adam"}
+# The variants whose rule is defined on complex params: those the table marks complex
+# (compared with optax in tests/test_dtypes.py), MXNet's and TF's LARS (norms of |w|
+# and |g|, also there) and mxnet.adam's lazy step.
+COMPLEX_OK = {*optimizers.COMPLEX, "lars", "tf_lars", "mxnet.adam_lazy"}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
