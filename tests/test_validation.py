@@ -846,7 +846,8 @@ def test_mismatched_gradients_under_jit(name):
 
 
 # The variants whose step, as configured here, reads no params (no weight decay, trust
-# ratio or master weights): update takes params=None (test_params_optional_where_not_read).
+# ratio or master weights): update takes params=None (the test below, whose
+# configurations these are).
 PARAMS_OPTIONAL = {"mxnet.adabelief", "mxnet.adadelta", "mxnet.adagrad", "mxnet.adamax",
                    "mxnet.groupadagrad", "mxnet.nadam", "mxnet.nag", "mxnet.rmsprop",
                    "mxnet.sgld", "porting.torch_sparse_adam"}
@@ -861,27 +862,32 @@ def test_params_required_where_read(name):
     tx.update(_grads(params), tx.init(params))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: lars_optax.signum(0.1), lambda: lars_optax.signsgd(0.1),
-    lambda: lars_optax.mxnet.adam(0.1), lambda: lars_optax.mxnet.sgd(0.1, momentum=0.9),
-    lambda: lars_optax.mxnet.adam(0.1, lazy_update=True), lambda: lars_optax.mxnet.adagrad(0.1),
-    lambda: lars_optax.mxnet.groupadagrad(0.1), lambda: lars_optax.mxnet.rmsprop(0.01,
-                                                                                 centered=True),
-    lambda: lars_optax.mxnet.adadelta()],
-    ids=["signum", "signsgd", "adam", "sgd", "adam_lazy", "adagrad", "groupadagrad",
-         "rmsprop_centered", "adadelta"])
-def test_params_optional_where_not_read(make):
-  _params_optional(make())
+# Each optimizer of the table with its weight decay set to 0, and its lazy step where it
+# has one: those whose rule reads no params take update(..., params=None) (the
+# others, which read them for a trust ratio, FTML's and FTRL's rules, DCASGD's delay
+# compensation or the dense-exact catch-up, refuse it by name).
+WEIGHT_DECAY = ("wd", "weight_decay", "weight_decay_rate", "wd_lh")
+READ_WITHOUT_DECAY = {
+    "lars", "tf_lars", "lamb", "lans", "mxnet.ftml", "mxnet.ftrl", "mxnet.dcasgd",
+    "sparse.adam", "sparse.adamw", "sparse.sgd", "porting.keras_lamb", "porting.optax_lars",
+    "porting.optax_lamb", "porting.byol_lars", "porting.simclr_lars", "porting.albert_lamb"}
+WITHOUT_DECAY = {
+    **{o.name: o for o in optimizers.TABLE},
+    **{f"{n}_lazy": optimizers.BY_NAME[n] for n in optimizers.LAZY
+       if "lazy_update" in inspect.signature(optimizers.BY_NAME[n].fn).parameters}}
 
 
-@pytest.mark.parametrize("name", sorted(PARAMS_OPTIONAL))
-def test_params_optional_where_the_variant_reads_none(name):
-  _params_optional(VARIANTS[name]())
-
-
-def _params_optional(tx):
+@pytest.mark.parametrize("name", sorted(WITHOUT_DECAY))
+def test_without_weight_decay_params_are_optional_where_the_rule_reads_none(name):
+  o = WITHOUT_DECAY[name]
+  no_decay = {k: 0.0 for k in WEIGHT_DECAY if k in inspect.signature(o.fn).parameters}
+  tx = optimizers.lazy_step(o, **no_decay) if name.endswith("_lazy") else o.make(**no_decay)
   params = _params()
   grads = _grads(params)
+  if name in READ_WITHOUT_DECAY:
+    with pytest.raises(ValueError, match=r"params are required; call update"):
+      tx.update(grads, tx.init(params))
+    return
   with_params, _ = tx.update(grads, tx.init(params), params)
   without, _ = tx.update(grads, tx.init(params))
   chex.assert_trees_all_equal(with_params, without)
