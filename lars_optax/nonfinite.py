@@ -74,9 +74,7 @@ def _as_used(updates: Any, params: Any, inner_state: Any) -> Any:
       dtype = jnp.float32
     if jnp.finfo(dtype).max >= jnp.finfo(g.dtype).max:
       return g
-    if _rows.is_row_sparse(g):  # its rows' values, cast as a dense gradient is
-      return _rows.with_values(g, g.data.astype(dtype))
-    return g.astype(dtype)
+    return _rows.astype(g, dtype)  # a row-sparse one: its rows' values
 
   try:
     return jax.tree.map(cast, updates, params, is_leaf=_rows.is_row_sparse)

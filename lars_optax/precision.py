@@ -106,11 +106,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
     full = master_tree(params, state.master)
 
     def to_f32(g, p):
-      if not _is_low(p):
-        return g
-      if is_row_sparse(g):
-        return _rows.with_values(g, g.data.astype(jnp.float32))
-      return g.astype(jnp.float32)
+      return _rows.astype(g, jnp.float32) if _is_low(p) else g
 
     grads = jax.tree.map(to_f32, updates, params, is_leaf=is_row_sparse)
     try:
@@ -131,9 +127,7 @@ def multi_precision(inner: GradientTransformation) -> GradientTransformationExtr
     def new_master(p, m, u):
       if not _is_low(p):
         return optax.MaskedNode()
-      if is_row_sparse(u):  # a lazy inner step: a scatter-add of its rows
-        return m + _rows.with_values(u, u.data.astype(jnp.float32))
-      return m + u.astype(jnp.float32)
+      return m + _rows.astype(u, jnp.float32)  # a lazy inner step: a scatter-add of its rows
 
     master = jax.tree.map(new_master, params, state.master, inner_updates)
 

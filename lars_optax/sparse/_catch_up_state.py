@@ -408,8 +408,7 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
     return tree(o[0] for o in out), _with_snapshots(rule, new_state, snaps)
 
   def update_fn(updates, state, params=None, **extra_args):
-    if params is None:
-      raise ValueError(f"{where}: params are required; call update(updates, state, params).")
+    v.require_params(params, where)
     # (An Equinox model passed whole: its non-array leaves, None in the gradients, drop.)
     params = v.align_params(updates, params)
     view = _rows.shape_view(updates)  # row-sparse leaves by their dense shape and dtype
@@ -432,11 +431,7 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
 def _to_param_dtype(g: Any, p: Any) -> Any:
   """``g`` in ``p``'s dtype (a row-sparse gradient: its rows' values)."""
   dtype = jnp.result_type(p)
-  if g.dtype == dtype:
-    return g
-  if _rows.is_row_sparse(g):
-    return _rows.with_values(g, g.data.astype(dtype))
-  return jnp.asarray(g, dtype)
+  return g if g.dtype == dtype else _rows.astype(g, dtype)
 
 
 def rows_by_leaf(rows: dict[str, Any] | None, params: Any, treedef: Any) -> list[Any]:

@@ -74,6 +74,13 @@ def combine(grad: BCOO, num_rows: int) -> tuple[jax.Array, jax.Array]:
   return uniq, values
 
 
+def astype(x: Any, dtype: Any) -> Any:
+  """``x`` in ``dtype``; a row-sparse ``x``: its rows' values, its indices and digest kept."""
+  if is_row_sparse(x):
+    return with_values(x, x.data.astype(dtype))
+  return x.astype(dtype)
+
+
 def with_values(grad: BCOO, values: jax.Array) -> BCOO:
   """``grad`` with other values: same type, flags, indices and index digest.
 
