@@ -329,6 +329,17 @@ def test_a_model_whose_batches_catch_up_their_rows_first_trains_as_the_dense_run
   assert float(jnp.abs(got["t"] - want["t"]).max()) > 100 * TOL
 
 
+def test_the_table_alone_given_to_sparse_adam_beside_optax_adam_trains_as_the_dense_run():
+  """docs/sparse.md: sparse.adam steps the table only and optax.adam the rest
+  (optax.multi_transform); catch_up takes the table's optimizer and the chain's state.
+  The run is dense optax.adam's, as with sparse.adam on every leaf."""
+  adam = lars_optax.sparse.adam(SCHEDULE)
+  tx = optax.multi_transform({"table": adam, "tower": optax.adam(SCHEDULE)},
+                             {"t": "table", "w": "tower"})
+  got, want = _bag_run(adam, tx, optax.adam(SCHEDULE), 60)
+  _assert_close_to(got, want, _bag_params()["t"])
+
+
 def test_with_value_and_grad_clip_by_global_norm_and_multi_steps():
   adam = lars_optax.sparse.adam(1e-2)
   tx = lars_optax.sparse.multi_steps(
