@@ -355,7 +355,8 @@ def catch_up(tx: optax.GradientTransformation, params: Any, state: Any, *,
   inside a chain, :func:`~lars_optax.sparse.multi_steps`,
   :func:`~lars_optax.skip_nonfinite` or :func:`~lars_optax.multi_precision`,
   whose float32 masters are brought up to date and cast down to the params).
-  Works under ``jit``; training continues exactly after it.
+  Works under ``jit``, and is best called under it: outside, it runs op by op
+  (docs/sparse.md gives the figures). Training continues exactly after it.
 
   * ``rows=None`` brings every row up to date, in O(table): for evaluation,
     export and checkpoints. ``state.inner`` is then the optax twin's state
