@@ -31,7 +31,9 @@ step per leaf (fusions and other launched operations of the entry
 computation: each is a kernel launch on a GPU), the step time over
 sgd-momentum's at the same size (rounds interleaved, shuffled), and the
 step's share of the copy rate (the bytes it must move over its time, against
-one elementwise pass over a buffer of the largest tree's size).
+one elementwise pass over a buffer of the largest tree's size). ``--scaling
+--only adam`` runs ``optax.adam`` and the dense-exact ``lars_optax.sparse.adam``
+on the same dense leaves instead (rows run only when ``--only`` names them).
 
 ``--scaling --tpu TOPOLOGY`` (e.g. ``v5e:2x2``) compiles the same steps for
 one chip of a TPU topology instead, without a TPU (``libtpu``'s compiler,
