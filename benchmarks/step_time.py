@@ -371,12 +371,14 @@ SCALING = {
     "lars_optax.lans(wd)": lambda: lars_optax.lans(1e-3, wd=0.01),
     "lars_optax.lans(wd, group_by_shape=True)":
         lambda: lars_optax.lans(1e-3, wd=0.01, group_by_shape=True),
-    # The dense-exact optimizer on a model's dense leaves (the tower beside a table): its
-    # compile grows by about 0.3 s a leaf, so these rows run only when --only names them.
+}
+# The dense-exact optimizer on a model's dense leaves (the tower beside a table): its
+# compile grows by about 0.3 s a leaf, so these rows run only when --only names them.
+_SCALING_ON_REQUEST = {
     "optax.adam": lambda: optax.adam(1e-3),
     "lars_optax.sparse.adam": lambda: lars_optax.sparse.adam(1e-3),
 }
-_SCALING_ON_REQUEST = ("optax.adam", "lars_optax.sparse.adam")
+SCALING.update(_SCALING_ON_REQUEST)
 
 # Operations of a compiled step that launch no kernel of their own.
 _NOT_LAUNCHED = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "call",
