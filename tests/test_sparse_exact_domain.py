@@ -344,3 +344,29 @@ def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
   got = jax.jit(lambda s: factors.row_scalars_of_batch(rule, s, jnp.int32(count), True))(s)
   want = jax.jit(lambda s: factors.row_scalars(rule, s, jnp.int32(count), True))(s)
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 37, 1000])
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 200, 20_000),
+                                   nesterov=True),
+    lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
+                                    weight_decay=0.1),
+    lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
+], ids=["adam-schedule-nesterov", "adamw-schedule", "sgd-schedule"])
+def test_a_leafs_factors_computed_over_a_power_of_two_rows_equal_each_rows_own(make, rows):
+  """A dense leaf's factors (and a whole table's, below 4,096 rows) are computed over
+  its rows padded to a power of two, so that XLA compiles them once for all the
+  leaves of a model whose rows round up alike. They equal every row's own
+  computation, SGD's rows past its window (read from their P(s)) included."""
+  rule = make().update.catch_up_rule
+  rng = np.random.default_rng(2)
+  count = jnp.int32(6_000)
+  s = jnp.asarray(6_000 - rng.integers(0, 6_000, rows), jnp.int32)
+  future = None
+  if rule.tracks_future:
+    future = (jax.vmap(lambda t: factors.rates_to_come(rule, t))(s),
+              factors.rates_to_come(rule, count))
+  got = jax.jit(lambda s, f: factors.row_scalars_in_buckets(rule, s, count, True, f))(s, future)
+  want = jax.jit(lambda s, f: factors.row_scalars(rule, s, count, True, f))(s, future)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)

@@ -431,7 +431,7 @@ def row_scalars_by_gap(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
   """
   rows = s.shape[0]
   if rows <= _BLOCK:
-    return row_scalars(rule, s, count, decays, future)
+    return row_scalars_in_buckets(rule, s, count, decays, future)
   size = max(_BLOCK, rule.window + 1)
   gap = jnp.maximum(count - s, 0)
   table = row_scalars(rule, jnp.maximum(count - jnp.arange(size, dtype=s.dtype), 0), count,
@@ -465,6 +465,32 @@ def row_scalars_of_batch(rule: Rule, s: jax.Array, count: jax.Array, decays: boo
   near = jnp.minimum(gap, NEAR - 1)
   return _far_rows(rule, s, count, decays, gap >= NEAR,
                    {k: v[near] for k, v in table.items()}, FAR_BLOCK)
+
+
+def row_scalars_in_buckets(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
+                           future: tuple[jax.Array, jax.Array] | None = None
+                           ) -> dict[str, jax.Array]:
+  """:func:`row_scalars` computed over the rows padded to a power of two.
+
+  XLA compiles a computation it meets again in the same shapes once. Fenced off
+  from the leaf-shaped gather and scatter around it, the factors of every leaf
+  whose rows round up to one power of two are one such computation: a model's
+  dense leaves, each with its own number of rows, would otherwise compile a
+  copy each (30 leaves of 16 to 45 rows: 35 s against 17 s on 2 cores).
+  """
+  rows = s.shape[0]
+  size = 1 << max(rows - 1, 0).bit_length()
+  if size == rows:
+    return row_scalars(rule, s, count, decays, future)
+  idx = jnp.arange(size)
+  at = jnp.minimum(idx, rows - 1)
+  s_at, future_at = jax.lax.optimization_barrier(
+      (s[at], None if future is None else future[0][at]))
+  sc = jax.lax.optimization_barrier(row_scalars(
+      rule, s_at, count, decays, None if future is None else (future_at, future[1])))
+  zero = (s * 0).astype(jnp.float32)  # s's type (sharding, varying axes), zeros
+  return {k: (zero.reshape((rows,) + (1,) * (v.ndim - 1)) + jnp.zeros(v.shape[1:], v.dtype)
+              ).at[idx].set(v, mode="drop") for k, v in sc.items()}
 
 
 def _far_rows(rule: Rule, s: jax.Array, count: jax.Array, decays: bool, far: jax.Array,
