@@ -346,7 +346,17 @@ def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 37, 1000])
+def test_leaves_whose_rows_round_up_alike_are_padded_to_the_most_rows_among_them():
+  """A dense leaf's factors (and a whole table's, below 4,096 rows) are computed over
+  the most rows of the leaves whose rows round up to the same power of two, so that
+  XLA compiles them once for all those leaves; a leaf that shares its power of two
+  with none is not padded."""
+  rows = [1, 3, 16, 17, 20, 45, 64, 1000, 1024]
+  assert [factors.padded_rows(n, rows) for n in rows] == [1, 3, 16, 20, 20, 64, 64, 1024, 1024]
+  assert factors.padded_rows(37, []) == 37
+
+
+@pytest.mark.parametrize("rows,pad_to", [(1, 1), (3, 4), (37, 64), (1000, 1024)])
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 200, 20_000),
                                    nesterov=True),
@@ -354,10 +364,8 @@ def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
                                     weight_decay=0.1),
     lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
 ], ids=["adam-schedule-nesterov", "adamw-schedule", "sgd-schedule"])
-def test_a_leafs_factors_computed_over_a_power_of_two_rows_equal_each_rows_own(make, rows):
-  """A dense leaf's factors (and a whole table's, below 4,096 rows) are computed over
-  its rows padded to a power of two, so that XLA compiles them once for all the
-  leaves of a model whose rows round up alike. They equal every row's own
+def test_a_leafs_factors_computed_over_padded_rows_equal_each_rows_own(make, rows, pad_to):
+  """Computed over more rows than the leaf's, the factors equal every row's own
   computation, SGD's rows past its window (read from their P(s)) included."""
   rule = make().update.catch_up_rule
   rng = np.random.default_rng(2)
@@ -367,6 +375,7 @@ def test_a_leafs_factors_computed_over_a_power_of_two_rows_equal_each_rows_own(m
   if rule.tracks_future:
     future = (jax.vmap(lambda t: factors.rates_to_come(rule, t))(s),
               factors.rates_to_come(rule, count))
-  got = jax.jit(lambda s, f: factors.row_scalars_in_buckets(rule, s, count, True, f))(s, future)
+  got = jax.jit(lambda s, f: factors.row_scalars_padded(rule, s, count, True, f, pad_to))(
+      s, future)
   want = jax.jit(lambda s, f: factors.row_scalars(rule, s, count, True, f))(s, future)
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)

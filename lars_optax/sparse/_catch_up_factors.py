@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -417,7 +417,7 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
 
 
 def row_scalars_by_gap(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
-                       future: tuple[jax.Array, jax.Array] | None = None
+                       future: tuple[jax.Array, jax.Array] | None = None, pad_to: int = 0
                        ) -> dict[str, jax.Array]:
   """:func:`row_scalars` over many rows (a whole table): computed once per gap.
 
@@ -427,11 +427,12 @@ def row_scalars_by_gap(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
   once, in one ``[_BLOCK, window]`` block, and gathered per row; the rows away
   for longer are computed as their own rows, ``_BLOCK`` at a time, and cost only
   where there are any. SGD with a schedule reads its rows past the window from
-  their :math:`P(s)`, row by row, exactly.
+  their :math:`P(s)`, row by row, exactly. Below ``_BLOCK`` rows, the rows are
+  computed each, over ``pad_to`` rows where that is more (:func:`padded_rows`).
   """
   rows = s.shape[0]
   if rows <= _BLOCK:
-    return row_scalars_in_buckets(rule, s, count, decays, future)
+    return row_scalars_padded(rule, s, count, decays, future, pad_to)
   size = max(_BLOCK, rule.window + 1)
   gap = jnp.maximum(count - s, 0)
   table = row_scalars(rule, jnp.maximum(count - jnp.arange(size, dtype=s.dtype), 0), count,
@@ -467,22 +468,31 @@ def row_scalars_of_batch(rule: Rule, s: jax.Array, count: jax.Array, decays: boo
                    {k: v[near] for k, v in table.items()}, FAR_BLOCK)
 
 
-def row_scalars_in_buckets(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
-                           future: tuple[jax.Array, jax.Array] | None = None
-                           ) -> dict[str, jax.Array]:
-  """:func:`row_scalars` computed over the rows padded to a power of two.
+def padded_rows(rows: int, others: Iterable[int]) -> int:
+  """The rows a leaf's factors are computed over: the most of any leaf (``others``)
+  whose rows round up to the same power of two as ``rows``, or ``rows``.
 
-  XLA compiles a computation it meets again in the same shapes once. Fenced off
-  from the leaf-shaped gather and scatter around it, the factors of every leaf
-  whose rows round up to one power of two are one such computation: a model's
-  dense leaves, each with its own number of rows, would otherwise compile a
-  copy each (30 leaves of 16 to 45 rows: 35 s against 17 s on 2 cores).
+  XLA compiles a computation it meets again in the same shapes once, so leaves
+  padded alike share one compiled computation of their factors: a model's dense
+  leaves, each with its own number of rows, would otherwise compile a copy each.
+  A leaf no other shares a power of two with is not padded.
   """
+  def bucket(n: int) -> int:
+    return max(n - 1, 0).bit_length()
+
+  return max([rows, *(n for n in others if bucket(n) == bucket(rows))])
+
+
+def row_scalars_padded(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
+                       future: tuple[jax.Array, jax.Array] | None, pad_to: int
+                       ) -> dict[str, jax.Array]:
+  """:func:`row_scalars`, computed over ``pad_to`` rows where that is more than
+  ``s``'s (the last row repeated), fenced off from the gather and scatter around it
+  so that it is the same computation for every leaf padded alike."""
   rows = s.shape[0]
-  size = 1 << max(rows - 1, 0).bit_length()
-  if size == rows:
+  if pad_to <= rows:
     return row_scalars(rule, s, count, decays, future)
-  idx = jnp.arange(size)
+  idx = jnp.arange(pad_to)
   at = jnp.minimum(idx, rows - 1)
   s_at, future_at = jax.lax.optimization_barrier(
       (s[at], None if future is None else future[0][at]))

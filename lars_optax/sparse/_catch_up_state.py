@@ -155,11 +155,12 @@ def _gather_up(rule: factors.Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
 
 
 def _bring_up(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-              decays: bool) -> _Caught:
-  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows)."""
+              decays: bool, pad_to: int) -> _Caught:
+  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows,
+  their factors computed over ``pad_to`` rows, :func:`factors.padded_rows`)."""
   g, p = leaf.grad, leaf.param
   if not _rows.is_row_sparse(g):
-    return _bring_up_dense(rule, leaf, count, log_now, decays)
+    return _bring_up_dense(rule, leaf, count, log_now, decays, pad_to)
   ok = _checks.check_row_sparse(leaf.name, g, p, rule.name)
   r, values = _rows.combine(g, p.shape[0])
   r = r + jnp.asarray(ok, r.dtype)
@@ -168,9 +169,10 @@ def _bring_up(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Ar
 
 
 def _catch_up_all_rows(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-                       decays: bool) -> tuple[jax.Array, dict[str, Any], dict[str, jax.Array]]:
+                       decays: bool, pad_to: int
+                       ) -> tuple[jax.Array, dict[str, Any], dict[str, jax.Array]]:
   """Every row of a leaf (a 0-d leaf: its one value) brought up to date, and the
-  per-row factors used."""
+  per-row factors used (computed over ``pad_to`` rows, :func:`factors.padded_rows`)."""
   p, b = leaf.param, leaf.bufs
   flat = p.ndim == 0
   future = extra = None
@@ -178,14 +180,14 @@ def _catch_up_all_rows(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_no
     future = (leaf.rowlog.reshape(-1), log_now)
   elif log_now is not None:
     extra = (log_now - leaf.rowlog).reshape(-1)
-  sc = factors.row_scalars_by_gap(rule, leaf.last.reshape(-1), count, decays, future)
+  sc = factors.row_scalars_by_gap(rule, leaf.last.reshape(-1), count, decays, future, pad_to)
   w1, b1 = factors.catch_up_rows(rule, sc, p[None] if flat else p,
                                  {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
   return (w1[0], {f: x[0] for f, x in b1.items()}, sc) if flat else (w1, b1, sc)
 
 
 def _bring_up_dense(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-                    decays: bool) -> _Caught:
+                    decays: bool, pad_to: int) -> _Caught:
   """A dense leaf, every row brought up to date: a branch taken only when one is behind
   (a dense step after sparse ones).
 
@@ -198,7 +200,8 @@ def _bring_up_dense(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: 
   names = sorted({factors.BUFFER_DECAY[f] for f in leaf.bufs})
 
   def behind(p):
-    w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays)
+    w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays,
+                                   pad_to)
     return w1.astype(jnp.float32) - p.astype(jnp.float32), {k: sc[k] for k in names}
 
   # behind's types, typed shardings included (explicit mesh axes): the drift is
@@ -372,7 +375,10 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
       log_now = jnp.float32(rule.momentum) * (rule.lr(state.count) + future_next)
     else:
       log_now = _now(rule, state)
-    caught = [_bring_up(rule, x, state.count, log_now, d) for x, d in zip(leaves, decays)]
+    dense_rows = [x.last.size for x in leaves if not _rows.is_row_sparse(x.grad)]
+    caught = [_bring_up(rule, x, state.count, log_now, d,
+                        factors.padded_rows(x.last.size, dense_rows))
+              for x, d in zip(leaves, decays)]
 
     def tree(values):
       return jax.tree.unflatten(treedef, list(values))
@@ -530,6 +536,8 @@ def caught_up_tree(rule: factors.Rule, params: Any, state: CatchUpState,
             for i, (p, last, rowlog) in enumerate(zip(
                 flat_p, treedef.flatten_up_to(state.last_step),
                 treedef.flatten_up_to(_snapshots(rule, state))))]
+  all_rows_of = [x.last.size for x, r in zip(leaves, picked)
+                 if r is None and not isinstance(x.last, optax.MaskedNode)]
   out = []
   for leaf, r, decays in zip(leaves, picked, decay_mask):
     p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
@@ -538,7 +546,8 @@ def caught_up_tree(rule: factors.Rule, params: Any, state: CatchUpState,
     elif r is None:
       def all_rows(p, bufs, last, rowlog, count, log_now, decays=decays):
         leaf = _Leaf("", None, p, bufs, last, rowlog)
-        return _catch_up_all_rows(rule, leaf, count, log_now, decays)[:2]
+        pad_to = factors.padded_rows(last.size, all_rows_of)
+        return _catch_up_all_rows(rule, leaf, count, log_now, decays, pad_to)[:2]
 
       # (Where the leaf's rows are split over explicit mesh axes, under automatic ones.)
       w1, b1 = _rows.on_split_rows(
