@@ -379,3 +379,43 @@ def test_a_leafs_factors_computed_over_padded_rows_equal_each_rows_own(make, row
       s, future)
   want = jax.jit(lambda s, f: factors.row_scalars(rule, s, count, True, f))(s, future)
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
+                                    weight_decay=0.1),
+    lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
+], ids=["adamw-schedule", "sgd-schedule"])
+def test_leaves_padded_alike_step_and_catch_up_as_each_leaf_alone(make):
+  """Leaves of 5 and 7 rows (one power of two: the 5-row leaf's factors are computed
+  over 7 rows) behind by up to 5,000 steps: a full catch_up and a dense step of the
+  two together equal those of each leaf in a tree of its own (not padded)."""
+  tx = make()
+  rng = np.random.default_rng(3)
+  count = 6_000
+  weights = {k: jnp.asarray(rng.normal(size=(n, 4)), jnp.float32) for k, n in
+             (("a", 5), ("b", 7))}
+  lasts = {k: jnp.asarray(count - rng.integers(0, 5_000, w.shape[0]), jnp.int32)
+           for k, w in weights.items()}
+
+  def behind(keys):
+    params = {k: weights[k] for k in keys}
+    state = tx.init(params)
+    inner = jax.tree.map(lambda x: x + 0.01 * jnp.abs(x) + 1e-3 if np.ndim(x) == 2 else x,
+                         state.inner)
+    last = {k: lasts[k] for k in keys}
+    state = state._replace(count=jnp.int32(count), last_step=last, inner=inner)
+    rule = tx.update.catch_up_rule
+    if rule.tracks_future:
+      state = state._replace(row_future={k: jax.vmap(
+          lambda s: factors.rates_to_come(rule, s))(v) for k, v in last.items()})
+    return params, state
+
+  both = behind(["a", "b"])
+  alone = [behind(["a"]), behind(["b"])]
+  catch_up = jax.jit(lambda p, s: lars_optax.sparse.catch_up(tx, p, s)[0])
+  step = jax.jit(lambda p, s: tx.update(jax.tree.map(jnp.ones_like, p), s, p)[0])
+  for run in (catch_up, step):
+    got = run(*both)
+    for key, (p, s) in zip(["a", "b"], alone):
+      chex.assert_trees_all_close(got[key], run(p, s)[key], rtol=1e-6, atol=1e-9)
