@@ -346,39 +346,38 @@ def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)
 
 
-def test_leaves_whose_rows_round_up_alike_are_padded_to_the_most_rows_among_them():
-  """A dense leaf's factors (and a whole table's, below 4,096 rows) are computed over
-  the most rows of the leaves whose rows round up to the same power of two, so that
-  XLA compiles them once for all those leaves; a leaf that shares its power of two
-  with none is not padded."""
-  rows = [1, 3, 16, 17, 20, 45, 64, 1000, 1024]
-  assert [factors.padded_rows(n, rows) for n in rows] == [1, 3, 16, 20, 20, 64, 64, 1024, 1024]
-  assert factors.padded_rows(37, []) == 37
-
-
-@pytest.mark.parametrize("rows,pad_to", [(1, 1), (3, 4), (37, 64), (1000, 1024)])
 @pytest.mark.parametrize("make", [
+    lambda: lars_optax.sparse.adam(1e-3),
     lambda: lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-3, 200, 20_000),
                                    nesterov=True),
     lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
                                     weight_decay=0.1),
     lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
-], ids=["adam-schedule-nesterov", "adamw-schedule", "sgd-schedule"])
-def test_a_leafs_factors_computed_over_padded_rows_equal_each_rows_own(make, rows, pad_to):
-  """Computed over more rows than the leaf's, the factors equal every row's own
-  computation, SGD's rows past its window (read from their P(s)) included."""
+], ids=["adam", "adam-schedule-nesterov", "adamw-schedule", "sgd-schedule"])
+def test_leaves_factors_computed_together_equal_each_rows_own(make):
+  """Many leaves' factors computed together, once per gap (a loop over 128 distinct
+  gaps at a time, here about 330 of them spread over 6,000 steps; a leaf over 4,096
+  rows by gap on its own), equal each row's own computation: leaves of 0-d, 0, 1, 37,
+  300 and 5,000 rows, with and without AdamW's decay, and SGD's rows past its window
+  (read from their P(s))."""
   rule = make().update.catch_up_rule
   rng = np.random.default_rng(2)
   count = jnp.int32(6_000)
-  s = jnp.asarray(6_000 - rng.integers(0, 6_000, rows), jnp.int32)
-  future = None
+  lasts = [jnp.asarray(6_000 - rng.integers(0, 6_001, shape), jnp.int32)
+           for shape in [(), (0,), (1,), (37,), (300,), (5_000,)]]
+  lasts[3] = lasts[3].at[:20].set(6_000 - rng.integers(0, 5, 20))  # a run of near gaps
+  decays = [True, False, True, False, False, True]
+  futures = p_now = None
   if rule.tracks_future:
-    future = (jax.vmap(lambda t: factors.rates_to_come(rule, t))(s),
-              factors.rates_to_come(rule, count))
-  got = jax.jit(lambda s, f: factors.row_scalars_padded(rule, s, count, True, f, pad_to))(
-      s, future)
-  want = jax.jit(lambda s, f: factors.row_scalars(rule, s, count, True, f))(s, future)
-  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-12)
+    futures = [jax.vmap(lambda t: factors.rates_to_come(rule, t))(s.reshape(-1)) for s in lasts]
+    p_now = factors.rates_to_come(rule, count)
+  got = jax.jit(lambda lasts, f, p: factors.row_scalars_of_leaves(
+      rule, lasts, count, decays, f, p))(lasts, futures, p_now)
+  for i, (s, d) in enumerate(zip(lasts, decays)):
+    f = None if futures is None else (futures[i], p_now)
+    want = jax.jit(lambda s, f, d=d: factors.row_scalars(rule, s, count, d, f))(
+        s.reshape(-1), f)
+    chex.assert_trees_all_close(got[i], want, rtol=1e-5, atol=1e-12)
 
 
 @pytest.mark.parametrize("make", [
@@ -386,10 +385,10 @@ def test_a_leafs_factors_computed_over_padded_rows_equal_each_rows_own(make, row
                                     weight_decay=0.1),
     lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
 ], ids=["adamw-schedule", "sgd-schedule"])
-def test_leaves_padded_alike_step_and_catch_up_as_each_leaf_alone(make):
-  """Leaves of 5 and 7 rows (one power of two: the 5-row leaf's factors are computed
-  over 7 rows) behind by up to 5,000 steps: a full catch_up and a dense step of the
-  two together equal those of each leaf in a tree of its own (not padded)."""
+def test_leaves_sharing_factors_step_and_catch_up_as_each_leaf_alone(make):
+  """Leaves of 5 and 7 rows behind by up to 5,000 steps (their factors computed
+  together, over many runs of gaps): a full catch_up and a dense step of the two
+  together equal those of each leaf in a tree of its own."""
   tx = make()
   rng = np.random.default_rng(3)
   count = 6_000

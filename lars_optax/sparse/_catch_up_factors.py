@@ -46,8 +46,9 @@ state (:mod:`lars_optax.sparse._catch_up_state` reads and writes it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -62,6 +63,7 @@ SGD_WINDOW = 512  # SGD: past its window the sum is taken whole, exactly
 _BLOCK = 4096  # gaps computed once each, and rows at a time (catch_up over a whole table)
 NEAR = 32  # a batch's gaps computed once each (catch_up(rows=) and the step)
 FAR_BLOCK = 256  # a batch's rows away longer, computed this many at a time
+GAP_BLOCK = 128  # many leaves' rows: the factors of this many distinct gaps at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,7 +419,7 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
 
 
 def row_scalars_by_gap(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
-                       future: tuple[jax.Array, jax.Array] | None = None, pad_to: int = 0
+                       future: tuple[jax.Array, jax.Array] | None = None
                        ) -> dict[str, jax.Array]:
   """:func:`row_scalars` over many rows (a whole table): computed once per gap.
 
@@ -428,28 +430,32 @@ def row_scalars_by_gap(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
   for longer are computed as their own rows, ``_BLOCK`` at a time, and cost only
   where there are any. SGD with a schedule reads its rows past the window from
   their :math:`P(s)`, row by row, exactly. Below ``_BLOCK`` rows, the rows are
-  computed each, over ``pad_to`` rows where that is more (:func:`padded_rows`).
+  computed each.
   """
-  rows = s.shape[0]
-  if rows <= _BLOCK:
-    return row_scalars_padded(rule, s, count, decays, future, pad_to)
+  if s.shape[0] <= _BLOCK:
+    return row_scalars(rule, s, count, decays, future)
   size = max(_BLOCK, rule.window + 1)
   gap = jnp.maximum(count - s, 0)
   table = row_scalars(rule, jnp.maximum(count - jnp.arange(size, dtype=s.dtype), 0), count,
                       decays, None if future is None else
                       (jnp.zeros((size,), jnp.float32), future[1]))
-  near = jnp.minimum(gap, size - 1)
-  out = {k: v[near] for k, v in table.items()}
-  if future is not None:  # SGD with a schedule: past the window, P(s) - mu**n P(count)
-    assert rule.momentum is not None
-    mu = jnp.float32(rule.momentum)
-    lead = mu if rule.nesterov else jnp.float32(1.0)
-    decay = mu ** gap.astype(jnp.float32)  # each row's own (the table stops at its end)
-    far = lead * (future[0] - decay * future[1])
-    out["h"] = jnp.where((gap <= rule.window)[:, None], out["h"], far[:, None])
-    out["m_decay"] = decay
-    return out
+  out = {k: v[jnp.minimum(gap, size - 1)] for k, v in table.items()}
+  if future is not None:
+    return _past_window(rule, gap, future, out)
   return _far_rows(rule, s, count, decays, gap >= size, out)
+
+
+def _past_window(rule: Rule, gap: jax.Array, future: tuple[jax.Array, jax.Array],
+                 out: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  r"""SGD with a schedule: ``out`` (a table's factors, gathered by gap) with each row
+  past the window read from its :math:`P(s)`: :math:`P(s) - \mu^n P(count)`, exactly."""
+  assert rule.momentum is not None
+  mu = jnp.float32(rule.momentum)
+  lead = mu if rule.nesterov else jnp.float32(1.0)
+  decay = mu ** gap.astype(jnp.float32)  # each row's own (a table stops at its end)
+  far = lead * (future[0] - decay * future[1])
+  return {**out, "h": jnp.where((gap <= rule.window)[:, None], out["h"], far[:, None]),
+          "m_decay": decay}
 
 
 def row_scalars_of_batch(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
@@ -468,39 +474,98 @@ def row_scalars_of_batch(rule: Rule, s: jax.Array, count: jax.Array, decays: boo
                    {k: v[near] for k, v in table.items()}, FAR_BLOCK)
 
 
-def padded_rows(rows: int, others: Iterable[int]) -> int:
-  """The rows a leaf's factors are computed over: the most of any leaf (``others``)
-  whose rows round up to the same power of two as ``rows``, or ``rows``.
+def row_scalars_of_leaves(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,
+                          decays: Sequence[bool],
+                          futures: Sequence[jax.Array | None] | None = None,
+                          p_now: jax.Array | None = None) -> list[dict[str, jax.Array]]:
+  """:func:`row_scalars` of every row of many leaves (their last steps ``lasts``):
+  of the leaves up to ``_BLOCK`` rows, computed once per gap for all of them together
+  (:func:`row_scalars_shared`); of a larger leaf (a table), by gap on its own
+  (:func:`row_scalars_by_gap`)."""
+  small = [i for i, s in enumerate(lasts) if s.size <= _BLOCK]
+  out: list[Any] = [None] * len(lasts)
+  if small:
+    for i, sc in zip(small, row_scalars_shared(
+        rule, [lasts[i] for i in small], count, [decays[i] for i in small],
+        None if futures is None else [futures[i] for i in small], p_now)):
+      out[i] = sc
+  for i, (s, d) in enumerate(zip(lasts, decays)):
+    if out[i] is None:
+      fut = None if futures is None else futures[i]
+      out[i] = row_scalars_by_gap(rule, s.reshape(-1), count, d, None if fut is None or
+                                  p_now is None else (fut.reshape(-1), p_now))
+  return out
 
-  XLA compiles a computation it meets again in the same shapes once, so leaves
-  padded alike share one compiled computation of their factors: a model's dense
-  leaves, each with its own number of rows, would otherwise compile a copy each.
-  A leaf no other shares a power of two with is not padded.
+
+def row_scalars_shared(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,
+                       decays: Sequence[bool], futures: Sequence[jax.Array | None] | None = None,
+                       p_now: jax.Array | None = None, block: int = GAP_BLOCK
+                       ) -> list[dict[str, jax.Array]]:
+  """:func:`row_scalars` of every row of many leaves (their last steps ``lasts``),
+  computed once per gap for all of them together.
+
+  A row's factors depend on its last step only through the gap ``count - s``. So
+  the ``block`` least distinct gaps of the rows not yet given their factors (found
+  one after another, each the least of every leaf's rows above the one before) have
+  theirs computed in one ``[block, window]`` table, and each leaf takes them where
+  its rows' gaps are among them; the loop runs once per ``block`` distinct gaps
+  (once where the rows are behind by fewer, as a model's dense leaves are). One
+  table serves every leaf, so a model's leaves, whatever their shapes, share one
+  computation of their factors. ``decays`` per leaf (AdamW's ``mask``): a table for
+  each value present. ``futures``: SGD with a schedule, each leaf's rows' :math:`P(s)`, with
+  ``p_now`` :math:`P(count)` (:func:`rates_to_come`), read past the window row by
+  row, exactly. The leaves' last steps must vary over the same mesh axes (inside
+  ``shard_map``): the loop runs on what one device holds.
   """
-  def bucket(n: int) -> int:
-    return max(n - 1, 0).bit_length()
+  gaps = [jnp.maximum(count - s.reshape(-1), 0) for s in lasts]
+  none = jnp.iinfo(jnp.int32).max
+  variants = sorted(set(decays))
 
-  return max([rows, *(n for n in others if bucket(n) == bucket(rows))])
+  def least_above(lo):  # the least gap > lo of any row, or `none`
+    return functools.reduce(jnp.minimum, [
+        jnp.min(jnp.where(g > lo, g, none), initial=none) for g in gaps])
 
+  def pick(lo):  # the `block` least distinct gaps > lo, ascending (`none` past the last)
+    def step(carry):
+      j, prev, picked = carry
+      nxt = least_above(prev)
+      return j + 1, nxt, picked.at[j].set(nxt)
 
-def row_scalars_padded(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
-                       future: tuple[jax.Array, jax.Array] | None, pad_to: int
-                       ) -> dict[str, jax.Array]:
-  """:func:`row_scalars`, computed over ``pad_to`` rows where that is more than
-  ``s``'s (the last row repeated), fenced off from the gather and scatter around it
-  so that it is the same computation for every leaf padded alike."""
-  rows = s.shape[0]
-  if pad_to <= rows:
-    return row_scalars(rule, s, count, decays, future)
-  idx = jnp.arange(pad_to)
-  at = jnp.minimum(idx, rows - 1)
-  s_at, future_at = jax.lax.optimization_barrier(
-      (s[at], None if future is None else future[0][at]))
-  sc = jax.lax.optimization_barrier(row_scalars(
-      rule, s_at, count, decays, None if future is None else (future_at, future[1])))
-  zero = (s * 0).astype(jnp.float32)  # s's type (sharding, varying axes), zeros
-  return {k: (zero.reshape((rows,) + (1,) * (v.ndim - 1)) + jnp.zeros(v.shape[1:], v.dtype)
-              ).at[idx].set(v, mode="drop") for k, v in sc.items()}
+    picked = jnp.full((block,), none, jnp.int32) + lo * 0  # (lo's type: varying axes)
+    return jax.lax.while_loop(lambda c: (c[0] < block) & (c[1] < none), step,
+                              (jnp.int32(0), lo, picked))[2]
+
+  def tables(picked):
+    s = jnp.maximum(count - picked, 0)
+    fut = None if p_now is None else (jnp.zeros((block,), jnp.float32), p_now)
+    return {d: row_scalars(rule, s, count, d, fut) for d in variants}
+
+  shapes = jax.eval_shape(tables, jnp.zeros((block,), jnp.int32))
+
+  def body(carry):
+    lo, _, outs = carry
+    picked = pick(lo)
+    table = tables(picked)
+    new = []
+    for g, d, out in zip(gaps, decays, outs):
+      at = jnp.minimum(jnp.searchsorted(picked, g, method="compare_all"), block - 1)
+      here = picked[at] == g
+      new.append({k: jnp.where(_bcast(here, v.ndim), table[d][k][at], v)
+                  for k, v in out.items()})
+    return picked[-1], picked[-1] == none, new
+
+  # Zeros of each leaf's gaps' type (sharding, varying axes), as the loop's results are.
+  outs = [{k: (_bcast(g * 0, x.ndim) + jnp.zeros(x.shape[1:], x.dtype)).astype(x.dtype)
+           for k, x in shapes[d].items()} for g, d in zip(gaps, decays)]
+  start = functools.reduce(jnp.minimum, [jnp.min(g * 0, initial=0) for g in gaps]) - 1
+  outs = jax.lax.while_loop(lambda carry: ~carry[1], body, (start, start < start, outs))[2]
+  if futures is None or p_now is None:
+    return outs
+  done = []
+  for g, p_s, out in zip(gaps, futures, outs):
+    assert p_s is not None
+    done.append(_past_window(rule, g, (p_s.reshape(-1), p_now), out))
+  return done
 
 
 def _far_rows(rule: Rule, s: jax.Array, count: jax.Array, decays: bool, far: jax.Array,

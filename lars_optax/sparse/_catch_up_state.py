@@ -5,6 +5,7 @@ a state's tree."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -155,12 +156,9 @@ def _gather_up(rule: factors.Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
 
 
 def _bring_up(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-              decays: bool, pad_to: int) -> _Caught:
-  """Gathers a row-sparse leaf's rows and brings them up to date (a dense leaf: all rows,
-  their factors computed over ``pad_to`` rows, :func:`factors.padded_rows`)."""
+              decays: bool) -> _Caught:
+  """Gathers a row-sparse leaf's rows and brings them up to date."""
   g, p = leaf.grad, leaf.param
-  if not _rows.is_row_sparse(g):
-    return _bring_up_dense(rule, leaf, count, log_now, decays, pad_to)
   ok = _checks.check_row_sparse(leaf.name, g, p, rule.name)
   r, values = _rows.combine(g, p.shape[0])
   r = r + jnp.asarray(ok, r.dtype)
@@ -168,67 +166,123 @@ def _bring_up(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Ar
   return _Caught(r, values, w0, w1, b1, s, logs)
 
 
-def _catch_up_all_rows(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-                       decays: bool, pad_to: int
-                       ) -> tuple[jax.Array, dict[str, Any], dict[str, jax.Array]]:
-  """Every row of a leaf (a 0-d leaf: its one value) brought up to date, and the
-  per-row factors used (computed over ``pad_to`` rows, :func:`factors.padded_rows`)."""
+def _extra_log(rule: factors.Rule, leaf: _Leaf, log_now: jax.Array | None) -> Any:
+  """AdamW with a schedule: each row's decay log still to apply (else None)."""
+  if log_now is None or rule.tracks_future:
+    return None
+  return (log_now - leaf.rowlog).reshape(-1)
+
+
+def _future(rule: factors.Rule, leaf: _Leaf, log_now: jax.Array | None) -> Any:
+  """SGD with momentum and a schedule: each row's :math:`P(s)` (else None)."""
+  return leaf.rowlog.reshape(-1) if log_now is not None and rule.tracks_future else None
+
+
+def _all_rows_with(rule: factors.Rule, leaf: _Leaf, sc: dict[str, jax.Array],
+                   log_now: jax.Array | None, decays: bool) -> tuple[jax.Array, dict[str, Any]]:
+  """Every row of a leaf (a 0-d leaf: its one value) brought up to date with the
+  per-row factors ``sc``."""
   p, b = leaf.param, leaf.bufs
   flat = p.ndim == 0
-  future = extra = None
-  if log_now is not None and rule.tracks_future:
-    future = (leaf.rowlog.reshape(-1), log_now)
-  elif log_now is not None:
-    extra = (log_now - leaf.rowlog).reshape(-1)
-  sc = factors.row_scalars_by_gap(rule, leaf.last.reshape(-1), count, decays, future, pad_to)
   w1, b1 = factors.catch_up_rows(rule, sc, p[None] if flat else p,
-                                 {f: x[None] if flat else x for f, x in b.items()}, extra, decays)
-  return (w1[0], {f: x[0] for f, x in b1.items()}, sc) if flat else (w1, b1, sc)
+                                 {f: x[None] if flat else x for f, x in b.items()},
+                                 _extra_log(rule, leaf, log_now), decays)
+  return (w1[0], {f: x[0] for f, x in b1.items()}) if flat else (w1, b1)
 
 
-def _bring_up_dense(rule: factors.Rule, leaf: _Leaf, count: jax.Array, log_now: jax.Array | None,
-                    decays: bool, pad_to: int) -> _Caught:
-  """A dense leaf, every row brought up to date: a branch taken only when one is behind
-  (a dense step after sparse ones).
+def _factors_of(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
+                log_now: jax.Array | None, decays: list[bool]) -> list[dict[str, jax.Array]]:
+  """Each leaf's per-row factors (:func:`factors.row_scalars_of_leaves`), the leaves'
+  last steps varying over the same mesh axes."""
+  futures = [_future(rule, x, log_now) for x in leaves]
+  shared = all(f is not None for f in futures)
+  return factors.row_scalars_of_leaves(rule, [x.last for x in leaves], count, decays,
+                                       futures if shared else None,
+                                       log_now if shared else None)
 
-  Only the weights' drift and the row-sized decay factors leave the branch; the
-  buffers are decayed outside it (the identity factors otherwise), in the step's own
-  fused pass. A branch that passed param-sized buffers through would copy them on
+
+def _by_axes(leaves: list[_Leaf]) -> list[list[int]]:
+  """The leaves' indices grouped by the mesh axes their last steps vary over (inside
+  ``shard_map``; one group outside it): each group's factors are computed together."""
+  groups: dict[frozenset, list[int]] = {}
+  for i, x in enumerate(leaves):
+    groups.setdefault(utils.vma(x.last), []).append(i)
+  return list(groups.values())
+
+
+def _bring_up_dense(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
+                    log_now: jax.Array | None, decays: list[bool]) -> list[_Caught]:
+  """Dense leaves, every row brought up to date: a branch taken only when a row of one
+  of them is behind (a dense step after sparse ones).
+
+  The factors of the leaves whose last steps vary over the same mesh axes (all of
+  them, outside ``shard_map``) are computed together, once per gap
+  (:func:`factors.row_scalars_of_leaves`), in one branch; in it each leaf's drift is
+  computed in a branch of its own, taken where that leaf is behind.
+  Only the weights' drift and the row-sized decay factors leave the branches; the
+  buffers are decayed outside them (the identity factors otherwise), in the step's
+  own fused pass. A branch that passed param-sized buffers through would copy them on
   every step.
   """
-  p = leaf.param
-  names = sorted({factors.BUFFER_DECAY[f] for f in leaf.bufs})
+  caught: list[Any] = [None] * len(leaves)
+  for idx in _by_axes(leaves):
+    for i, c in zip(idx, _bring_up_group(rule, [leaves[i] for i in idx], count, log_now,
+                                         [decays[i] for i in idx])):
+      caught[i] = c
+  return caught
 
-  def behind(p):
-    w1, _, sc = _catch_up_all_rows(rule, leaf._replace(param=p), count, log_now, decays,
-                                   pad_to)
-    return w1.astype(jnp.float32) - p.astype(jnp.float32), {k: sc[k] for k in names}
 
-  # behind's types, typed shardings included (explicit mesh axes): the drift is
-  # p's, each row factor follows the rows' last steps. (Read off the inputs:
-  # tracing behind again to get them doubles the step's trace time.)
-  # Inside shard_map (check_vma) the drift varies where any input does, the
-  # factors where the last steps do.
-  drift_type = utils.struct_like(p, jnp.float32)
-  factor_type = utils.struct_like(leaf.last.reshape(-1), jnp.float32)
-  inputs = [p, leaf.last, *leaf.bufs.values(), leaf.rowlog]
-  drift_axes = tuple(sorted(frozenset().union(
-      *(utils.vma(x) for x in inputs if hasattr(x, "dtype")))))
-  factor_axes = tuple(sorted(utils.vma(leaf.last)))
+def _bring_up_group(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
+                    log_now: jax.Array | None, decays: list[bool]) -> list[_Caught]:
+  """:func:`_bring_up_dense` of leaves whose last steps vary over the same mesh axes."""
+  names = [sorted({factors.BUFFER_DECAY[f] for f in x.bufs}) for x in leaves]
 
-  def current(p):
-    del p
-    return (utils.to_varying(utils.full(drift_type, 0), drift_axes),
-            {k: utils.to_varying(utils.full(factor_type, 1), factor_axes) for k in names})
+  # The branches' types, typed shardings included (explicit mesh axes): a drift is
+  # its param's, each row factor follows the rows' last steps. (Read off the inputs:
+  # tracing a branch again to get them doubles the step's trace time.)
+  # Inside shard_map (check_vma) a drift varies where any of its leaf's inputs does,
+  # the factors where the last steps do.
+  def axes(x: _Leaf) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    inputs = [x.param, x.last, *x.bufs.values(), x.rowlog]
+    return (tuple(sorted(frozenset().union(*(utils.vma(y) for y in inputs
+                                             if hasattr(y, "dtype"))))),
+            tuple(sorted(utils.vma(x.last))))
 
-  drift, row_factors = jax.lax.cond(jnp.any(leaf.last != count), behind, current, p)
-  if p.ndim == 0:
-    b1 = {f: (x[None] * row_factors[factors.BUFFER_DECAY[f]]).astype(x.dtype)[0]
-          for f, x in leaf.bufs.items()}
-  else:
-    b1 = factors.decayed(row_factors, leaf.bufs)
-  return _Caught(None, leaf.grad, p, (p.astype(jnp.float32) + drift).astype(p.dtype), b1,
-                 None, None, drift)
+  def zero_drift(x: _Leaf) -> jax.Array:
+    return utils.to_varying(utils.full(utils.struct_like(x.param, jnp.float32), 0), axes(x)[0])
+
+  def current(params):
+    del params
+    return ([zero_drift(x) for x in leaves],
+            [{k: utils.to_varying(utils.full(utils.struct_like(x.last.reshape(-1),
+                                                               jnp.float32), 1), axes(x)[1])
+              for k in n} for x, n in zip(leaves, names)])
+
+  def behind(params):
+    scs = _factors_of(rule, leaves, count, log_now, decays)
+    drifts = []
+    for x, p, sc, d in zip(leaves, params, scs, decays):
+      def drift(p, x=x, sc=sc, d=d):
+        w1, _ = _all_rows_with(rule, x._replace(param=p), sc, log_now, d)
+        return w1.astype(jnp.float32) - p.astype(jnp.float32)
+
+      drifts.append(jax.lax.cond(jnp.any(x.last != count), drift,
+                                 lambda p, x=x: zero_drift(x), p))
+    return drifts, [{k: sc[k] for k in n} for sc, n in zip(scs, names)]
+
+  anyone = functools.reduce(jnp.logical_or, [jnp.any(x.last != count) for x in leaves])
+  drifts, row_factors = jax.lax.cond(anyone, behind, current, [x.param for x in leaves])
+  out = []
+  for x, drift, rf in zip(leaves, drifts, row_factors):
+    p = x.param
+    if p.ndim == 0:
+      b1 = {f: (y[None] * rf[factors.BUFFER_DECAY[f]]).astype(y.dtype)[0]
+            for f, y in x.bufs.items()}
+    else:
+      b1 = factors.decayed(rf, x.bufs)
+    out.append(_Caught(None, x.grad, p, (p.astype(jnp.float32) + drift).astype(p.dtype), b1,
+                       None, None, drift))
+  return out
 
 
 def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: dict[str, Any],
@@ -375,10 +429,12 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
       log_now = jnp.float32(rule.momentum) * (rule.lr(state.count) + future_next)
     else:
       log_now = _now(rule, state)
-    dense_rows = [x.last.size for x in leaves if not _rows.is_row_sparse(x.grad)]
-    caught = [_bring_up(rule, x, state.count, log_now, d,
-                        factors.padded_rows(x.last.size, dense_rows))
-              for x, d in zip(leaves, decays)]
+    dense = [i for i, x in enumerate(leaves) if not _rows.is_row_sparse(x.grad)]
+    caught: list[Any] = [None if i in dense else _bring_up(rule, x, state.count, log_now, d)
+                         for i, (x, d) in enumerate(zip(leaves, decays))]
+    for i, c in zip(dense, _bring_up_dense(rule, [leaves[i] for i in dense], state.count,
+                                           log_now, [decays[i] for i in dense])):
+      caught[i] = c  # (the dense leaves' factors computed together)
 
     def tree(values):
       return jax.tree.unflatten(treedef, list(values))
@@ -536,23 +592,34 @@ def caught_up_tree(rule: factors.Rule, params: Any, state: CatchUpState,
             for i, (p, last, rowlog) in enumerate(zip(
                 flat_p, treedef.flatten_up_to(state.last_step),
                 treedef.flatten_up_to(_snapshots(rule, state))))]
-  all_rows_of = [x.last.size for x, r in zip(leaves, picked)
-                 if r is None and not isinstance(x.last, optax.MaskedNode)]
+  # Every row of the leaves that ask for all: their factors computed together where
+  # they can be (a leaf whose rows are split over explicit mesh axes on its own).
+  whole = [i for i, (x, r) in enumerate(zip(leaves, picked))
+           if r is None and not isinstance(x.last, optax.MaskedNode)]
+  together = [i for i in whole if not _rows.splits_rows(leaves[i].param)]
+  scs: dict[int, dict[str, jax.Array]] = {}
+  for idx in _by_axes([leaves[i] for i in together]):
+    idx = [together[j] for j in idx]
+    scs.update(zip(idx, _factors_of(rule, [leaves[i] for i in idx], count, log_now,
+                                    [decay_mask[i] for i in idx])))
   out = []
-  for leaf, r, decays in zip(leaves, picked, decay_mask):
+  for i, (leaf, r, decays) in enumerate(zip(leaves, picked, decay_mask)):
     p, last, rowlog = leaf.param, leaf.last, leaf.rowlog
     if isinstance(last, optax.MaskedNode):  # a leaf masked out of tx (optax.masked,
       out.append((p, leaf.bufs, last, rowlog))  # multi_transform, partition): not tx's
     elif r is None:
-      def all_rows(p, bufs, last, rowlog, count, log_now, decays=decays):
-        leaf = _Leaf("", None, p, bufs, last, rowlog)
-        pad_to = factors.padded_rows(last.size, all_rows_of)
-        return _catch_up_all_rows(rule, leaf, count, log_now, decays, pad_to)[:2]
+      if i in scs:
+        w1, b1 = _all_rows_with(rule, leaf, scs[i], log_now, decays)
+      else:
+        def all_rows(p, bufs, last, rowlog, count, log_now, decays=decays):
+          leaf = _Leaf("", None, p, bufs, last, rowlog)
+          sc = _factors_of(rule, [leaf], count, log_now, [decays])[0]
+          return _all_rows_with(rule, leaf, sc, log_now, decays)
 
-      # (Where the leaf's rows are split over explicit mesh axes, under automatic ones.)
-      w1, b1 = _rows.on_split_rows(
-          all_rows, p, leaf.bufs, last, rowlog, count, log_now,
-          out_spec=jax.tree.map(_rows.typed_spec, (p, leaf.bufs)))
+        # (The leaf's rows split over explicit mesh axes: under automatic ones.)
+        w1, b1 = _rows.on_split_rows(
+            all_rows, p, leaf.bufs, last, rowlog, count, log_now,
+            out_spec=jax.tree.map(_rows.typed_spec, (p, leaf.bufs)))
       out.append((w1, b1, jnp.full_like(last, count),
                  rowlog if log_now is None else jnp.full_like(rowlog, log_now)))
     elif p.ndim == 0 or r.shape[0] == 0 or p.shape[0] == 0:  # nothing asked of this leaf

@@ -112,14 +112,19 @@ def on_split_rows(fn: Any, x: jax.Array, *args: Any, out_spec: Any = None) -> An
   ``out_spec`` (a :class:`~jax.sharding.PartitionSpec` or a tree of them, one per
   result), by default as ``x``.
   """
-  split = utils.typed_sharding(x)
-  if not split or not split[0]:
+  if not splits_rows(x):
     return fn(x, *args)
   sharding = jax.typeof(x).sharding
   out = jax.tree.map(lambda spec: jax.sharding.NamedSharding(sharding.mesh, spec),
                      sharding.spec if out_spec is None else out_spec,
                      is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
   return jax.sharding.auto_axes(fn, out_sharding=out)(x, *args)
+
+
+def splits_rows(x: Any) -> bool:
+  """Whether ``x``'s type splits its rows over explicit mesh axes."""
+  split = utils.typed_sharding(x)
+  return bool(split and split[0])
 
 
 def typed_spec(x: Any) -> Any:
