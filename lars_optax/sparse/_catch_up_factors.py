@@ -557,8 +557,9 @@ def row_scalars_shared(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,
   # Zeros of each leaf's gaps' type (sharding, varying axes), as the loop's results are.
   outs = [{k: (_bcast(g * 0, x.ndim) + jnp.zeros(x.shape[1:], x.dtype)).astype(x.dtype)
            for k, x in shapes[d].items()} for g, d in zip(gaps, decays)]
+  # The loop's carry starts at gap -1, not done, typed as the gaps are (varying axes).
   start = functools.reduce(jnp.minimum, [jnp.min(g * 0, initial=0) for g in gaps]) - 1
-  outs = jax.lax.while_loop(lambda carry: ~carry[1], body, (start, start < start, outs))[2]
+  outs = jax.lax.while_loop(lambda carry: ~carry[1], body, (start, start != start, outs))[2]
   if futures is None or p_now is None:
     return outs
   done = []

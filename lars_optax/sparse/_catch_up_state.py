@@ -261,16 +261,16 @@ def _bring_up_group(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
   def behind(params):
     scs = _factors_of(rule, leaves, count, log_now, decays)
     drifts = []
-    for x, p, sc, d in zip(leaves, params, scs, decays):
+    for x, p, sc, d, late in zip(leaves, params, scs, decays, behind_each):
       def drift(p, x=x, sc=sc, d=d):
         w1, _ = _all_rows_with(rule, x._replace(param=p), sc, log_now, d)
         return w1.astype(jnp.float32) - p.astype(jnp.float32)
 
-      drifts.append(jax.lax.cond(jnp.any(x.last != count), drift,
-                                 lambda p, x=x: zero_drift(x), p))
+      drifts.append(jax.lax.cond(late, drift, lambda p, x=x: zero_drift(x), p))
     return drifts, [{k: sc[k] for k in n} for sc, n in zip(scs, names)]
 
-  anyone = functools.reduce(jnp.logical_or, [jnp.any(x.last != count) for x in leaves])
+  behind_each = [jnp.any(x.last != count) for x in leaves]
+  anyone = functools.reduce(jnp.logical_or, behind_each)
   drifts, row_factors = jax.lax.cond(anyone, behind, current, [x.param for x in leaves])
   out = []
   for x, drift, rf in zip(leaves, drifts, row_factors):
