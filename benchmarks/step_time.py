@@ -35,7 +35,8 @@ one elementwise pass over a buffer of the largest tree's size). ``--scaling
 --only adam`` runs ``optax.adam`` and the dense-exact ``lars_optax.sparse.adam``
 on the same dense leaves instead (rows run only when ``--only`` names them);
 ``--only optax.adam sparse.adam`` adds ``lars_optax.sparse.adam`` to the ResNet-50
-table the same way.
+table the same way. Both add ``sparse.adam(sparse=False)``: the leaves named as taking
+no row-sparse gradient, so each takes ``optax.adam``'s step and keeps no rows.
 
 ``--scaling --tpu TOPOLOGY`` (e.g. ``v5e:2x2``) compiles the same steps for
 one chip of a TPU topology instead, without a TPU (``libtpu``'s compiler,
@@ -356,7 +357,9 @@ def format_table(result: dict) -> str:
 
 # Rows of the ResNet-50 table that run only when --only names them: the dense-exact
 # optimizer on a model's dense leaves compiles in about a minute on 2 cores.
-_ON_REQUEST = {"lars_optax.sparse.adam": lambda: lars_optax.sparse.adam(1e-3)}
+_ON_REQUEST = {"lars_optax.sparse.adam": lambda: lars_optax.sparse.adam(1e-3),
+               "lars_optax.sparse.adam(sparse=False)":
+                   lambda: lars_optax.sparse.adam(1e-3, sparse=False)}
 
 
 # The scaling table's optimizers: sgd-momentum (the baseline), then each rule and its optax peer.
@@ -384,6 +387,7 @@ SCALING = {
 _SCALING_ON_REQUEST = {
     "optax.adam": lambda: optax.adam(1e-3),
     "lars_optax.sparse.adam": lambda: lars_optax.sparse.adam(1e-3),
+    "lars_optax.sparse.adam(sparse=False)": lambda: lars_optax.sparse.adam(1e-3, sparse=False),
 }
 SCALING.update(_SCALING_ON_REQUEST)
 

@@ -340,6 +340,63 @@ def test_the_table_alone_given_to_sparse_adam_beside_optax_adam_trains_as_the_de
   _assert_close_to(got, want, _bag_params()["t"])
 
 
+NAMED = {  # the optimizers with the table named, and optax's
+    "adamw": (lambda lr, **k: lars_optax.sparse.adamw(lr, weight_decay=0.1, **k),
+              lambda lr: optax.adamw(lr, weight_decay=0.1)),
+    "sgd-momentum": (lambda lr, **k: lars_optax.sparse.sgd(lr, momentum=0.9, **k),
+                     lambda lr: optax.sgd(lr, momentum=0.9)),
+    "adam": (lambda lr, **k: lars_optax.sparse.adam(lr, **k), lambda lr: optax.adam(lr)),
+}
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd-momentum"])
+def test_the_whole_model_with_the_table_named_trains_as_the_dense_run(name):
+  """docs/sparse.md's whole-model example: sparse="t" names the table, and every
+  other leaf takes optax's own step and keeps no rows."""
+  make, twin = NAMED[name]
+  lr = _times10(SCHEDULE) if name.startswith("sgd") else SCHEDULE
+  tx = make(lr, sparse="t")
+  got, want = _bag_run(tx, tx, twin(lr), 60)
+  _assert_close_to(got, want, _bag_params()["t"])
+  state = tx.init(_bag_params())
+  assert isinstance(state.last_step["w"], optax.MaskedNode)
+  assert state.last_step["t"].shape == (_bag_params()["t"].shape[0],)
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_leaves_not_named_by_sparse_take_the_optax_step_to_the_bit(name):
+  make, twin = NAMED[name]
+  params = {"t": jnp.asarray(W0), "b": jnp.ones(3)}
+  txs = [make(SCHEDULE, sparse=False), make(SCHEDULE, sparse="t")]
+  want_tx = twin(SCHEDULE)
+  states, want_state = [tx.init(params) for tx in txs], want_tx.init(params)
+  for i in range(3):
+    grads = {"t": jnp.full_like(params["t"], 0.01 * (i + 1)), "b": jnp.full(3, 0.1)}
+    want, want_state = want_tx.update(grads, want_state, params)
+    for k, tx in enumerate(txs):
+      got, states[k] = tx.update(grads, states[k], params)
+      chex.assert_trees_all_equal(got["b"], want["b"])
+      if k == 0:  # (with no leaf named, every leaf)
+        chex.assert_trees_all_equal(got["t"], want["t"])
+
+
+def test_sparse_names_the_leaves_that_take_row_sparse_gradients_and_tells_what_it_misses():
+  params = {"t": jnp.asarray(W0), "b": jnp.ones(3)}
+  grads = {"t": BCOO((jnp.ones((2, DIM)), jnp.array([[1], [5]])), shape=(ROWS, DIM)),
+           "b": jnp.ones(3)}
+  tx = lars_optax.sparse.adam(1e-2, sparse="b")
+  with pytest.raises(ValueError, match=r"sparse\.adam: sparse: the leaf 't' has a row-sparse"):
+    tx.update(grads, tx.init(params), params)
+  with pytest.raises(ValueError, match=r"sparse\.adamw: sparse: .*selects no leaf"):
+    lars_optax.sparse.adamw(1e-2, sparse="table").init(params)
+  with pytest.raises(TypeError, match=r"sparse\.sgd: sparse: expected a mask"):
+    lars_optax.sparse.sgd(1e-2, sparse=3)
+  # A mask works as value_and_grad's does; the named leaf takes its rows.
+  tx = lars_optax.sparse.adam(1e-2, sparse=lars_optax.masks.by_leaf_name("t"))
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert lars_optax.sparse.is_row_sparse(updates["t"])
+
+
 def test_with_value_and_grad_clip_by_global_norm_and_multi_steps():
   adam = lars_optax.sparse.adam(1e-2)
   tx = lars_optax.sparse.multi_steps(

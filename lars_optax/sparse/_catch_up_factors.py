@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lars_optax import _masks as masks
 from lars_optax import _validation as v
 
 MAX_WINDOW = 2048  # Adam: b1 <= 0.99 needs at most 1,447 terms (b1 / sqrt(b2) <= 0.9905)
@@ -85,6 +86,7 @@ class Rule:
   wd_mask: Any = None
   window: int = 0
   runs: tuple[tuple[int, int], ...] = ()  # Adam: the window's runs (adam_runs)
+  sparse: Any = None  # the leaves that may take row-sparse gradients (a mask; None: any)
   constants: tuple[tuple[str, Any], ...] = ()  # (name, value): the rates kept in the state
 
   def check_params(self, params: Any) -> None:
@@ -92,6 +94,17 @@ class Rule:
     the params by their declarations, see :func:`lars_optax._links.checked_arguments`)."""
     v.check_float_params(params, self.name)
     decay_mask(self, params, jax.tree.structure(params))
+    if not isinstance(self.sparse, (bool, type(None))) and not any(self.tables(params)):
+      raise ValueError(
+          f"{self.name}: sparse: {self.sparse!r} selects no leaf of the params (a leaf's "
+          "full path, as lars_optax.leaf_names prints it, or its last name; or a mask). "
+          "Name the leaves that take row-sparse gradients, or pass sparse=False for none.")
+
+  def tables(self, params: Any) -> list[bool]:
+    """Per leaf of ``params``: whether it may take a row-sparse gradient (``sparse``)."""
+    if self.sparse is None:
+      return [True] * len(jax.tree.leaves(params))
+    return masks.resolve_mask(self.sparse, params, "sparse")
 
   def rates(self) -> np.ndarray:
     """The constant learning rate and weight decay, for :attr:`CatchUpState.rates`."""

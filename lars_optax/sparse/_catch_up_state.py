@@ -124,6 +124,21 @@ class _Caught(NamedTuple):
   drift: jax.Array | None = None  # a dense leaf: w1 - w0
 
 
+def _plain(leaf: _Leaf) -> bool:
+  """Whether the leaf keeps no rows (not named by ``sparse=``): optax's step alone."""
+  return isinstance(leaf.last, optax.MaskedNode)
+
+
+def _check_named(where: str, leaves: list[_Leaf]) -> None:
+  """Refuses a row-sparse gradient on a leaf that keeps no rows (not named by sparse=)."""
+  for x in leaves:
+    if _plain(x) and _rows.is_row_sparse(x.grad):
+      raise ValueError(
+          f"{where}: sparse: the leaf {x.name!r} has a row-sparse gradient, and it is not "
+          "among the leaves sparse= names (those that take row-sparse gradients; the "
+          "others take optax's step and keep no rows). Name it in sparse=.")
+
+
 def _gather_up(rule: factors.Rule, leaf: _Leaf, r: jax.Array, count: jax.Array,
                log_now: jax.Array | None, decays: bool) -> tuple[Any, ...]:
   """Rows ``r`` of a leaf, gathered and brought up to date.
@@ -289,6 +304,8 @@ def _write_back(leaf: _Leaf, caught: _Caught, step_update: jax.Array, bufs_out: 
                 new_count: jax.Array, log_next: jax.Array | None) -> tuple[Any, ...]:
   """A leaf's update (catch-up plus step) and its new buffers, last steps and logs."""
   u = step_update
+  if _plain(leaf):  # optax's step, with no rows kept
+    return u, leaf.last, leaf.rowlog, bufs_out
   drift = (caught.w1.astype(jnp.float32) - caught.w0.astype(jnp.float32)
            if caught.drift is None else caught.drift.astype(jnp.float32))
   delta = (drift + u.astype(jnp.float32)).astype(u.dtype)
@@ -383,24 +400,36 @@ def sign_flip(where: str, when: str) -> Any:
   return report
 
 
+def _init(rule: factors.Rule, twin: optax.GradientTransformation, params: Any) -> CatchUpState:
+  """The state: each leaf that may take row-sparse gradients keeps its rows' last
+  steps (and snapshots), the others nothing."""
+  rule.check_params(params)
+  flat, treedef = jax.tree.flatten(params)
+  tables = rule.tables(params)
+
+  def per_row(value, dtype):
+    return jax.tree.unflatten(treedef, [
+        jnp.full(np.shape(p)[:1], value, dtype) if t else optax.MaskedNode()
+        for p, t in zip(flat, tables)])
+
+  empty = jax.tree.map(lambda p: optax.MaskedNode(), params)
+  log_decay, row_log, row_future = optax.MaskedNode(), empty, empty
+  if rule.tracks_log_decay:
+    log_decay = jnp.zeros((2,), jnp.float32)
+    row_log = per_row(0, jnp.float32)
+  if rule.tracks_future:
+    row_future = per_row(factors.rates_to_come(rule, jnp.int32(0)), jnp.float32)
+  rates = rule.rates()
+  return CatchUpState(jnp.zeros([], jnp.int32), per_row(0, jnp.int32), log_decay, row_log,
+                      twin.init(params), jnp.asarray(rates) if rates.size else optax.MaskedNode(),
+                      row_future)
+
+
 def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
   twin = optax.with_extra_args_support(rule.twin)
   where = rule.name
 
-  def init_fn(params):
-    rule.check_params(params)
-    last = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.int32), params)
-    empty = jax.tree.map(lambda p: optax.MaskedNode(), params)
-    log_decay, row_log, row_future = optax.MaskedNode(), empty, empty
-    if rule.tracks_log_decay:
-      log_decay = jnp.zeros((2,), jnp.float32)
-      row_log = jax.tree.map(lambda p: jnp.zeros(np.shape(p)[:1], jnp.float32), params)
-    if rule.tracks_future:
-      p0 = factors.rates_to_come(rule, jnp.int32(0))
-      row_future = jax.tree.map(lambda p: jnp.full(np.shape(p)[:1], p0, jnp.float32), params)
-    rates = rule.rates()
-    return CatchUpState(jnp.zeros([], jnp.int32), last, log_decay, row_log, twin.init(params),
-                        jnp.asarray(rates) if rates.size else optax.MaskedNode(), row_future)
+  init_fn = functools.partial(_init, rule, twin)
 
   def leaves_of(updates, state, params):
     flat_g, treedef = jax.tree.flatten(updates, is_leaf=_rows.is_row_sparse)
@@ -420,6 +449,13 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
 
   def step(updates, state, params, extra_args):
     leaves, treedef = leaves_of(updates, state, params)
+    _check_named(where, leaves)
+    if all(_plain(x) for x in leaves):  # no leaf keeps rows (sparse=False): optax's step
+      step_updates, inner = twin.update(updates, state.inner,
+                                        jax.tree.unflatten(treedef, [x.param for x in leaves]),
+                                        **extra_args)
+      return step_updates, state._replace(count=optax.safe_increment(state.count),
+                                          inner=inner)
     decays = factors.decay_mask(rule, jax.tree.unflatten(treedef, [x.param for x in leaves]),
                                 treedef)
     log_now = future_next = None
@@ -429,9 +465,12 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
       log_now = jnp.float32(rule.momentum) * (rule.lr(state.count) + future_next)
     else:
       log_now = _now(rule, state)
-    dense = [i for i, x in enumerate(leaves) if not _rows.is_row_sparse(x.grad)]
-    caught: list[Any] = [None if i in dense else _bring_up(rule, x, state.count, log_now, d)
-                         for i, (x, d) in enumerate(zip(leaves, decays))]
+    dense = [i for i, x in enumerate(leaves)
+             if not _rows.is_row_sparse(x.grad) and not _plain(x)]
+    caught: list[Any] = [
+        _Caught(None, x.grad, x.param, x.param, x.bufs, None, None) if _plain(x)
+        else None if i in dense else _bring_up(rule, x, state.count, log_now, d)
+        for i, (x, d) in enumerate(zip(leaves, decays))]
     for i, c in zip(dense, _bring_up_dense(rule, [leaves[i] for i in dense], state.count,
                                            log_now, [decays[i] for i in dense])):
       caught[i] = c  # (the dense leaves' factors computed together)

@@ -72,7 +72,7 @@ from lars_optax import _links
 from lars_optax import _utils as utils
 from lars_optax import _validation as v
 from lars_optax import _masks as masks
-from lars_optax.sparse import _rows
+from lars_optax.sparse import _grad, _rows
 from lars_optax.sparse import _catch_up_factors as factors
 from lars_optax.sparse import _catch_up_state as surgery
 from lars_optax.sparse._catch_up_state import CatchUpState
@@ -126,6 +126,11 @@ def _dtype(label: str, value: Any) -> None:
     raise TypeError(f"{label}: expected a dtype or None, got {value!r}.") from None
 
 
+def _tables(label: str, value: Any) -> None:
+  if not isinstance(value, str):  # (a string names leaves, as value_and_grad's sparse)
+    masks.check_mask_like(value, label)
+
+
 def _count(maximum: int) -> _links.Arg:
   return _known(_links.Arg(lambda label, value: v.check_count(
       label, value, 1, arrays=False, maximum=maximum)))
@@ -141,6 +146,7 @@ _DECLARED = {
     "mu_dtype": _links.Arg(_dtype),
     "accumulator_dtype": _links.Arg(_dtype),
     "mask": _links.Arg(factors.check_mask),
+    "sparse": _links.Arg(_tables),
     "window": _count(4096),
     "poles": _count(factors.MAX_RUNS),
 }
@@ -182,7 +188,8 @@ _sgd_names = v.keyword_hints({
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
          nesterov: bool = False, window: int | None = None,
-         poles: int | None = None) -> GradientTransformationExtraArgs:
+         poles: int | None = None,
+         sparse: masks.MaskLike = None) -> GradientTransformationExtraArgs:
   r"""``optax.adam`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   On a gradient tree with row-sparse leaves (:mod:`lars_optax.sparse`), each
@@ -218,6 +225,13 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
       Gauss rule (1 to 32); default: as many as keep each run's estimated
       error below 1e-6 of the sum (7 at the default betas). Fewer trade
       accuracy for speed, and the bound above is then not promised.
+    sparse: the leaves that take row-sparse gradients (the tables), as
+      :func:`value_and_grad`'s ``sparse``: a leaf's full path or last name, or
+      a mask; ``False``: none. Every other leaf takes ``optax.adam``'s own step
+      and keeps no rows, so a whole model compiles and steps as with
+      ``optax.adam`` beside its tables; a row-sparse gradient on it is refused.
+      Default: any leaf may take one (each keeps an int32 per row, and the
+      step compiles a catch-up for the dense leaves too).
 
   Returns:
     A :class:`optax.GradientTransformationExtraArgs` with a
@@ -226,7 +240,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
   """
   where = "sparse.adam"
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
-                    poles, None, None)
+                    poles, None, None, sparse)
 
 
 @_adamw_names
@@ -235,7 +249,8 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
           nesterov: bool = False, window: int | None = None,
-          poles: int | None = None) -> GradientTransformationExtraArgs:
+          poles: int | None = None,
+          sparse: masks.MaskLike = None) -> GradientTransformationExtraArgs:
   r"""``optax.adamw`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   As :func:`adam`, with ``optax.adamw``'s decoupled decay: a row untouched
@@ -246,15 +261,19 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
   Args:
     learning_rate, b1, b2, eps, mu_dtype, weight_decay, mask, nesterov: as
       ``optax.adamw``'s.
-    eps_root, window, poles: as in :func:`adam`.
+    eps_root, window, poles, sparse: as in :func:`adam`.
   """
   where = "sparse.adamw"
   return _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window,
-                    poles, weight_decay, mask)
+                    poles, weight_decay, mask, sparse)
+
+
+def _as_tables(sparse: masks.MaskLike) -> masks.MaskLike:
+  return _grad.by_name(sparse) if isinstance(sparse, str) else sparse
 
 
 def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, window, poles,
-               weight_decay, mask):
+               weight_decay, mask, sparse):
   learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay = map(
       _number, (learning_rate, b1, b2, eps, eps_root, window, poles, weight_decay))
   nesterov = bool(nesterov)
@@ -295,7 +314,7 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
       lr_is_schedule=callable(learning_rate), kind="adam", b1=b1f, b2=b2f, eps=float(eps),
       nesterov=nesterov, wd=factors.as_schedule(weight_decay) if decays else None,
       wd_is_schedule=callable(weight_decay), wd_mask=mask,
-      window=window, runs=runs,
+      window=window, runs=runs, sparse=_as_tables(sparse),
       constants=(("learning_rate", learning_rate), ("eps", eps),
                  ("weight_decay", weight_decay))))
 
@@ -304,7 +323,8 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
 @_checked("sparse.sgd")
 def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
         nesterov: bool = False, accumulator_dtype: Any = None,
-        window: int | None = None) -> GradientTransformationExtraArgs:
+        window: int | None = None,
+        sparse: masks.MaskLike = None) -> GradientTransformationExtraArgs:
   r"""``optax.sgd`` with lazy rows: the dense step's numbers at a lazy step's cost.
 
   Without momentum an absent row does not move, so this is a plain lazy step.
@@ -320,6 +340,7 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
     learning_rate, momentum, nesterov, accumulator_dtype: as ``optax.sgd``'s.
     window: how many skipped steps are summed term by term (default: until
       :math:`\mu^k < 10^{-6}`); past it the sum is taken whole, exactly.
+    sparse: the leaves that take row-sparse gradients, as in :func:`adam`.
   """
   where = "sparse.sgd"
   learning_rate, momentum, window = map(_number, (learning_rate, momentum, window))
@@ -337,7 +358,7 @@ def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
       lr=factors.as_schedule(learning_rate), lr_is_schedule=callable(learning_rate), kind="sgd",
       momentum=mu, nesterov=nesterov,
       window=(factors.default_window(mu or 0.0, factors.SGD_WINDOW) if window is None else window),
-      constants=(("learning_rate", learning_rate),)))
+      sparse=_as_tables(sparse), constants=(("learning_rate", learning_rate),)))
 
 
 # --------------------------------------------------------------------------
