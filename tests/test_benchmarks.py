@@ -12,6 +12,7 @@ def _benchmarks_on_path(monkeypatch):
   monkeypatch.syspath_prepend(str(BENCHMARKS))
 
 
+@pytest.mark.slow
 def test_step_time_quick_run_gives_a_table_with_the_copy_rate():
   import step_time
 
@@ -24,6 +25,7 @@ def test_step_time_quick_run_gives_a_table_with_the_copy_rate():
   assert result["copy_GBps"] > 0 and result["steps_per_call"] == 2
 
 
+@pytest.mark.slow
 def test_step_time_bfloat16_counts_half_the_bytes():
   import step_time
 
@@ -33,6 +35,7 @@ def test_step_time_bfloat16_counts_half_the_bytes():
   assert rows["optax.sgd(momentum=0.9)"]["bytes"] == 5 * 2 * result["parameters"]
 
 
+@pytest.mark.slow
 def test_grouped_leaves_quick_run_checks_and_times_the_grouped_step():
   import grouped_leaves
 
@@ -40,6 +43,7 @@ def test_grouped_leaves_quick_run_checks_and_times_the_grouped_step():
   assert "| grouped: LARS, leaf index by binary search |" in report
 
 
+@pytest.mark.slow
 def test_grouped_leaves_by_shape_quick_run_checks_the_stacked_steps_and_counts_kernels():
   import grouped_leaves
 
@@ -53,6 +57,7 @@ def test_grouped_leaves_by_shape_quick_run_checks_the_stacked_steps_and_counts_k
   assert float(row.split("|")[2]) < float(per_leaf.split("|")[2])
 
 
+@pytest.mark.slow
 def test_train_step_time_quick_run_times_the_three_optimizers():
   import train_step_time
 
@@ -62,6 +67,7 @@ def test_train_step_time_quick_run_times_the_three_optimizers():
   assert all(r["train_ms"] > 0 and r["alone_ms"] > 0 for r in result["rows"])
 
 
+@pytest.mark.slow
 def test_stacked_layers_quick_run_compares_stacked_with_unrolled():
   import stacked_layers
 
@@ -72,6 +78,7 @@ def test_stacked_layers_quick_run_compares_stacked_with_unrolled():
   assert "| `lars` |" in stacked_layers.format_table(result)
 
 
+@pytest.mark.slow
 def test_step_time_scaling_quick_run_counts_kernels_per_leaf():
   import step_time
 

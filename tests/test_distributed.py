@@ -824,6 +824,7 @@ def _two_processes(script):
   return [line for out in outs for line in out.splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_train_a_table_split_across_them_as_one_process():
   """#53: two processes (jax.distributed, 4 CPU devices each) train a table split by
   rows across both under jit, with lazy Adam and sparse.adam with catch_up(rows=):
@@ -835,6 +836,7 @@ def test_two_processes_train_a_table_split_across_them_as_one_process():
     assert float(line.rsplit(" ", 1)[1]) <= 1e-6, line
 
 
+@pytest.mark.slow
 def test_two_processes_run_the_recipe_over_300_steps():
   """#58: docs/sparse.md's recipe (a table beside a tanh tower, warm-up + cosine,
   catch_up(rows=), 300 Zipfian steps) with the table split across two processes:

@@ -149,23 +149,7 @@ def _build_adam(b1, b2, eps, lr, wd, nesterov, window, poles):
   return lars_optax.sparse.adamw(lr, weight_decay=wd, **kw)
 
 
-@settings(SETTINGS, max_examples=EXAMPLES or 20)
-@given(b1=st.sampled_from([0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99]),
-       b2_gap=st.floats(-0.03, 0.0999), eps=st.sampled_from([1e-8, 1e-6, 1e-3]),
-       scale=st.sampled_from([1e-9, 1e-6, 1e-3, 1.0, 1e3]),
-       age=st.sampled_from([0, 3, 40, 1000, 20_000]), gap=st.integers(1, 3000),
-       sched=st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
-       decay=st.sampled_from([None, 1e-2, "schedule"]), nesterov=st.booleans(),
-       window=st.sampled_from([None, None, None, 64, 4096]),
-       seed=st.integers(0, 2 ** 16))
-# The cells that 400-example draws found (AdamW's decay factor rounded near 1; the
-# weight's own rounding on a one-step gap), fixed and kept:
-@example(b1=0.5, b2_gap=0.0, eps=1e-6, scale=1e-9, age=3, gap=1, sched="constant",
-         decay=0.01, nesterov=False, window=None, seed=0)
-@example(b1=0.5, b2_gap=0.034939576861957394, eps=1e-8, scale=1e-6, age=3, gap=1,
-         sched="constant", decay="schedule", nesterov=True, window=None, seed=69)
-def test_adam_and_adamw_catch_up_within_the_bound_or_refused(
-    b1, b2_gap, eps, scale, age, gap, sched, decay, nesterov, window, seed):
+def _adam_cell(b1, b2_gap, eps, scale, age, gap, sched, decay, nesterov, window, seed):
   b2 = round(min(0.9999, max(0.01, b1 + b2_gap if b2_gap < 0 else 1.0 - b2_gap)), 6)
   total = age + gap + 10
   lr = _schedule(sched, PEAK["adam"], total)
@@ -190,12 +174,41 @@ def test_adam_and_adamw_catch_up_within_the_bound_or_refused(
   _assert_within_bound(got, _adam_f64(*args), _adam_f32(*args), w, rule.name)
 
 
-@settings(SETTINGS, max_examples=EXAMPLES or 30)
-@given(momentum=st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999]), nesterov=st.booleans(),
-       age=st.sampled_from([0, 7, 1000]), gap=st.integers(1, 3000),
-       sched=st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
-       window=st.sampled_from([None, None, 16]), seed=st.integers(0, 2 ** 16))
-def test_sgd_catch_up_within_the_bound(momentum, nesterov, age, gap, sched, window, seed):
+ADAM_DRAWS = {"b1": st.sampled_from([0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99]),
+              "b2_gap": st.floats(-0.03, 0.0999), "eps": st.sampled_from([1e-8, 1e-6, 1e-3]),
+              "scale": st.sampled_from([1e-9, 1e-6, 1e-3, 1.0, 1e3]),
+              "age": st.sampled_from([0, 3, 40, 1000, 20_000]), "gap": st.integers(1, 3000),
+              "sched": st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
+              "decay": st.sampled_from([None, 1e-2, "schedule"]), "nesterov": st.booleans(),
+              "window": st.sampled_from([None, None, None, 64, 4096]),
+              "seed": st.integers(0, 2 ** 16)}
+# The cells that 400-example draws found (AdamW's decay factor rounded near 1; the
+# weight's own rounding on a one-step gap), fixed and kept:
+ADAM_CELLS = [{"b1": 0.5, "b2_gap": 0.0, "eps": 1e-6, "scale": 1e-9, "age": 3, "gap": 1,
+               "sched": "constant", "decay": 0.01, "nesterov": False, "window": None,
+               "seed": 0},
+              {"b1": 0.5, "b2_gap": 0.034939576861957394, "eps": 1e-8, "scale": 1e-6,
+               "age": 3, "gap": 1, "sched": "constant", "decay": "schedule", "nesterov": True,
+               "window": None, "seed": 69}]
+
+
+def _drawn(body, draws, examples, cells=()):
+  """``body`` as a property test of ``examples`` draws over ``draws`` (and the ``cells``)."""
+  test = given(**draws)(body)
+  for cell in cells:
+    test = example(**cell)(test)
+  return settings(SETTINGS, max_examples=EXAMPLES or examples)(test)
+
+
+# Each draw compiles a catch-up: the default tier draws a few, the slow tier as many as
+# before the tiers (20 and 30).
+test_adam_and_adamw_catch_up_within_the_bound_or_refused = _drawn(
+    _adam_cell, ADAM_DRAWS, 4, ADAM_CELLS)
+test_adam_and_adamw_catch_up_within_the_bound_or_refused_over_20_draws = pytest.mark.slow(
+    _drawn(_adam_cell, ADAM_DRAWS, 20, ADAM_CELLS))
+
+
+def _sgd_cell(momentum, nesterov, age, gap, sched, window, seed):
   total = age + gap + 10
   lr = _schedule(sched, PEAK["sgd"], total)
   tx = lars_optax.sparse.sgd(lr, momentum=momentum, nesterov=nesterov, window=window)
@@ -236,6 +249,16 @@ def _table_run(tx, twin, steps=60, rows=6, scale=1e-6, touch_every=(1, 7, 25)):
       step, c, jnp.arange(steps, dtype=jnp.int32)))(carry)
   params, state = lars_optax.sparse.catch_up(tx, params, state)
   return params["t"], dense["t"], state
+
+
+SGD_DRAWS = {"momentum": st.sampled_from([0.0, 0.5, 0.9, 0.99, 0.999]),
+             "nesterov": st.booleans(), "age": st.sampled_from([0, 7, 1000]),
+             "gap": st.integers(1, 3000),
+             "sched": st.sampled_from(["constant", "warm-up + cosine", "piecewise"]),
+             "window": st.sampled_from([None, None, 16]), "seed": st.integers(0, 2 ** 16)}
+test_sgd_catch_up_within_the_bound = _drawn(_sgd_cell, SGD_DRAWS, 6)
+test_sgd_catch_up_within_the_bound_over_30_draws = pytest.mark.slow(
+    _drawn(_sgd_cell, SGD_DRAWS, 30))
 
 
 @pytest.mark.parametrize("b1, b2", [(0.98, 0.98), (0.95, 0.95), (0.9, 0.9), (0.9, 0.88)])

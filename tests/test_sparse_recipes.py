@@ -31,7 +31,9 @@ import sparse_recipe as recipe
 
 N = 8  # devices
 
-pytestmark = pytest.mark.skipif(jax.device_count() < N, reason="needs 8 devices (conftest.py)")
+# 300 steps in each layout: the slow tier (pytest -m slow).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(jax.device_count() < N, reason="needs 8 devices (conftest.py)")]
 
 _one_device = functools.lru_cache(maxsize=1)(recipe.one_device)
 _dense_adam = functools.lru_cache(maxsize=1)(recipe.dense_adam)
