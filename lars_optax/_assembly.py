@@ -1,11 +1,10 @@
 """Private: the one place every optimizer is assembled, the core's, MXNet's, TensorFlow's
 and the ports' alike.
 
-:func:`finish` chains the input checks before the optimizer's links and wraps the chain
-for lazy updates, row-sparse gradients and master weights; :func:`finish_layer_wise`
-first builds the layer-wise links per leaf or stacked by shape (``group_by_shape``) and
-afterwards warns at ``init`` when the params look stacked and ``stacked`` was left at
-its default.
+:func:`finish` chains the input checks before the optimizer's links (the layer-wise
+ones built per leaf or stacked by shape, ``group_by_shape``) and wraps the chain for
+lazy updates, row-sparse gradients and master weights; the rate's links
+(:func:`learning_rate_part`, :func:`lr_mult_part`) are every optimizer's.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from lars_optax import _stacked as stacked_mod
 from lars_optax.precision import multi_precision as _multi_precision
 from lars_optax.sparse.lazy import lazy_update as _lazy_update
 from lars_optax.sparse.lazy import on_row_sparse as _on_row_sparse
-from lars_optax._transforms import unchecked_check_inputs
+from lars_optax._transforms import unchecked_check_inputs, unchecked_scale_per_leaf
 
 
 def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
@@ -40,25 +39,49 @@ def warn_float16_squares(tx: optax.GradientTransformationExtraArgs,
   return optax.GradientTransformationExtraArgs(init_fn, tx.update)
 
 
-def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool = False,
-            names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
-            complex_params: bool = False, squares: bool = False, row_sparse: bool = False,
-            row_sparse_check: Callable[[list[str], Any], None] | None = None):
-  """``optax.chain(check_inputs, *parts)``, wrapped for lazy updates and master weights.
+def learning_rate_part(learning_rate: Any) -> optax.GradientTransformation:
+  """``-learning_rate`` (a constant or a schedule), in the updates' dtype."""
+  return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
 
-  The optimizer's arguments are checked against the params at ``init`` by their
-  declarations (:func:`lars_optax._links.checked_arguments`); ``names``: the masks it
-  builds from them (``(argument, mask, hint)``, e.g. TensorFlow's ``skip_list`` as a
-  mask), whose names must each match a leaf. ``complex_params``: the rule is defined
-  on complex params (see
+
+def lr_mult_part(lr_mult: masks.LeafValues,
+                 stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
+  """``lr_mult``'s per-leaf scale, or nothing without it."""
+  return [] if lr_mult is None else [unchecked_scale_per_leaf(lr_mult, arg_name="lr_mult",
+                                                              stacked=stacked)]
+
+
+def finish(parts: Sequence[Any], name: str, *, layer_wise: Callable[..., list] | None = None,
+           group_by_shape: bool = False, masks_by_arg: Mapping[str, Any] | None = None,
+           values_by_arg: Mapping[str, Any] | None = None, stacked: Any = None,
+           lazy: bool = False, multi_precision: bool = False,
+           names: Sequence[tuple[str, masks.MaskLike, str | None]] = (),
+           complex_params: bool = False, squares: bool = False, row_sparse: bool = False,
+           row_sparse_check: Callable[[list[str], Any], None] | None = None
+           ) -> optax.GradientTransformationExtraArgs:
+  """``optax.chain(check_inputs, *parts, *layer-wise links)``, wrapped for lazy updates,
+  row-sparse gradients and master weights.
+
+  ``layer_wise``: builds the layer-wise links after ``parts`` from ``masks_by_arg``,
+  ``values_by_arg`` and ``stacked``, per leaf or (``group_by_shape``) on the leaves
+  stacked by shape. ``init`` warns when the params look stacked and ``stacked`` was
+  left at its default (:data:`lars_optax.stacked.FROM_METADATA`; None, the default
+  here, warns for nothing). The optimizer's arguments are checked against the params
+  at ``init`` by their declarations (:func:`lars_optax._links.optimizer`); ``names``:
+  the masks it builds from them (``(argument, mask, hint)``, e.g. TensorFlow's
+  ``skip_list`` as a mask), whose names must each match a leaf. ``complex_params``:
+  the rule is defined on complex params (see
   :data:`lars_optax._validation.COMPLEX_OPTIMIZERS`). ``squares``: the rule
-  accumulates squared gradients in the params' dtype, so ``init`` warns for
-  float16 params (without ``multi_precision``, whose master weights are
-  float32). ``row_sparse``: the optimizer takes row-sparse (BCOO) gradients
-  as MXNet's ``row_sparse`` kernel of it does, without a ``lazy_update`` flag
-  (see :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls
-  ``row_sparse_check``).
+  accumulates squared gradients in the params' dtype, so ``init`` warns for float16
+  params (without ``multi_precision``, whose master weights are float32).
+  ``row_sparse``: the optimizer takes row-sparse (BCOO) gradients as MXNet's
+  ``row_sparse`` kernel of it does, without a ``lazy_update`` flag (see
+  :func:`lars_optax.sparse.lazy.on_row_sparse`, which calls ``row_sparse_check``).
   """
+  if layer_wise is not None:
+    parts = [*parts, *_grouping.maybe_by_shape(
+        group_by_shape, layer_wise, masks_by_arg=dict(masks_by_arg or {}),
+        values_by_arg=dict(values_by_arg or {}), stacked=stacked)]
   tx = optax.chain(unchecked_check_inputs(name, names=names, complex_params=complex_params),
                    *parts)
   if squares:
@@ -69,17 +92,4 @@ def finish(parts: list, name: str, *, lazy: bool = False, multi_precision: bool 
     tx = _on_row_sparse(tx, name, check=row_sparse_check)
   if multi_precision:
     tx = _multi_precision(tx)
-  return tx
-
-
-def finish_layer_wise(layer_wise: Callable[..., list], name: str, *, group_by_shape: bool,
-                      masks_by_arg: Mapping[str, Any], values_by_arg: Mapping[str, Any],
-                      stacked: stacked_mod.StackedLike, pre: Sequence[Any] = (),
-                      **finish_kwargs: Any) -> optax.GradientTransformationExtraArgs:
-  """:func:`finish` of ``pre`` and ``layer_wise``'s links (built per leaf, or on the
-  leaves stacked by shape with ``group_by_shape``), warning at ``init`` for stacks
-  left at ``stacked``'s default."""
-  parts = _grouping.maybe_by_shape(group_by_shape, layer_wise, masks_by_arg=masks_by_arg,
-                                   values_by_arg=values_by_arg, stacked=stacked)
-  tx = finish([*pre, *parts], name, **finish_kwargs)
   return stacked_mod.warn_unstacked(tx, stacked, name)

@@ -241,11 +241,6 @@ def check_group_by_shape(group_by_shape: Any, axis_name: Any) -> bool:
   return flag
 
 
-def by_shape_relation(*, group_by_shape: Any, axis_name: Any, **_: Any) -> None:
-  """:func:`check_group_by_shape` as an optimizer's relation (``_links.checked_arguments``)."""
-  check_group_by_shape(group_by_shape, axis_name)
-
-
 def maybe_by_shape(group: bool, build: Callable[..., Sequence[GradientTransformation]], *,
                    masks_by_arg: Mapping[str, masks.MaskLike],
                    values_by_arg: Mapping[str, masks.LeafValues],

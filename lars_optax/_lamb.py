@@ -5,16 +5,16 @@ The LAMB of timm, Keras, optax and ALBERT are in :mod:`lars_optax.porting`.
 
 from __future__ import annotations
 
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from optax import GradientTransformation
 
+from lars_optax import _validation as v
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
-from lars_optax import _grouping, _links, _ratios
+from lars_optax import _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
@@ -112,14 +112,7 @@ def unchecked_scale_by_lamb_adam(
 scale_by_lamb_adam = _links.public_link(unchecked_scale_by_lamb_adam, params="complex")
 
 
-def bounds_and_grouping(*, lower_bound: Any, upper_bound: Any, group_by_shape: Any,
-                        axis_name: Any, **_: Any) -> None:
-  """LAMB's and LANS's relations: the bounds' order and ``group_by_shape``'s."""
-  _ratios.bound_order(lower_bound=lower_bound, upper_bound=upper_bound)
-  _grouping.check_group_by_shape(group_by_shape, axis_name)
-
-
-@base.optimizer(relations=bounds_and_grouping)
+@_links.optimizer(hints=v.MXNET_HINTS, relations=_ratios.bound_order)
 def lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -237,8 +230,7 @@ def lamb(
     76 minutes <https://arxiv.org/abs/1904.00962>`_, ICLR 2020; Apache MXNet
     2.0 ``mxnet.optimizer.LAMB``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   decay_mult = base.wd_mult_with_skip(wd_mult, wd_skip)
 
   def layer_wise(skip, wd_mult, lr_mult, stacked):
@@ -250,10 +242,10 @@ def lamb(
             *decay,
             unchecked_scale_by_lamb_trust_ratio(lower_bound=lower_bound, upper_bound=upper_bound,
                                                 skip=skip, axis_name=axis_name, stacked=stacked),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+            assembly.learning_rate_part(learning_rate), *assembly.lr_mult_part(lr_mult, stacked)]
 
-  return assembly.finish_layer_wise(
-      layer_wise, "lamb", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
+  return assembly.finish(
+      common.preprocess(decay=False), "lamb", layer_wise=layer_wise,
+      group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
       values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
-      pre=common.preprocess(decay=False),
       multi_precision=multi_precision, complex_params=clip_gradient is None)

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import optax
 from optax import GradientTransformation
 
+from lars_optax import _validation as v
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _links, _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
-from lars_optax._lamb import bounds_and_grouping
 
 __all__ = ["NormalizePerLeafState", "ScaleByLansState", "lans", "normalize_per_leaf",
            "scale_by_lans"]
@@ -240,7 +240,7 @@ scale_by_lans = _links.public_link(unchecked_scale_by_lans, relations=_ratios.bo
                                    matches=("skip",), same_structure=True)
 
 
-@base.optimizer(relations=bounds_and_grouping)
+@_links.optimizer(hints=v.MXNET_HINTS, relations=_ratios.bound_order)
 def lans(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -345,9 +345,10 @@ def lans(
             unchecked_scale_by_lans(beta1, b2=beta2, eps=epsilon, weight_decay=wd, wd_mult=wd_mult,
                                     lower_bound=lower_bound, upper_bound=upper_bound, skip=skip,
                                     axis_name=axis_name, stacked=stacked),
-            base.learning_rate_part(learning_rate), *base.lr_mult_part(lr_mult, stacked)]
+            assembly.learning_rate_part(learning_rate), *assembly.lr_mult_part(lr_mult, stacked)]
 
-  return assembly.finish_layer_wise(
-      layer_wise, "lans", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
-      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
+  return assembly.finish(
+      [], "lans", layer_wise=layer_wise, group_by_shape=group_by_shape,
+      masks_by_arg={"skip": skip}, values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult},
+      stacked=stacked,
       multi_precision=multi_precision)

@@ -10,7 +10,7 @@ from typing import Any
 
 import optax
 
-from lars_optax import _grouping, _links
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
@@ -23,7 +23,7 @@ from lars_optax._trust_ratio import unchecked_scale_by_lars_trust_ratio
 __all__ = ["lars", "tf_lars"]
 
 
-@base.optimizer(v.lars_names, relations=_grouping.by_shape_relation)
+@_links.optimizer(hints=v.LARS_HINTS)
 def lars(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -147,12 +147,13 @@ def lars(
         optax.chain(*inner) if inner else None, trust_coefficient=eta, ratio_weight_decay=wd,
         eps=epsilon, skip=skip, grad_scale=rescale_grad, wd_mult=wd_mult,
         axis_name=axis_name, stacked=stacked)
-    return [ratio, *base.lr_mult_part(lr_mult, stacked),
+    return [ratio, *assembly.lr_mult_part(lr_mult, stacked),
             unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
 
-  return assembly.finish_layer_wise(
-      layer_wise, "lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
-      values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult}, stacked=stacked,
+  return assembly.finish(
+      [], "lars", layer_wise=layer_wise, group_by_shape=group_by_shape,
+      masks_by_arg={"skip": skip}, values_by_arg={"wd_mult": decay_mult, "lr_mult": lr_mult},
+      stacked=stacked,
       multi_precision=multi_precision, complex_params=clip_gradient is None)
 
 
@@ -168,16 +169,14 @@ def _skip_list(name: str, skip_list: Any) -> None:
     raise TypeError(f"{name}: expected non-empty strings, got {bad!r}.")
 
 
-def _tf_relations(*, skip_list: Any, skip: Any, group_by_shape: Any, axis_name: Any,
-                  **_: Any) -> None:
+def _tf_relations(*, skip_list: Any, skip: Any, **_: Any) -> None:
   if skip_list is not None and skip is not None:
     raise ValueError("skip_list: give skip_list or skip, not both; to skip the leaves "
                      "of both, pass one mask combined with |, e.g. "
                      "skip=lars_optax.masks.FLAX_SKIP | lars_optax.by_substring('embedding').")
-  _grouping.check_group_by_shape(group_by_shape, axis_name)
 
 
-@base.optimizer(v.tf_names, declared={"skip_list": _links.Arg(_skip_list)},
+@_links.optimizer(hints=v.TF_HINTS, declared={"skip_list": _links.Arg(_skip_list)},
                 relations=_tf_relations)
 def tf_lars(
     learning_rate: optax.ScalarOrSchedule,
@@ -275,8 +274,8 @@ def tf_lars(
                 utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
                 trust_coefficient=eeta, ratio_weight_decay=weight_decay, eps=epsilon, skip=skip,
                 axis_name=axis_name, stacked=stacked),
-            base.learning_rate_part(learning_rate)]
+            assembly.learning_rate_part(learning_rate)]
 
-  return assembly.finish_layer_wise(
-      layer_wise, "tf_lars", group_by_shape=group_by_shape, masks_by_arg={"skip": skip},
-      values_by_arg={}, stacked=stacked, names=names, complex_params=True)
+  return assembly.finish(
+      [], "tf_lars", layer_wise=layer_wise, group_by_shape=group_by_shape,
+      masks_by_arg={"skip": skip}, stacked=stacked, names=names, complex_params=True)

@@ -15,7 +15,7 @@ public ``<name>``, which checks what it is given, every time, whoever calls it:
   keywords) around the rule's transformation.
 
 An optimizer's arguments are declared in the same table and checked by
-:func:`checked_arguments` when it is built; its ``init`` then checks the params
+:func:`optimizer` when it is built; its ``init`` then checks the params
 against the same declarations (:func:`checked_at_init`: the names in masks and
 per-leaf values, the constants' dtypes), so no constructor lists them again.
 """
@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lars_optax import _grouping
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
@@ -284,19 +285,28 @@ def _binder(fn: Callable[..., Any], name: str, declared: Mapping[str, Arg] | Non
   return bind
 
 
-def checked_arguments(*, declared: Mapping[str, Arg] | None = None,
-                      relations: Callable[..., None] | None = None,
-                      where: str | None = None) -> Callable[[_F], _F]:
-  """A decorator for an optimizer: its arguments are checked by their declarations in
-  :data:`DECLARED` (``declared``: this optimizer's own), then ``relations`` (a function
-  of all of them), before it runs; its ``init`` checks the params against them
-  (:func:`checked_at_init`). Messages name an argument alone, or ``"<where>: <name>"``
-  (``where``: the optimizer's name where others share its arguments' names, such as
-  ``"sparse.adam"``). The function keeps its signature."""
+def optimizer(*, hints: Mapping[str, str] | None = None,
+              declared: Mapping[str, Arg] | None = None,
+              relations: Callable[..., None] | None = None,
+              where: str | None = None) -> Callable[[_F], _F]:
+  """The one decorator of every optimizer constructor: its arguments are checked by
+  their declarations in :data:`DECLARED` (``declared``: this optimizer's own), then
+  ``group_by_shape`` (not with ``axis_name``) where it takes it, then ``relations`` (a
+  function of all of them), before it runs; its ``init`` checks the params against them
+  (:func:`checked_at_init`); a keyword it does not take, of ``hints`` or optax's, gets
+  the advice (:func:`lars_optax._validation.keyword_hints`). Messages name an argument
+  alone, or ``"<where>: <name>"`` (``where``: the optimizer's name where others share
+  its arguments' names, such as ``"sparse.adam"``). The function keeps its signature."""
   prefix = f"{where}: " if where else ""
 
+  def all_relations(**values: Any) -> None:
+    if "group_by_shape" in values:
+      _grouping.check_group_by_shape(values["group_by_shape"], values.get("axis_name"))
+    if relations is not None:
+      relations(**values)
+
   def decorate(fn: _F) -> _F:
-    bind = _binder(fn, where or fn.__name__, declared, relations, prefix)
+    bind = _binder(fn, where or fn.__name__, declared, all_relations, prefix)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -304,7 +314,7 @@ def checked_arguments(*, declared: Mapping[str, Arg] | None = None,
       return checked_at_init(fn(*args, **kwargs), bound.arguments, declared, prefix=prefix)
 
     wrapper.checked_by_declaration = True  # type: ignore[attr-defined]
-    return cast(_F, wrapper)
+    return v.keyword_hints(hints or {})(cast(_F, wrapper))
 
   return decorate
 

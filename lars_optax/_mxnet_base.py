@@ -1,26 +1,21 @@
 """Private: MXNet's optimizer-base arguments as one object, :class:`Base` (the gradient
-preprocessing, the learning rate and ``lr_mult`` links, what ``init`` checks of them), and
-:func:`optimizer`, the decorators of the optimizers that take them (their arguments checked
-by their declarations in :mod:`lars_optax._links`). Every optimizer is assembled by
+preprocessing and the rate's links), built from an optimizer's bound arguments. Every
+optimizer is checked by :func:`lars_optax._links.optimizer` and assembled by
 :mod:`lars_optax._assembly`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import optax
 
 from lars_optax import _assembly as assembly
-from lars_optax import _links
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
-from lars_optax._transforms import unchecked_scale_per_leaf
 from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _exact_name(key: str) -> masks.Mask:
@@ -64,26 +59,17 @@ def preprocess(rescale_grad, clip_gradient, wd, wd_mult,
 def decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult) -> list:
   """The sign optimizers' tail: ``+ wd_lh * w`` after the sign, then ``-lr``."""
   parts = [] if utils.is_const(wd_lh, 0) else [unchecked_add_decayed_weights_per_leaf(wd_lh)]
-  return [*parts, learning_rate_part(learning_rate), *lr_mult_part(lr_mult)]
-
-
-def learning_rate_part(learning_rate) -> optax.GradientTransformation:
-  return utils.keep_dtypes(optax.scale_by_learning_rate(learning_rate), learning_rate)
-
-
-def lr_mult_part(lr_mult, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
-  return [] if lr_mult is None else [unchecked_scale_per_leaf(lr_mult, arg_name="lr_mult",
-                                                              stacked=stacked)]
+  return [*parts, assembly.learning_rate_part(learning_rate), *assembly.lr_mult_part(lr_mult)]
 
 
 class Base(NamedTuple):
   """MXNet's optimizer-base arguments as one object: the learning rate and ``wd``, their
   per-leaf multipliers, the gradient's rescale and clip, and master weights.
 
-  An optimizer checks them with its other arguments (:func:`optimizer`, which also
-  checks the multipliers' names and the constants against the params at ``init``),
-  then builds ``base.preprocess()``, its own links and ``base.rate()``, and
-  ``base.finish`` puts them together (:func:`lars_optax._assembly.finish`).
+  An optimizer checks them with its other arguments (:func:`lars_optax._links.optimizer`,
+  which also checks the multipliers' names and the constants against the params at
+  ``init``), then builds ``base.preprocess()``, its own links and ``base.rate()``, and
+  :func:`lars_optax._assembly.finish` puts them together.
   """
 
   learning_rate: Any
@@ -94,6 +80,13 @@ class Base(NamedTuple):
   wd_mult: masks.LeafValues = None
   multi_precision: bool = False
 
+  @classmethod
+  def of(cls, arguments: Mapping[str, Any]) -> Base:
+    """The base arguments among an optimizer's bound ones (its ``locals()`` before its
+    body binds a name), each missing one at its default (MXNet's GroupAdaGrad takes no
+    ``wd``)."""
+    return cls(**{k: arguments[k] for k in cls._fields if k in arguments})
+
   def preprocess(self, *, decay: bool = True, clip: bool = True,
                  stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
     """Rescale, clip (without ``clip=False``), then coupled ``wd`` (without ``decay=False``)."""
@@ -102,21 +95,5 @@ class Base(NamedTuple):
 
   def rate(self, stacked: stacked_mod.StackedLike = stacked_mod.FROM_METADATA) -> list:
     """``-learning_rate``, then ``lr_mult``."""
-    return [learning_rate_part(self.learning_rate), *lr_mult_part(self.lr_mult, stacked)]
-
-  def finish(self, parts: list, name: str, **kwargs: Any) -> optax.GradientTransformationExtraArgs:
-    """:func:`lars_optax._assembly.finish` of ``parts``, with master weights."""
-    return assembly.finish(parts, name, multi_precision=self.multi_precision, **kwargs)
-
-
-def optimizer(hints: Callable[[Any], Any] = v.mxnet_names, *,
-              declared: Mapping[str, Any] | None = None,
-              relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
-  """The decorators of an optimizer taking MXNet's base arguments: its arguments are
-  checked by their declarations, when it is built and against the params at ``init``
-  (:func:`lars_optax._links.checked_arguments`), and a wrong keyword gets ``hints``."""
-
-  def decorate(fn: _F) -> _F:
-    return cast(_F, hints(_links.checked_arguments(declared=declared, relations=relations)(fn)))
-
-  return decorate
+    return [assembly.learning_rate_part(self.learning_rate),
+            *assembly.lr_mult_part(self.lr_mult, stacked)]

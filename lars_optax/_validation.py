@@ -424,29 +424,27 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   return decorate
 
 
-_MXNET_HINTS = {
+MXNET_HINTS = {
     "weight_decay": "it takes MXNet's name for weight decay, wd (e.g. wd=1e-4).",
     "lr": "it takes learning_rate (MXNet's name).",
 }
+"""The MXNet-flavoured optimizers' hints: ``weight_decay=`` and ``lr=`` name ``wd`` and
+``learning_rate``."""
 
-mxnet_names = keyword_hints(_MXNET_HINTS)
-"""For the MXNet-flavoured optimizers: ``weight_decay=`` and ``lr=`` name ``wd``
-and ``learning_rate``."""
-
-lars_names = keyword_hints({
-    **_MXNET_HINTS,
-    "weight_decay": _MXNET_HINTS["weight_decay"] + " TensorFlow's LARS, lars_optax.tf_lars, "
+LARS_HINTS = {
+    **MXNET_HINTS,
+    "weight_decay": MXNET_HINTS["weight_decay"] + " TensorFlow's LARS, lars_optax.tf_lars, "
                     "is the one that takes weight_decay.",
-})
-"""For :func:`lars_optax.lars`: as :data:`mxnet_names`, and names ``tf_lars``."""
+}
+""":func:`lars_optax.lars`'s: as :data:`MXNET_HINTS`, and names ``tf_lars``."""
 
-tf_names = keyword_hints({
+TF_HINTS = {
     "wd": "it takes TensorFlow's name for weight decay, weight_decay (e.g. "
           "weight_decay=1e-4). MXNet's LARS, lars_optax.lars, is the one that takes wd.",
     "eta": "it takes TensorFlow's name for the LARS coefficient, eeta.",
     "lr": "it takes learning_rate (TensorFlow's name).",
-})
-"""For :func:`lars_optax.tf_lars`: MXNet's ``wd=`` and ``eta=`` name TensorFlow's
+}
+""":func:`lars_optax.tf_lars`'s: MXNet's ``wd=`` and ``eta=`` name TensorFlow's
 ``weight_decay`` and ``eeta``."""
 
 

@@ -21,6 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lars_optax import _validation as v
+from lars_optax import _assembly as assembly
+from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _masks as masks
@@ -29,7 +32,7 @@ from lars_optax._transforms import unchecked_add_decayed_weights_per_leaf
 __all__ = ["signsgd", "signum"]
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def signum(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -90,8 +93,7 @@ def signum(
     return signsgd(learning_rate, wd_lh=wd_lh, wd=wd, rescale_grad=rescale_grad,
                    clip_gradient=clip_gradient, lr_mult=lr_mult, wd_mult=wd_mult,
                    multi_precision=multi_precision)
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   if isinstance(momentum, jax.Array):
     # Possibly traced (optax.inject_hyperparams): 0 selects signSGD in the computation.
     parts = [*common.preprocess(decay=False), _sign_of_momentum_or_gradient(momentum, wd, wd_mult)]
@@ -99,7 +101,7 @@ def signum(
     parts = [*common.preprocess(), utils.keep_dtypes(optax.ema(momentum, debias=False), momentum),
              optax.scale_by_sign()]
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return common.finish(parts, "signum")
+  return assembly.finish(parts, "signum", multi_precision=multi_precision)
 
 
 def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
@@ -127,7 +129,7 @@ def _sign_of_momentum_or_gradient(momentum: jax.Array, wd: Any,
   return optax.GradientTransformation(ema.init, update_fn)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def signsgd(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -171,11 +173,10 @@ def signsgd(
   References:
     Bernstein et al., `signSGD <https://arxiv.org/abs/1802.04434>`_, 2018.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [optax.scale_by_sign()]
   if not utils.is_const(wd, 0):
     parts.append(unchecked_add_decayed_weights_per_leaf(wd, multipliers=wd_mult,
                                                         arg_name="wd_mult"))
   parts += base.decoupled_decay_and_lr(wd_lh, learning_rate, lr_mult)
-  return common.finish(parts, "signsgd")
+  return assembly.finish(parts, "signsgd", multi_precision=multi_precision)

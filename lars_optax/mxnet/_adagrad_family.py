@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lars_optax import _assembly as assembly
 from lars_optax import _mxnet_base as base
 from lars_optax import _links
 from lars_optax import _row_wise
@@ -370,7 +371,7 @@ def _no_decay_on_sparse(wd: float, wd_mult: masks.LeafValues):
   return check
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def adagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -424,14 +425,13 @@ def adagrad(
     and Stochastic Optimization <https://jmlr.org/papers/v12/duchi11a.html>`_,
     JMLR 2011; Apache MXNet 2.0 ``mxnet.optimizer.AdaGrad``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(), unchecked_scale_by_mxnet_adagrad(epsilon), *common.rate()]
-  return common.finish(parts, "adagrad", squares=True,
-                       row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
+  return assembly.finish(parts, "adagrad", multi_precision=multi_precision, squares=True,
+                         row_sparse=True, row_sparse_check=_no_decay_on_sparse(wd, wd_mult))
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def groupadagrad(
     learning_rate: optax.ScalarOrSchedule = 0.01,
     *,
@@ -481,13 +481,13 @@ def groupadagrad(
     <https://jmlr.org/papers/v12/duchi11a.html>`_, JMLR 2011; Apache MXNet 2.0
     ``mxnet.optimizer.contrib.GroupAdaGrad``.
   """
-  common = base.Base(learning_rate, 0.0, rescale_grad, clip_gradient, lr_mult, None,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(), unchecked_scale_by_group_adagrad(epsilon), *common.rate()]
-  return common.finish(parts, "groupadagrad", squares=True, row_sparse=True)
+  return assembly.finish(parts, "groupadagrad", multi_precision=multi_precision,
+                         squares=True, row_sparse=True)
 
 
-@base.optimizer(declared=_links.POSITIVE_EPSILON)
+@_links.optimizer(hints=v.MXNET_HINTS, declared=_links.POSITIVE_EPSILON)
 def rmsprop(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -560,23 +560,23 @@ def rmsprop(
     <https://arxiv.org/abs/1308.0850>`_, 2013, eqs. (38)-(45); Apache MXNet 2.0
     ``mxnet.optimizer.RMSProp``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = common.preprocess()
   if centered:
     parts += [utils.keep_dtypes(optax.scale_by_stddev(rho, epsilon, eps_in_sqrt=True),
                                 rho, epsilon),
-              *base.lr_mult_part(lr_mult),
+              *assembly.lr_mult_part(lr_mult),
               unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
   else:
     parts += [utils.keep_dtypes(optax.scale_by_rms(rho, epsilon, eps_in_sqrt=False),
                                 rho, epsilon), *common.rate()]
   if clip_weights is not None:
     parts.append(unchecked_clip_params(clip_weights))
-  return common.finish(parts, "rmsprop", squares=True)
+  return assembly.finish(parts, "rmsprop", multi_precision=multi_precision,
+                         squares=True)
 
 
-@base.optimizer(declared=_links.POSITIVE_EPSILON)
+@_links.optimizer(hints=v.MXNET_HINTS, declared=_links.POSITIVE_EPSILON)
 def adadelta(
     learning_rate: optax.ScalarOrSchedule = 1.0,
     *,
@@ -626,15 +626,15 @@ def adadelta(
     <https://arxiv.org/abs/1212.5701>`_, 2012; Apache MXNet 2.0
     ``mxnet.optimizer.AdaDelta``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(),
            utils.keep_dtypes(optax.scale_by_adadelta(rho, epsilon), rho, epsilon),
            *common.rate()]
-  return common.finish(parts, "adadelta", squares=True)
+  return assembly.finish(parts, "adadelta", multi_precision=multi_precision,
+                         squares=True)
 
 
-@base.optimizer(declared={"learning_rate": _links.POSITIVE_RATE})
+@_links.optimizer(hints=v.MXNET_HINTS, declared={"learning_rate": _links.POSITIVE_RATE})
 def ftrl(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -694,9 +694,9 @@ def ftrl(
     <https://doi.org/10.1145/2487575.2488200>`_, KDD 2013; Apache MXNet 2.0
     ``mxnet.optimizer.Ftrl``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(decay=False),
            unchecked_ftrl_proximal(learning_rate, lamda1=lamda1, beta=beta, weight_decay=wd,
                                    lr_mult=lr_mult, wd_mult=wd_mult)]
-  return common.finish(parts, "ftrl", squares=True, row_sparse=True)
+  return assembly.finish(parts, "ftrl", multi_precision=multi_precision,
+                         squares=True, row_sparse=True)

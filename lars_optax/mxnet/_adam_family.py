@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import optax
 
+from lars_optax import _validation as v
+from lars_optax import _assembly as assembly
 from lars_optax import _mxnet_base as base
 from lars_optax import _links
 from lars_optax import _utils as utils
@@ -58,7 +60,7 @@ __all__ = ["adabelief", "adam", "adamax", "adamw", "ftml", "nadam"]
 # Optimizers
 # --------------------------------------------------------------------------
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def adam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -125,15 +127,15 @@ def adam(
     <https://arxiv.org/abs/1412.6980>`_, 2014; Apache MXNet 2.0
     ``mxnet.optimizer.Adam``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(),
            unchecked_scale_by_mxnet_adam(beta1, b2=beta2, eps=epsilon,
                                          initial_count=begin_num_update), *common.rate()]
-  return common.finish(parts, "adam", lazy=lazy_update, complex_params=clip_gradient is None)
+  return assembly.finish(parts, "adam", multi_precision=multi_precision,
+                         lazy=lazy_update, complex_params=clip_gradient is None)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def adamw(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -202,8 +204,7 @@ def adamw(
     <https://arxiv.org/abs/1711.05101>`_, ICLR 2019; Apache MXNet 2.0
     ``mxnet.optimizer.AdamW``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(decay=False),
            unchecked_scale_by_adam_moments(beta1, b2=beta2, eps=epsilon)]
   if not utils.is_const(wd, 0):
@@ -212,10 +213,10 @@ def adamw(
   if correct_bias:
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
-  return common.finish([*parts, *common.rate()], "adamw")
+  return assembly.finish([*parts, *common.rate()], "adamw", multi_precision=multi_precision)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def adamax(
     learning_rate: optax.ScalarOrSchedule = 0.002,
     *,
@@ -269,15 +270,14 @@ def adamax(
     <https://arxiv.org/abs/1412.6980>`_ (section 7), 2014; Apache MXNet 2.0
     ``mxnet.optimizer.Adamax``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(), unchecked_scale_by_mxnet_adamax(beta1, b2=beta2, eps=epsilon),
            unchecked_scale_by_bias_correction(beta1, b2=None, initial_count=begin_num_update),
            *common.rate()]
-  return common.finish(parts, "adamax")
+  return assembly.finish(parts, "adamax", multi_precision=multi_precision)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def nadam(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -340,16 +340,15 @@ def nadam(
     <https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ>`_, ICLR 2016
     workshop; Apache MXNet 2.0 ``mxnet.optimizer.Nadam``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(),
            unchecked_scale_by_mxnet_nadam(beta1, b2=beta2, eps=epsilon,
                                           schedule_decay=schedule_decay,
                                           initial_count=begin_num_update), *common.rate()]
-  return common.finish(parts, "nadam")
+  return assembly.finish(parts, "nadam", multi_precision=multi_precision)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def adabelief(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -407,18 +406,17 @@ def adabelief(
     Observed Gradients <https://arxiv.org/abs/2010.07468>`_, NeurIPS 2020;
     Apache MXNet 2.0 ``mxnet.optimizer.AdaBelief``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   # wd before clipping, unlike MXNet's other optimizers
   parts = [*common.preprocess(clip=False), *base.preprocess(1.0, clip_gradient, 0.0, None),
            unchecked_scale_by_mxnet_belief(beta1, b2=beta2, eps=epsilon)]
   if correct_bias:
     parts.append(unchecked_scale_by_bias_correction(beta1, b2=beta2,
                                                      initial_count=begin_num_update))
-  return common.finish([*parts, *common.rate()], "adabelief")
+  return assembly.finish([*parts, *common.rate()], "adabelief", multi_precision=multi_precision)
 
 
-@base.optimizer(declared={"learning_rate": _links.POSITIVE_RATE})
+@_links.optimizer(hints=v.MXNET_HINTS, declared={"learning_rate": _links.POSITIVE_RATE})
 def ftml(
     learning_rate: optax.ScalarOrSchedule = 0.0025,
     *,
@@ -476,9 +474,8 @@ def ftml(
     <http://proceedings.mlr.press/v70/zheng17a.html>`_, ICML 2017; Apache
     MXNet 2.0 ``mxnet.optimizer.FTML``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                    multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(),
            unchecked_scale_by_ftml(learning_rate, b1=beta1, b2=beta2, eps=epsilon,
                                    lr_mult=lr_mult, initial_count=begin_num_update)]
-  return common.finish(parts, "ftml")
+  return assembly.finish(parts, "ftml", multi_precision=multi_precision)

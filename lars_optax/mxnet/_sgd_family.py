@@ -34,6 +34,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation
 
+from lars_optax import _assembly as assembly
 from lars_optax import _mxnet_base as base
 from lars_optax import _links
 from lars_optax import _utils as utils
@@ -64,7 +65,7 @@ def _lazy_or_master_weights(*, lazy_update: bool, multi_precision: bool, **_: An
         "takes both, on dense gradients).")
 
 
-@base.optimizer(relations=_lazy_or_master_weights)
+@_links.optimizer(hints=v.MXNET_HINTS, relations=_lazy_or_master_weights)
 def sgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -105,14 +106,14 @@ def sgd(
   Returns:
     An :class:`optax.GradientTransformation`.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
-  parts = [*common.preprocess(), *base.lr_mult_part(lr_mult),
+  common = base.Base.of(locals())
+  parts = [*common.preprocess(), *assembly.lr_mult_part(lr_mult),
            unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return common.finish(parts, "sgd", lazy=lazy_update, complex_params=clip_gradient is None)
+  return assembly.finish(parts, "sgd", multi_precision=multi_precision,
+                         lazy=lazy_update, complex_params=clip_gradient is None)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def nag(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -168,11 +169,11 @@ def nag(
     <https://proceedings.mlr.press/v28/sutskever13.html>`_, ICML 2013;
     Apache MXNet 2.0 ``mxnet.optimizer.NAG``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
-  parts = [*common.preprocess(), *base.lr_mult_part(lr_mult),
+  common = base.Base.of(locals())
+  parts = [*common.preprocess(), *assembly.lr_mult_part(lr_mult),
            unchecked_mxnet_momentum(learning_rate, momentum=momentum, nesterov=True)]
-  return common.finish(parts, "nag", complex_params=clip_gradient is None)
+  return assembly.finish(parts, "nag", multi_precision=multi_precision,
+                         complex_params=clip_gradient is None)
 
 
 class DelayCompensationState(NamedTuple):
@@ -243,7 +244,7 @@ def unchecked_add_delay_compensation(variance_control: float = 0.04) -> Gradient
 add_delay_compensation = _links.public_link(unchecked_add_delay_compensation, same_structure=True)
 
 
-@base.optimizer()
+@_links.optimizer(hints=v.MXNET_HINTS)
 def dcasgd(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -301,11 +302,11 @@ def dcasgd(
     <https://arxiv.org/abs/1609.08326>`_, ICML 2017; Apache MXNet 2.0
     ``mxnet.optimizer.DCASGD``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(), unchecked_add_delay_compensation(lamda),
-           *base.lr_mult_part(lr_mult), unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
-  return common.finish(parts, "dcasgd")
+           *assembly.lr_mult_part(lr_mult),
+           unchecked_mxnet_momentum(learning_rate, momentum=momentum)]
+  return assembly.finish(parts, "dcasgd", multi_precision=multi_precision)
 
 
 class AddLangevinNoiseState(NamedTuple):
@@ -434,7 +435,7 @@ add_langevin_noise = _links.public_link(unchecked_add_langevin_noise,
                                         declared={"key": _links.Arg(_check_key)})
 
 
-@base.optimizer(declared={"key": _links.Arg(_check_key)})
+@_links.optimizer(hints=v.MXNET_HINTS, declared={"key": _links.Arg(_check_key)})
 def sgld(
     learning_rate: optax.ScalarOrSchedule = 0.1,
     *,
@@ -512,9 +513,8 @@ def sgld(
     Dynamics <https://www.stats.ox.ac.uk/~teh/research/compstats/WelTeh2011a.pdf>`_,
     ICML 2011; Apache MXNet 2.0 ``mxnet.optimizer.SGLD``.
   """
-  common = base.Base(learning_rate, wd, rescale_grad, clip_gradient, lr_mult, wd_mult,
-                     multi_precision)
+  common = base.Base.of(locals())
   parts = [*common.preprocess(), optax.scale(0.5), *common.rate(),
            unchecked_add_langevin_noise(learning_rate, key=key, multipliers=lr_mult,
                                         arg_name="lr_mult")]
-  return common.finish(parts, "sgld")
+  return assembly.finish(parts, "sgld", multi_precision=multi_precision)

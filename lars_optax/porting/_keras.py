@@ -13,8 +13,8 @@ import numpy as np
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _assembly as assembly
 from lars_optax import _links
-from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
@@ -51,7 +51,7 @@ optax way (:func:`_keras_refused`); the names excluded from decay, checked as th
 become a mask."""
 
 
-@shared.port(declared=_KERAS, relations=_one_clip)
+@_links.optimizer(declared=_KERAS, relations=_one_clip)
 def keras_lamb(
     learning_rate: optax.ScalarOrSchedule = 0.001,
     *,
@@ -123,7 +123,7 @@ def keras_lamb(
     exempt = m["exclude_from_weight_decay"]
     step = [unchecked_scale_by_lamb_adam(beta_1, b2=beta_2, eps=epsilon),
             unchecked_scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
-            base.learning_rate_part(learning_rate), *shared.lr_mult_links(o)]
+            assembly.learning_rate_part(learning_rate), *shared.lr_mult_links(o)]
     if weight_decay is None or utils.is_const(weight_decay, 0):
       return step
     return [unchecked_add_decoupled_weight_decay(
@@ -131,8 +131,8 @@ def keras_lamb(
         wd_mult=None if exempt is None else [(exempt, 0.0)], lr_mult=o["lr_mult"],
         stacked=o["stacked"])]
 
-  tx = shared.finish_layer_wise(layer_wise, "keras_lamb", opts, with_lr_mult=False, pre=clip,
-                                masks_by_arg={"exclude_from_weight_decay": exempt})
+  tx = assembly.finish(clip, "keras_lamb", **shared.assembled(
+      opts, layer_wise, masks_by_arg={"exclude_from_weight_decay": exempt}, with_lr_mult=False))
   if exempt is not None:
     tx = _warning_unmatched(tx, named, "exclude_from_weight_decay")
   if every > 1:

@@ -7,8 +7,8 @@ from typing import Any
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _assembly as assembly
 from lars_optax import _links
-from lars_optax import _mxnet_base as base
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._lamb import unchecked_scale_by_lamb_adam
@@ -29,7 +29,7 @@ _OPTAX = {"weight_decay": _links.NON_NEGATIVE_OR_SCHEDULE, "weight_decay_mask": 
 turned into the leaves left out (shared.optax_mask)."""
 
 
-@shared.port(declared=_OPTAX)
+@_links.optimizer(declared=_OPTAX)
 def optax_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -76,13 +76,13 @@ def optax_lars(
                                                 axis_name=o["axis_name"], stacked=o["stacked"]),
             unchecked_mxnet_momentum(learning_rate, momentum=momentum, nesterov=nesterov)]
 
-  tx = shared.finish_layer_wise(layer_wise, "optax_lars", opts,
-                                masks_by_arg={"weight_decay_mask": no_decay,
-                                              "trust_ratio_mask": no_ratio})
+  tx = assembly.finish([], "optax_lars", **shared.assembled(
+      opts, layer_wise, masks_by_arg={"weight_decay_mask": no_decay,
+                                      "trust_ratio_mask": no_ratio}))
   return shared.as_optax_stacks(tx, stacked, "optax_lars", "optax.lars")
 
 
-@shared.port(declared=_OPTAX)
+@_links.optimizer(declared=_OPTAX)
 def optax_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -120,8 +120,8 @@ def optax_lamb(
     return [unchecked_scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
             *shared.decay_links(weight_decay, m["mask"], o, "mask"),
             unchecked_scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
-            base.learning_rate_part(learning_rate)]
+            assembly.learning_rate_part(learning_rate)]
 
-  tx = shared.finish_layer_wise(layer_wise, "optax_lamb", opts,
-                                masks_by_arg={"mask": shared.optax_mask(mask, "mask")})
+  tx = assembly.finish([], "optax_lamb", **shared.assembled(
+      opts, layer_wise, masks_by_arg={"mask": shared.optax_mask(mask, "mask")}))
   return shared.as_optax_stacks(tx, stacked, "optax_lamb", "optax.lamb")

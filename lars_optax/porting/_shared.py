@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
 from lars_optax import _grouping, _links
-from lars_optax import _mxnet_base as base
 from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._momentum import unchecked_dampened_trace
@@ -30,32 +28,10 @@ Shared = dict[str, Any]
 # --------------------------------------------------------------------------
 
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def port(*, declared: Mapping[str, _links.Arg] | None = None,
-         relations: Callable[..., None] | None = None) -> Callable[[_F], _F]:
-  """The decorators of a porting constructor: each argument checked by its declaration
-  (the peer's names in :data:`lars_optax._links.DECLARED`, ``declared`` for this
-  constructor's own), then ``relations`` and the shared options' (``group_by_shape``
-  not with ``axis_name``); an optax keyword it does not take gets a hint."""
-
-  def both(**values: Any) -> None:
-    if "group_by_shape" in values:
-      _grouping.check_group_by_shape(values["group_by_shape"], values["axis_name"])
-    if relations is not None:
-      relations(**values)
-
-  def decorate(fn: _F) -> _F:
-    return v.keyword_hints({})(_links.checked_arguments(declared=declared, relations=both)(fn))
-
-  return decorate
-
-
 def options(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
             stacked: Any, group_by_shape: bool = False) -> Shared:
-  """The library's shared options (checked where they enter: :func:`port`, or
-  ``timm_optimizer``'s keywords)."""
+  """The library's shared options (checked where they enter: by their declarations,
+  :func:`lars_optax._links.optimizer`, or ``timm_optimizer``'s keywords)."""
   return {"lr_mult": lr_mult, "axis_name": axis_name, "stacked": stacked,
           "multi_precision": bool(multi_precision), "group_by_shape": bool(group_by_shape)}
 
@@ -67,44 +43,32 @@ def check_options(values: Mapping[str, Any]) -> None:
 
 
 def lr_mult_links(opts: Shared) -> list:
-  return base.lr_mult_part(opts["lr_mult"], opts["stacked"])
+  return assembly.lr_mult_part(opts["lr_mult"], opts["stacked"])
 
 
-def _assembled(opts: Shared, exempt: Sequence[tuple[str, Any]]) -> dict[str, Any]:
-  """:func:`lars_optax._assembly.finish`'s keywords for a port: master weights, and the
-  exemptions built from the peer's arguments (``(argument, mask)``) checked against the
-  params at ``init``. (The arguments themselves are checked by their declarations:
-  :func:`port`.)"""
-  return {"multi_precision": opts["multi_precision"],
-          "names": [(arg, mask, None) for arg, mask in exempt]}
+def assembled(opts: Shared, layer_wise: Callable[[Shared, dict[str, Any]], list] | None = None,
+              *, masks_by_arg: Mapping[str, Any] | None = None,
+              exempt: Sequence[tuple[str, Any]] = (),
+              with_lr_mult: bool = True) -> dict[str, Any]:
+  """:func:`lars_optax._assembly.finish`'s keywords for a port: master weights, ``stacked``
+  (its warning), and the exemptions built from the peer's arguments (``(argument,
+  mask)``) checked against the params at ``init``. ``layer_wise(opts, masks)``: the
+  port's layer-wise links (``masks_by_arg``: the peer's masks by argument name),
+  ``lr_mult`` last unless ``with_lr_mult=False`` (``layer_wise`` placed it); with
+  ``group_by_shape`` they run on the leaves stacked by shape, and the ``opts`` and
+  masks they get are the stacks' (``stacked``, ``lr_mult``)."""
+  keywords: dict[str, Any] = {"multi_precision": opts["multi_precision"],
+                              "stacked": opts["stacked"],
+                              "names": [(arg, mask, None) for arg, mask in exempt]}
+  if layer_wise is None:
+    return keywords
 
-
-def finish(parts: list, name: str, opts: Shared, *, exempt: Sequence[tuple[str, Any]] = (),
-           lr_mult: bool = True) -> GradientTransformationExtraArgs:
-  """The input checks first, ``lr_mult`` last (unless ``parts`` placed it), master weights
-  around; warn for stacks."""
-  tx = assembly.finish([*parts, *(lr_mult_links(opts) if lr_mult else [])], name,
-                       **_assembled(opts, exempt))
-  return stacked_mod.warn_unstacked(tx, opts["stacked"], name)
-
-
-def finish_layer_wise(layer_wise: Callable[[Shared, dict[str, Any]], list], name: str,
-                      opts: Shared, *, masks_by_arg: Mapping[str, Any] | None = None,
-                      exempt: Sequence[tuple[str, Any]] = (), with_lr_mult: bool = True,
-                      pre: Sequence[Any] = ()) -> GradientTransformationExtraArgs:
-  """:func:`finish` of ``layer_wise(opts, masks)``'s links (``masks_by_arg``: the
-  peer's masks by argument name), ``lr_mult`` last unless ``layer_wise`` placed it.
-  With ``group_by_shape`` they run on the leaves stacked by shape, and the
-  ``opts`` and masks they get are the stacks' (``stacked``, ``lr_mult``). ``pre``:
-  links on the whole tree before them (a global-norm clip)."""
   def build(stacked: Any, lr_mult: Any = None, **chosen: Any) -> list:
     o = {**opts, "stacked": stacked, "lr_mult": lr_mult}
     return [*layer_wise(o, chosen), *(lr_mult_links(o) if with_lr_mult else [])]
 
-  return assembly.finish_layer_wise(
-      build, name, group_by_shape=opts["group_by_shape"], masks_by_arg=dict(masks_by_arg or {}),
-      values_by_arg={"lr_mult": opts["lr_mult"]}, stacked=opts["stacked"], pre=pre,
-      **_assembled(opts, exempt))
+  return {**keywords, "layer_wise": build, "group_by_shape": opts["group_by_shape"],
+          "masks_by_arg": dict(masks_by_arg or {}), "values_by_arg": {"lr_mult": opts["lr_mult"]}}
 
 
 def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str) -> list:
@@ -136,7 +100,7 @@ def torch_momentum(lr: Any, momentum: Any, dampening: Any,
     trace = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=nesterov), momentum)]
   else:
     trace = [unchecked_dampened_trace(momentum, dampening=dampening, nesterov=nesterov)]
-  return [*trace, base.learning_rate_part(lr)]
+  return [*trace, assembly.learning_rate_part(lr)]
 
 
 def optax_mask(mask: Any, arg_name: str) -> masks.MaskLike:

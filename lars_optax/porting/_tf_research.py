@@ -10,8 +10,8 @@ import jax
 import optax
 from optax import GradientTransformationExtraArgs
 
+from lars_optax import _assembly as assembly
 from lars_optax import _links
-from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
@@ -57,7 +57,7 @@ _FILTERS = dict.fromkeys(("weight_decay_filter", "lars_adaptation_filter",
 """The peers' filters and name patterns, checked as they are turned into masks."""
 
 
-@shared.port(declared=_FILTERS)
+@_links.optimizer(declared=_FILTERS)
 def byol_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -95,15 +95,15 @@ def byol_lars(
                                                 skip=m["lars_adaptation_filter"]),
             *shared.torch_momentum(learning_rate, momentum, 0.0, False)]
 
-  return shared.finish_layer_wise(
-      layer_wise, "byol_lars", opts,
+  return assembly.finish([], "byol_lars", **shared.assembled(
+      opts, layer_wise,
       masks_by_arg={
           "weight_decay_filter": _byol_exempt("weight_decay_filter", weight_decay_filter),
           "lars_adaptation_filter": _byol_exempt("lars_adaptation_filter",
-                                                 lars_adaptation_filter)})
+                                                 lars_adaptation_filter)}))
 
 
-@shared.port(declared=_FILTERS)
+@_links.optimizer(declared=_FILTERS)
 def simclr_lars(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -152,16 +152,16 @@ def simclr_lars(
                                               nesterov=use_nesterov)]
     else:
       tail = [utils.keep_dtypes(optax.trace(decay=momentum, nesterov=use_nesterov), momentum),
-              ratio, base.learning_rate_part(learning_rate)]
+              ratio, assembly.learning_rate_part(learning_rate)]
     return [*shared.decay_links(weight_decay, m["exclude_from_weight_decay"], o,
                                 "exclude_from_weight_decay"), *tail]
 
-  return shared.finish_layer_wise(layer_wise, "simclr_lars", opts,
-                                  masks_by_arg={"exclude_from_weight_decay": no_decay,
-                                                "exclude_from_layer_adaptation": no_ratio})
+  return assembly.finish([], "simclr_lars", **shared.assembled(
+      opts, layer_wise, masks_by_arg={"exclude_from_weight_decay": no_decay,
+                                      "exclude_from_layer_adaptation": no_ratio}))
 
 
-@shared.port(declared=_FILTERS)
+@_links.optimizer(declared=_FILTERS)
 def albert_lamb(
     learning_rate: optax.ScalarOrSchedule,
     *,
@@ -201,8 +201,8 @@ def albert_lamb(
                                 "exclude_from_weight_decay"),
             unchecked_scale_by_lamb_trust_ratio(skip=m["exclude_from_layer_adaptation"],
                                                 axis_name=o["axis_name"], stacked=o["stacked"]),
-            base.learning_rate_part(learning_rate)]
+            assembly.learning_rate_part(learning_rate)]
 
-  return shared.finish_layer_wise(layer_wise, "albert_lamb", opts,
-                                  masks_by_arg={"exclude_from_weight_decay": no_decay,
-                                                "exclude_from_layer_adaptation": no_ratio})
+  return assembly.finish([], "albert_lamb", **shared.assembled(
+      opts, layer_wise, masks_by_arg={"exclude_from_weight_decay": no_decay,
+                                      "exclude_from_layer_adaptation": no_ratio}))

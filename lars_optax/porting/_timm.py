@@ -14,6 +14,7 @@ import numpy as np
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
+from lars_optax import _assembly as assembly
 from lars_optax import _links
 from lars_optax import _mxnet_base as base
 from lars_optax import _utils as utils
@@ -57,12 +58,12 @@ def _timm_lars(name: str, lr: Any, *, momentum: Any, dampening: Any, weight_deca
           larc_learning_rate=lr if trust_clip else None))
     return parts + shared.torch_momentum(lr, momentum, dampening, nesterov)
 
-  return shared.finish_layer_wise(
-      layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
-      exempt=[("no_weight_decay", no_decay)])
+  return assembly.finish([], name, **shared.assembled(
+      opts, layer_wise, masks_by_arg={"no_weight_decay": no_decay},
+      exempt=[("no_weight_decay", no_decay)]))
 
 
-@shared.port(relations=torch_nesterov)
+@_links.optimizer(relations=torch_nesterov)
 def timm_lars(
     lr: optax.ScalarOrSchedule = 1.0,
     *,
@@ -146,7 +147,7 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
       step.append(unchecked_scale_by_lamb_trust_ratio(
           skip=None if flags["always_adapt"] else no_decay, axis_name=o["axis_name"],
           stacked=o["stacked"], max_trust_ratio=1.0 if flags["trust_clip"] else None))
-    step += [base.learning_rate_part(lr), *shared.lr_mult_links(o)]
+    step += [assembly.learning_rate_part(lr), *shared.lr_mult_links(o)]
     parts: list = []
     if decays and flags["decoupled_decay"]:
       # timm's corrected decay is (lr·s)²/max_lr: a group's rate scale s enters twice.
@@ -162,12 +163,12 @@ def _timm_lamb(name: str, lr: Any, *, bias_correction: bool, betas: Any, eps: An
   # timm's global clip, once over the whole tree (built once, also with group_by_shape).
   clip = ([] if max_grad_norm is None
           else [clip_by_global_norm(max_grad_norm, axis_name=opts["axis_name"])])
-  return shared.finish_layer_wise(
-      layer_wise, name, opts, masks_by_arg={"no_weight_decay": no_decay},
-      exempt=[("no_weight_decay", no_decay)], with_lr_mult=False, pre=clip)
+  return assembly.finish(clip, name, **shared.assembled(
+      opts, layer_wise, masks_by_arg={"no_weight_decay": no_decay},
+      exempt=[("no_weight_decay", no_decay)], with_lr_mult=False))
 
 
-@shared.port()
+@_links.optimizer()
 def timm_lamb(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -426,7 +427,7 @@ def _timm_opt(name: str, opt: Any) -> None:
     raise ValueError(f"{name}: expected one of {', '.join(_TIMM_NAMES)}, got {opt!r}.")
 
 
-@shared.port(declared={"opt": _links.Arg(_timm_opt), "no_weight_decay": _links.IN_BODY,
+@_links.optimizer(declared={"opt": _links.Arg(_timm_opt), "no_weight_decay": _links.IN_BODY,
                        "layer_decay": _links.IN_BODY, "group_matcher": _links.IN_BODY,
                        "layer_decay_min_scale": _links.IN_BODY,
                        "layer_decay_no_opt_scale": _links.IN_BODY,
@@ -567,7 +568,8 @@ def _timm_cadamw(lr: Any, weight_decay: Any, no_decay: masks.MaskLike, kwargs: d
   parts = [unchecked_scale_by_caution(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
                                       stacked=opts["stacked"], axis_name=opts["axis_name"]),
            *shared.decay_links(weight_decay, no_decay, opts, "no_weight_decay"),
-           base.learning_rate_part(lr)]
-  tx = shared.finish(parts, "timm_cadamw", opts, exempt=[("no_weight_decay", no_decay)])
+           assembly.learning_rate_part(lr)]
+  tx = assembly.finish([*parts, *shared.lr_mult_links(opts)], "timm_cadamw",
+                       **shared.assembled(opts, exempt=[("no_weight_decay", no_decay)]))
   return _links.checked_at_init(tx, {**({"lr": 1e-3} if given_lr is None else {}),
                                      "eps": eps, **opts})

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import optax
 
-from lars_optax import _mxnet_base as base
+from lars_optax import _links
 from lars_optax import _assembly as assembly
 from lars_optax import _masks as masks
 from lars_optax.mxnet._adam_links import unchecked_scale_by_mxnet_adam
 from lars_optax.sparse.lazy import lazy_update
-from lars_optax.porting import _shared as shared
 
 
-@shared.port()
+@_links.optimizer()
 def torch_sparse_adam(
     lr: optax.ScalarOrSchedule = 1e-3,
     *,
@@ -40,7 +39,7 @@ def torch_sparse_adam(
   b1, b2 = betas
   # MXNet's lazy Adam (PyTorch's rule), from the links' rules: checked, in torch's words.
   tx = assembly.finish([unchecked_scale_by_mxnet_adam(b1, b2=b2, eps=eps),
-                       base.learning_rate_part(lr), *base.lr_mult_part(lr_mult)],
+                       assembly.learning_rate_part(lr), *assembly.lr_mult_part(lr_mult)],
                       "torch_sparse_adam", lazy=True, multi_precision=multi_precision,
                       complex_params=True)
   if not maximize:

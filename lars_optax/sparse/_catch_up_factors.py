@@ -91,7 +91,7 @@ class Rule:
 
   def check_params(self, params: Any) -> None:
     """At ``init``: float params and a well-formed mask (the constants are checked against
-    the params by their declarations, see :func:`lars_optax._links.checked_arguments`)."""
+    the params by their declarations, see :func:`lars_optax._links.optimizer`)."""
     v.check_float_params(params, self.name)
     decay_mask(self, params, jax.tree.structure(params))
     if not isinstance(self.sparse, (bool, type(None))) and not any(self.tables(params)):

@@ -59,8 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +78,6 @@ from lars_optax.sparse._catch_up_state import CatchUpState
 
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _known(arg: _links.Arg) -> _links.Arg:
@@ -152,12 +150,6 @@ _DECLARED = {
 }
 
 
-def _checked(where: str) -> Callable[[_F], _F]:
-  """Each argument checked by its declaration, when built and against the params at
-  ``init``, under ``where`` (``"sparse.adam"``)."""
-  return _links.checked_arguments(declared=_DECLARED, where=where)
-
-
 _COUPLED = ("weight decay added to the gradient (coupled L2 decay, as MXNet's wd) has no "
             "catch-up form: an untouched row's gradient would be lambda * w, not 0, so every "
             "row would move every step. ")
@@ -165,17 +157,17 @@ _OPTAX_WORDS = {
     "beta1": "it takes optax's b1=.", "beta2": "it takes optax's b2=.",
     "epsilon": "it takes optax's eps=.", "lr": "it takes optax's learning_rate=.",
 }
-_adam_names = v.keyword_hints({
+_ADAM_HINTS = {
     **_OPTAX_WORDS, "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay).",
-    "wd": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay)."})
-_adamw_names = v.keyword_hints({
-    **_OPTAX_WORDS, "wd": "it takes optax's weight_decay= (decoupled: w *= 1 - lr * wd)."})
-_sgd_names = v.keyword_hints({
+    "wd": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay)."}
+_ADAMW_HINTS = {
+    **_OPTAX_WORDS, "wd": "it takes optax's weight_decay= (decoupled: w *= 1 - lr * wd)."}
+_SGD_HINTS = {
     **_OPTAX_WORDS,
     "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the "
                     "sparse leaves (optax.masked).",
     "wd": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the sparse leaves "
-          "(optax.masked)."})
+          "(optax.masked)."}
 
 
 # --------------------------------------------------------------------------
@@ -183,8 +175,7 @@ _sgd_names = v.keyword_hints({
 # --------------------------------------------------------------------------
 
 
-@_adam_names
-@_checked("sparse.adam")
+@_links.optimizer(hints=_ADAM_HINTS, declared=_DECLARED, where="sparse.adam")
 def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
          nesterov: bool = False, window: int | None = None,
@@ -243,8 +234,7 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
                     poles, None, None, sparse)
 
 
-@_adamw_names
-@_checked("sparse.adamw")
+@_links.optimizer(hints=_ADAMW_HINTS, declared=_DECLARED, where="sparse.adamw")
 def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
           eps: float = 1e-8, eps_root: float = 0.0, mu_dtype: Any = None,
           weight_decay: optax.ScalarOrSchedule = 1e-4, mask: Any = None,
@@ -319,8 +309,7 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
                  ("weight_decay", weight_decay))))
 
 
-@_sgd_names
-@_checked("sparse.sgd")
+@_links.optimizer(hints=_SGD_HINTS, declared=_DECLARED, where="sparse.sgd")
 def sgd(learning_rate: optax.ScalarOrSchedule, *, momentum: float | None = None,
         nesterov: bool = False, accumulator_dtype: Any = None,
         window: int | None = None,
