@@ -124,11 +124,14 @@ def _stack(tree: Any, plan: _Plan) -> dict[str, Any]:
   nodes = jax.tree.leaves(tree, is_leaf=masks.is_box)
   # The barrier keeps each stack one copy: fused into its readers, a
   # concatenation of a hundred operands is slow to compile and to run.
+  # A 0-d leaf (a temperature) is stacked as a (1,) one: a layer needs an axis of its own.
   stacks = jax.lax.optimization_barrier(
-      {n: jnp.stack([flat[i] for i in idx]) for n, idx in zip(plan.names, plan.groups)})
+      {n: jnp.stack([jnp.reshape(flat[i], np.shape(flat[i]) or (1,)) for i in idx])
+       for n, idx in zip(plan.names, plan.groups)})
   if len(nodes) != len(flat):  # a box of several leaves: no names to keep
     return stacks
-  return {n: _boxed(stacks[n], [nodes[i] for i in idx]) for n, idx in zip(plan.names, plan.groups)}
+  return {n: _boxed(stacks[n], [nodes[i] for i in idx]) if np.ndim(flat[idx[0]]) else stacks[n]
+          for n, idx in zip(plan.names, plan.groups)}
 
 
 def _per_leaf_ratios(inner: Any, plan: _Plan, params: Any) -> tuple[jax.Array, tuple[Any, ...]]:
@@ -222,7 +225,7 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
     out: list[Any] = [None] * len(flat)
     for i, leaf in zip([i for idx in plan.groups for i in idx],
                        _read_back(stacked_u, plan, state.positions)):
-      out[i] = leaf
+      out[i] = jnp.reshape(leaf, np.shape(flat[i]))  # (a 0-d leaf's stack is (n, 1))
     vector, layer = _per_leaf_ratios(inner, plan, params)
     return jax.tree.unflatten(treedef, out), state._replace(
         trust_ratio=vector, layer_trust_ratio=layer, inner=inner)

@@ -54,6 +54,14 @@ OPTIMIZERS = {
 }
 
 
+# The whole table runs on one layout (sharded params under jit); every other layout runs
+# on one representative per family in the default tier, and on the rest in the slow one.
+FAMILIES = ["lars", "tf_lars", "lamb", "mxnet.adam_lazy", "sparse.adam", "porting.timm_lamb",
+            "lars_by_shape", "skip_nonfinite"]
+LAYOUT_MATRIX = [n if n in FAMILIES else pytest.param(n, marks=pytest.mark.slow)
+                 for n in sorted(OPTIMIZERS)]
+
+
 def _params():
   rng = np.random.default_rng(0)
   shapes = {"fc1_weight": (16, 8), "fc1_bias": (8,), "bn1_gamma": (8,),
@@ -101,7 +109,7 @@ def _single_device_run(tx, steps=4):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", LAYOUT_MATRIX)
 def test_pmap_data_parallel_equals_one_device(name):
   tx = OPTIMIZERS[name]()
   expected, _ = _one_device(name)
@@ -189,7 +197,7 @@ def test_sharded_params_under_jit(name):
                                lars_optax.trust_ratios(expected_state), rtol=2e-5)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", LAYOUT_MATRIX)
 def test_sharded_update_gathers_no_parameter(name):
   """The compiled update keeps every elementwise op on its shard.
 
@@ -220,7 +228,7 @@ def _explicit_loss(p, batch):
   return jnp.mean((out + p["fc2_bias"] - y) ** 2)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", LAYOUT_MATRIX)
 def test_explicitly_sharded_params_under_jit(name):
   """With explicit mesh axes ("sharding in types") the step runs, equals one device
   and keeps every param's sharding. fc1_bias (split) and bn1_gamma (replicated)

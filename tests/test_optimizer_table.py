@@ -86,17 +86,6 @@ def test_a_nan_learning_rate_is_refused_by_name_when_built(name):
     call()
 
 
-@pytest.mark.parametrize("name", sorted(n for n, o in BY_NAME.items() if o.group_by_shape))
-def test_group_by_shape_gives_the_per_leaf_step(name):
-  params = _params()
-  grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
-  out = []
-  for grouped in (False, True):
-    tx = BY_NAME[name].make(group_by_shape=grouped)
-    out.append(jax.jit(tx.update)(grads, tx.init(params), params)[0])
-  chex.assert_trees_all_close(out[1], out[0], rtol=1e-6, atol=1e-7)
-
-
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_])  # complex: test_dtypes.py
 def test_non_float_params_are_refused_at_init_by_the_leafs_name(name, dtype):

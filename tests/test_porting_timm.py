@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-
+import warnings
 
 import chex
 import jax
@@ -81,6 +81,29 @@ def test_timm_optimizer_no_decay_group_takes_the_models_no_weight_decay_names():
   tx = P.timm_optimizer("lambw", lr=0.1, weight_decay=0.5, filter_bias_and_bn=False)
   updates, _ = tx.update(zeros, tx.init(params), params)
   chex.assert_trees_all_close(updates["pos_embed"], -0.05 * params["pos_embed"])
+
+
+def test_timm_optimizer_no_weight_decay_takes_leaf_names_as_leaf_names_prints_them():
+  # "head/kernel" is the spelling lars_optax.leaf_names prints; it is "head.kernel".
+  params = {"pos_embed": jnp.ones((3, 4)), "head": {"kernel": jnp.ones((4, 2))}}
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  tx = P.timm_optimizer("lambw", lr=0.1, weight_decay=0.5, no_weight_decay=["head/kernel"],
+                        filter_bias_and_bn=False)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  chex.assert_trees_all_close(updates["head"]["kernel"], jnp.zeros((4, 2)))
+  chex.assert_trees_all_close(updates["pos_embed"], -0.05 * params["pos_embed"])
+
+
+def test_timm_optimizer_warns_of_a_no_weight_decay_pattern_that_matches_nothing():
+  params = {"pos_embed": jnp.ones((3, 4)), "head": {"kernel": jnp.ones((4, 2))}}
+  tx = P.timm_optimizer("lamb", lr=0.1, weight_decay=0.5, no_weight_decay=["pos_embed", "cls"])
+  with pytest.warns(UserWarning, match=r"no_weight_decay: \['cls'\] match no parameter"):
+    tx.init(params)
+  tx = P.timm_optimizer("lamb", lr=0.1, weight_decay=0.5, no_weight_decay=["pos_*", "head.*"],
+                        layer_decay=0.5, group_matcher={"head": r"^head"})
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tx.init(params)
 
 
 @pytest.mark.op_by_op

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -459,7 +460,8 @@ def timm_optimizer(
   ``timm_optimizer("larc", trust_clip=False)`` is ``"lars"``. As in timm 1.0,
   with ``weight_decay`` the leaves whose names match ``no_weight_decay`` (the
   model's ``no_weight_decay()``: ``fnmatch`` patterns such as XCiT's
-  ``"pos_embed.*"``, matched against the leaf names with ``/`` read as ``.``)
+  ``"pos_embed.*"``, matched against the leaf names with ``/`` read as ``.``, in
+  the patterns too; ``init`` warns of a pattern that matches no leaf)
   and, with ``filter_bias_and_bn``, the leaves of ``ndim <= 1`` and those named
   ``bias`` form a group with ``weight_decay=0``, which under LARS and LAMB also
   gets no trust ratio (unless ``always_adapt=True``). ``filter_bias_and_bn=False``
@@ -500,6 +502,42 @@ def timm_optimizer(
   """
   opt = opt.lower()
   del fallback_list, fallback_no_weight_decay, foreach  # (change no number here)
+  # A pattern may be spelt as leaf_names prints the leaves ("head/kernel"), or dotted.
+  no_weight_decay = [p.replace("/", ".") for p in _names_list("no_weight_decay", no_weight_decay)]
+  return _warning_unmatched(_timm_optimizer(opt, lr, weight_decay, momentum, filter_bias_and_bn,
+                                            no_weight_decay, layer_decay, group_matcher,
+                                            layer_decay_min_scale, layer_decay_no_opt_scale,
+                                            kwargs), no_weight_decay)
+
+
+def _warning_unmatched(tx: Any, patterns: list[str]) -> Any:
+  """``tx`` whose ``init`` warns of the ``no_weight_decay`` patterns that match no leaf.
+
+  timm skips such a pattern silently (a model's ``no_weight_decay()`` may name what a
+  variant lacks), and its numbers do not change; but the leaf the user meant to keep out
+  is then decayed, so it is told."""
+  if not patterns:
+    return tx
+
+  def init_fn(params: Any) -> Any:
+    dotted = [n.replace("/", ".") for n, _ in masks.named_leaves(params)]
+    missing = [p for p in patterns if not any(fnmatch.fnmatchcase(d, p) for d in dotted)]
+    if missing:
+      warnings.warn(
+          f"no_weight_decay: {missing} match no parameter name (names look like "
+          f"{dotted[:3]}, {len(dotted)} in all), so they keep nothing out of the weight "
+          "decay, as in timm. Give the names the leaves have here "
+          "(lars_optax.leaf_names(params)), with '/' or '.'.", UserWarning, stacklevel=2)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
+
+
+def _timm_optimizer(opt: str, lr: Any, weight_decay: Any, momentum: Any,
+                    filter_bias_and_bn: bool, no_weight_decay: list[str], layer_decay: Any,
+                    group_matcher: Any, layer_decay_min_scale: Any,
+                    layer_decay_no_opt_scale: Any, kwargs: dict) -> Any:
+  """:func:`timm_optimizer` with its patterns dotted."""
   if layer_decay is not None:
     layers = _TimmLayers(layer_decay, group_matcher, layer_decay_min_scale,
                          layer_decay_no_opt_scale, filter_bias_and_bn, no_weight_decay)
