@@ -365,35 +365,36 @@ def checked_trees(tx: optax.GradientTransformation, name: str, *, params: Params
                   declared: Mapping[str, Arg] = DECLARED) -> optax.GradientTransformation:
   """``tx`` whose ``init`` and ``update`` first check the trees (see :func:`public_link`;
   ``declared``: the table the constants' dtypes are read from)."""
-  allow_complex = params == "complex"
+  kind, allow_complex = params, params == "complex"
 
-  def init_fn(p: optax.Params) -> optax.OptState:
-    if params is not None:
-      v.check_float_params(p, name, allow_complex=allow_complex)
-    check_constants(in_dtype.items(), p, declared)
+  def init_fn(params: optax.Params) -> optax.OptState:
+    if kind is not None:
+      v.check_float_params(params, name, allow_complex=allow_complex)
+    check_constants(in_dtype.items(), params, declared)
     if matches:
-      masks.check_unique_names(p)
+      masks.check_unique_names(params)
       for arg, mask in matches.items():
-        masks.check_matches(mask, p, arg)
-    return tx.init(p)
+        masks.check_matches(mask, params, arg)
+    return tx.init(params)
 
-  def check_update(updates: optax.Updates, p: optax.Params | None) -> None:
-    if same_structure and p is not None:
-      p = v.align_params(updates, p)
-      v.check_same_structure(updates, p, name)
-      if params is not None:
-        v.check_float_params(p, name, allow_complex=allow_complex)
+  def check_update(updates: optax.Updates, params: optax.Params | None) -> None:
+    if same_structure and params is not None:
+      params = v.align_params(updates, params)
+      v.check_same_structure(updates, params, name)
+      if kind is not None:
+        v.check_float_params(params, name, allow_complex=allow_complex)
 
+  # (optax's own name for the third argument: update(updates, state, params=params) works.)
   if isinstance(tx, optax.GradientTransformationExtraArgs):
-    def update_extra(updates, state, p=None, **extra_args):
-      check_update(updates, p)
-      return tx.update(updates, state, p, **extra_args)
+    def update_extra(updates, state, params=None, **extra_args):
+      check_update(updates, params)
+      return tx.update(updates, state, params, **extra_args)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_extra)
 
-  def update_fn(updates, state, p=None):
-    check_update(updates, p)
-    return tx.update(updates, state, p)
+  def update_fn(updates, state, params=None):
+    check_update(updates, params)
+    return tx.update(updates, state, params)
 
   return optax.GradientTransformation(init_fn, update_fn)
 

@@ -99,6 +99,31 @@ def test_a_rule_checks_nothing_and_its_link_checks_everything():
     lars_optax.add_decayed_weights_per_leaf(0.1, rate=2)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: lars_optax.scale_by_lars_trust_ratio(),
+    lambda: lars_optax.scale_by_lamb_trust_ratio(),
+    lambda: lars_optax.scale_by_lamb_adam(),
+    lambda: lars_optax.add_decayed_weights_per_leaf(1e-3),
+], ids=["scale_by_lars_trust_ratio", "scale_by_lamb_trust_ratio", "scale_by_lamb_adam",
+        "add_decayed_weights_per_leaf"])
+def test_a_link_takes_optaxs_params_keyword(make):
+  """optax calls update(updates, state, params=params) (its float64_test.py does); every
+  link's update is one wrapper's (_links.checked_trees), which names it as optax does."""
+  params = {"w": jnp.arange(1.0, 7.0).reshape(2, 3)}
+  grads = {"w": jnp.full((2, 3), 0.5)}
+  tx = make()
+  by_keyword, _ = tx.update(grads, tx.init(params), params=params)
+  positional, _ = tx.update(grads, tx.init(params), params)
+  assert jnp.array_equal(by_keyword["w"], positional["w"])
+
+
+def test_every_optimizer_takes_optaxs_params_keyword():
+  import optimizers
+  for o in optimizers.TABLE:
+    names = list(inspect.signature(o.make().update).parameters)
+    assert names[:3] == ["updates", "state", "params"], (o.name, names)
+
+
 def test_a_relation_is_checked_after_each_argument():
   with pytest.raises(ValueError, match=r"^nesterov: Nesterov momentum needs dampening = 0"):
     lars_optax.mxnet_momentum(0.1, momentum=0.9, nesterov=True, dampening=0.1)

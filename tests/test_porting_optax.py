@@ -141,3 +141,21 @@ def test_a_weight_decay_schedule_judges_a_stacked_leaf_as_one_layer():
 
   chex.assert_trees_all_close(run(P.optax_lamb(0.1, weight_decay=lambda c: 0.5, **kw)),
                               run(P.optax_lamb(0.1, weight_decay=0.5, **kw)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["optax_lars", "optax_lamb"])
+def test_a_plain_state_restores_into_inject_hyperparams_as_with_optax(name):
+  """As with optax.lars and optax.lamb: inject_hyperparams passes weight_decay=0 as an
+  array, and the chain keeps the decay link either way, so the states' structures agree."""
+  params = {"w": jnp.ones((3, 4)), "b": jnp.ones(4)}
+  grads = jax.tree.map(lambda p: 0.1 * p, params)
+  make = getattr(P, name)
+  plain_tx, injected_tx = make(0.1), optax.inject_hyperparams(make)(learning_rate=0.1)
+  plain = plain_tx.init(params)
+  injected = injected_tx.init(params)
+  assert jax.tree.structure(plain) == jax.tree.structure(injected.inner_state)
+  _, plain = plain_tx.update(grads, plain, params)
+  restored = injected._replace(inner_state=plain)  # the plain checkpoint, restored
+  ours, _ = jax.jit(injected_tx.update)(grads, restored, params)
+  expected, _ = plain_tx.update(grads, plain, params)
+  chex.assert_trees_all_close(ours, expected, rtol=1e-6)

@@ -385,6 +385,20 @@ def test_float16_without_master_weights_warns_for_every_rule_that_keeps_squares(
   assert _low_precision_warnings(lars_optax.mxnet.create(name), bf16) == []
 
 
+@pytest.mark.parametrize("make, warns", [
+    (lambda: lars_optax.sparse.adam(1e-2), True),
+    (lambda: lars_optax.sparse.adamw(1e-2), True),
+    (lambda: lars_optax.sparse.sgd(0.1, momentum=0.9), False),
+], ids=["sparse.adam", "sparse.adamw", "sparse.sgd"])
+def test_float16_without_master_weights_warns_for_the_dense_exact_adams(make, warns):
+  params = {"w": jnp.ones((2, 3), jnp.float16), "b": jnp.ones(3, jnp.float16)}
+  found = _low_precision_warnings(make(), params)
+  assert len(found) == int(warns), found
+  if warns:
+    assert "parameter 'b' (and 1 more) is float16" in found[0], found[0]
+  assert _low_precision_warnings(lars_optax.multi_precision(make()), params) == []
+
+
 @pytest.mark.filterwarnings("ignore::lars_optax.LowPrecisionWarning")
 @pytest.mark.parametrize("name", _OVERFLOWS)
 def test_float16_squares_overflow_and_freeze_the_weight_without_master_weights(name):

@@ -70,7 +70,8 @@ def optax_lars(
   no_ratio = shared.optax_mask(trust_ratio_mask, "trust_ratio_mask")
 
   def layer_wise(o: shared.Shared, m: dict[str, Any]) -> list:
-    return [*shared.decay_links(weight_decay, m["weight_decay_mask"], o, "weight_decay_mask"),
+    return [*shared.decay_links(weight_decay, m["weight_decay_mask"], o, "weight_decay_mask",
+                                keep_zero=True),
             unchecked_scale_by_lars_trust_ratio(trust_coefficient=trust_coefficient, eps=eps,
                                                 skip=m["trust_ratio_mask"],
                                                 axis_name=o["axis_name"], stacked=o["stacked"]),
@@ -118,7 +119,7 @@ def optax_lamb(
 
   def layer_wise(o: shared.Shared, m: dict[str, Any]) -> list:
     return [unchecked_scale_by_lamb_adam(b1, b2=b2, eps=eps, eps_root=eps_root),
-            *shared.decay_links(weight_decay, m["mask"], o, "mask"),
+            *shared.decay_links(weight_decay, m["mask"], o, "mask", keep_zero=True),
             unchecked_scale_by_lamb_trust_ratio(axis_name=o["axis_name"], stacked=o["stacked"]),
             assembly.learning_rate_part(learning_rate)]
 

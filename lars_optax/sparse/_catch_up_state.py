@@ -404,6 +404,8 @@ def _init(rule: factors.Rule, twin: optax.GradientTransformation, params: Any) -
   """The state: each leaf that may take row-sparse gradients keeps its rows' last
   steps (and snapshots), the others nothing."""
   rule.check_params(params)
+  if rule.kind == "adam":  # (its squared gradients, as every Adam's, in float16)
+    utils.warn_float16(params, rule.name)
   flat, treedef = jax.tree.flatten(params)
   tables = rule.tables(params)
 
