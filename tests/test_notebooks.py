@@ -86,3 +86,34 @@ def test_notebook_runs(path, tmp_path):
   client = NotebookClient(nb, timeout=600, kernel_name="python3",
                           resources={"metadata": {"path": str(tmp_path)}})
   client.execute()  # raises CellExecutionError, with the cell and traceback, on failure
+
+
+def test_lars_vs_sgd_labels_runs_that_diverge_together_apart():
+  """The loss panel's "diverged" labels of two runs that leave it at one epoch do not
+  overlap, and each names its run."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  nb = json.loads((ROOT / "notebooks" / "lars_vs_sgd.ipynb").read_text())
+  cell = next("".join(c["source"]) for c in nb["cells"]
+              if c["cell_type"] == "code" and "diverged" in "".join(c["source"]))
+  epochs = 4
+  histories = {name: {"train_loss": loss, "test_acc": [0.5] * epochs} for name, loss in [
+      ("SGD, batch 32", [2.0, 1.0, 0.5, 0.4]), ("SGD, batch 1024", [2.0, 1e30, np.inf, np.inf]),
+      ("SGD, batch 1024, lr x 32", [2.0, np.inf, np.inf, np.inf])]}
+  scope = {"np": np, "plt": plt, "epochs": epochs, "histories": histories}
+  show = plt.show
+  plt.show = lambda *a, **k: None
+  try:
+    exec(cell, scope)
+  finally:
+    plt.show = show
+  fig = scope["fig"]
+  fig.canvas.draw()
+  labels = [t for t in scope["ax_loss"].texts if "diverged" in t.get_text()]
+  assert [t.get_text().split(" diverged")[0] for t in labels] == [
+      "SGD, batch 1024", "SGD, batch 1024, lr x 32"]
+  boxes = [t.get_window_extent() for t in labels]
+  assert not boxes[0].overlaps(boxes[1])
+  plt.close(fig)

@@ -151,3 +151,14 @@ def test_readme_and_create_say_how_each_schedule_counts():
   assert "1 at the first update" in doc
   assert ("given as ``learning_rate`` instead is called with the number of updates done, "
           "0 at the first update") in doc
+
+
+def test_readme_states_the_reference_tolerances_the_tests_assert():
+  """The README's tolerances are docs/verified.md's and test_reference_mxnet_optimizers's."""
+  import test_reference_mxnet_optimizers as ref
+  readme = " ".join(README.read_text(encoding="utf-8").split())
+  verified = " ".join((DOCS / "verified.md").read_text(encoding="utf-8").split())
+  assert "within 1e-5 relative in float32, the Adam family within 1e-4" in readme
+  assert "Tolerances are float32 1e-5, Adam 1e-4" in verified
+  assert ref._rtol({"dtype": "float32", "optimizer": "adam"}) == 1e-4
+  assert ref._rtol({"dtype": "float32", "optimizer": "sgd"}) == 1e-5
