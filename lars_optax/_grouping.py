@@ -35,7 +35,6 @@ from optax import GradientTransformation
 from lars_optax import _ratios
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
-from lars_optax import _validation as v
 from lars_optax import _stacked as stacked_mod
 
 
@@ -231,17 +230,6 @@ def by_shape(build: Callable[..., Sequence[GradientTransformation]], *,
         trust_ratio=vector, layer_trust_ratio=layer, inner=inner)
 
   return GradientTransformation(init_fn, update_fn)
-
-
-def check_group_by_shape(group_by_shape: Any, axis_name: Any) -> bool:
-  """``group_by_shape`` checked: a bool, and not with ``axis_name``."""
-  flag = v.check_flag("group_by_shape", group_by_shape)
-  if flag and axis_name is not None:
-    raise ValueError(
-        "group_by_shape: not with axis_name (a leaf split over a mesh axis is stacked "
-        f"only with leaves split the same way), got axis_name={axis_name!r}; pass "
-        "group_by_shape=False.")
-  return flag
 
 
 def maybe_by_shape(group: bool, build: Callable[..., Sequence[GradientTransformation]], *,

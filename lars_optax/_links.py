@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lars_optax import _grouping
 from lars_optax import _masks as masks
 from lars_optax import _utils as utils
 from lars_optax import _stacked as stacked_mod
@@ -301,7 +300,7 @@ def optimizer(*, hints: Mapping[str, str] | None = None,
 
   def all_relations(**values: Any) -> None:
     if "group_by_shape" in values:
-      _grouping.check_group_by_shape(values["group_by_shape"], values.get("axis_name"))
+      v.check_group_by_shape(values["group_by_shape"], values.get("axis_name"))
     if relations is not None:
       relations(**values)
 

@@ -424,6 +424,17 @@ def keyword_hints(hints: Mapping[str, str]) -> Callable[[_F], _F]:
   return decorate
 
 
+def check_group_by_shape(group_by_shape: Any, axis_name: Any) -> bool:
+  """``group_by_shape`` checked: a bool, and not with ``axis_name``."""
+  flag = check_flag("group_by_shape", group_by_shape)
+  if flag and axis_name is not None:
+    raise ValueError(
+        "group_by_shape: not with axis_name (a leaf split over a mesh axis is stacked "
+        f"only with leaves split the same way), got axis_name={axis_name!r}; pass "
+        "group_by_shape=False.")
+  return flag
+
+
 MXNET_HINTS = {
     "weight_decay": "it takes MXNet's name for weight decay, wd (e.g. wd=1e-4).",
     "lr": "it takes learning_rate (MXNet's name).",

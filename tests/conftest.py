@@ -164,3 +164,62 @@ def pytest_runtest_call(item):
       yield
   else:
     yield
+
+
+# --------------------------------------------------------------------------
+# The inner loop (pytest -m unit) and the default tier's budget
+# --------------------------------------------------------------------------
+
+# The modules of argument and structure checks: their tests are the inner loop,
+# ``pytest -m unit``, but for those marked ``numeric`` (they take steps and compare
+# numbers, e.g. with optax), which run in the default tier only.
+UNIT_MODULES = {"test_api.py", "test_layout.py", "test_links.py", "test_optimizer_table.py",
+                "test_validation.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m selects by the marks)
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.path.name in UNIT_MODULES and not item.get_closest_marker("numeric"):
+      item.add_marker(pytest.mark.unit)
+
+
+# The default tier's summed test durations (setup, call and teardown of every test,
+# over all workers), against the figure stored in tests/budget.json: with
+# LARS_OPTAX_DURATION_BUDGET=1 (.ci/run sets it) a default-tier run that passes it fails.
+BUDGET = os.path.join(os.path.dirname(__file__), "budget.json")
+_durations: list[float] = []
+
+
+def pytest_runtest_logreport(report):
+  _durations.append(report.duration)
+
+
+def _default_tier(config) -> bool:
+  """The README's command: the default tier's marks, the whole of tests/, no -k."""
+  start = str(config.invocation_params.dir)
+  given = [os.path.abspath(os.path.join(start, a)) for a in config.args]
+  return (config.option.markexpr == "not slow" and not config.option.keyword
+          and given == [os.path.dirname(os.path.abspath(__file__))])
+
+
+def pytest_sessionfinish(session, exitstatus):
+  config = session.config
+  if hasattr(config, "workerinput") or not _default_tier(config):
+    return
+  import json
+  with open(BUDGET) as f:
+    budget = json.load(f)["default_tier_seconds"]
+  total = sum(_durations)
+  reporter = config.pluginmanager.get_plugin("terminalreporter")
+  over = total > budget
+  if reporter is not None:
+    reporter.write_line(f"default tier: {total:,.0f} s of test time over all workers "
+                        f"(budget {budget:,} s, tests/budget.json)", red=over)
+  if over and os.environ.get("LARS_OPTAX_DURATION_BUDGET") == "1":
+    if reporter is not None:
+      reporter.write_line(
+          "FAILED: the default tier passed its budget. Move long runs to the slow tier "
+          "(-m slow) or share compiled programs (tests/optimizers.py); raise the figure "
+          "only with a reason in the commit.", red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

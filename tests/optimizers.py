@@ -2,7 +2,9 @@
 it can do. Tests draw their optimizers from here (``tests/test_optimizer_table.py``
 checks that it lists every public one).
 
-``make(**kw)`` builds the optimizer with the table's configuration and ``kw`` on top.
+``make(**kw)`` builds the optimizer with the table's configuration and ``kw`` on top;
+:func:`canonical_params` is the one tree every row steps on, and :func:`step` the row's
+jitted step on it, compiled once per worker for every file that takes one.
 Capability flags:
 
 * ``complex``: takes complex params (with optax's numbers; test_dtypes.py);
@@ -16,9 +18,15 @@ Capability flags:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 import lars_optax
 
@@ -109,3 +117,29 @@ def lazy_step(o: Optimizer, **kw: Any) -> Any:
 LAZY = [o.name for o in TABLE if o.lazy]
 ROW_SPARSE = [o.name for o in TABLE if o.row_sparse]
 COMPLEX = [o.name for o in TABLE if o.complex]
+
+
+def canonical_params() -> dict[str, Any]:
+  """The one tree the table's rows step on: a dense layer and a table (6 rows)."""
+  rng = np.random.default_rng(0)
+  return {"dense": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+                    "bias": jnp.asarray(rng.normal(size=(4,)), jnp.float32)},
+          "embed": jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)}
+
+
+def canonical_grads(params: Any) -> Any:
+  return jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
+
+
+@functools.cache
+def step(name: str) -> tuple[Any, Callable[..., Any]]:
+  """``(tx, step)``: the row's optimizer in its canonical configuration and its jitted
+  step ``step(params, state, grads) -> (params, state, updates)``, one per worker."""
+  tx = BY_NAME[name].make()
+
+  @jax.jit
+  def run(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, updates
+
+  return tx, run

@@ -20,7 +20,6 @@ import pytest
 
 import lars_optax
 
-pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
 
 NAMESPACES = (lars_optax, lars_optax.mxnet, lars_optax.sparse, lars_optax.svrg,
               lars_optax.porting)
@@ -121,6 +120,7 @@ def _three_steps(tx, grads_scale):
   return params
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", sorted(SHARED_WITH_OPTAX - {"lars"}))
 @pytest.mark.parametrize("grads_scale", [0.3, 1e-6])
 def test_a_shared_name_follows_optax_rule_with_optax_defaults(name, grads_scale):
@@ -346,6 +346,7 @@ def _moved_apart(name, grads_scale):
   return diff / moved
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", ["adam", "adamw", "adagrad", "adabelief", "nadam", "rmsprop"])
 def test_from_optax_page_states_how_far_each_mxnet_namesake_is_from_optax(name):
   listed = _from_optax_table()[name]
@@ -354,6 +355,7 @@ def test_from_optax_page_states_how_far_each_mxnet_namesake_is_from_optax(name):
     assert 0.5 <= value / measured <= 2.0, (name, scale, value, measured)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", ["sgd", "adamax", "adadelta"])
 def test_the_other_mxnet_namesakes_agree_with_optax_at_the_defaults(name):
   assert _moved_apart(name, 0.3) < 1e-4

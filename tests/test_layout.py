@@ -25,7 +25,6 @@ import pytest
 import lars_optax
 from lars_optax import _row_wise
 
-pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
 
 PACKAGE = pathlib.Path(lars_optax.__file__).parent
 
@@ -288,3 +287,17 @@ def test_no_library_file_is_over_800_lines():
   over = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
           if len(p.read_text().splitlines()) > 800}
   assert not over
+
+
+def test_ci_holds_the_default_tier_to_its_budget():
+  """As the line counts above: CI fails when the default tier's summed durations pass
+  the stored figure (tests/conftest.py sums them; .ci/run asks for the check)."""
+  import json
+
+  import conftest
+  root = pathlib.Path(__file__).parent.parent
+  budget = json.loads((root / "tests" / "budget.json").read_text())
+  assert isinstance(budget["default_tier_seconds"], int) and budget["default_tier_seconds"] > 0
+  ci = (root / ".ci" / "run").read_text()
+  assert "LARS_OPTAX_DURATION_BUDGET=1 python -m pytest -q\n" in ci
+  assert conftest.BUDGET == str(root / "tests" / "budget.json")

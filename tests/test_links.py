@@ -15,7 +15,6 @@ import lars_optax
 from lars_optax import _assembly as assembly
 from lars_optax import _links
 
-pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
 
 PACKAGE = pathlib.Path(lars_optax.__file__).parent
 
@@ -99,6 +98,7 @@ def test_a_rule_checks_nothing_and_its_link_checks_everything():
     lars_optax.add_decayed_weights_per_leaf(0.1, rate=2)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("make", [
     lambda: lars_optax.scale_by_lars_trust_ratio(),
     lambda: lars_optax.scale_by_lamb_trust_ratio(),

@@ -1,8 +1,8 @@
 """Every public optimizer's unit checks, drawn from ``tests/optimizers.py``'s table: it
-builds, takes a jitted step on a small tree (finite updates in the params' structure
-and dtypes), refuses a bad first argument by name when built and non-float params by
-the leaf's name, and the table lists every public optimizer. Part of the inner-loop
-subset (``pytest -m unit``)."""
+builds, takes two steps on the table's tree with the row's shared jitted step (finite
+updates in the params' structure and dtypes; ``numeric``, so not in the inner loop),
+refuses a bad first argument by name when built and non-float params by the leaf's
+name, and the table lists every public optimizer (``pytest -m unit``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,12 @@ import math
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
+import optimizers
 from optimizers import BY_NAME, TABLE
 
 import lars_optax
 
-pytestmark = pytest.mark.unit
 
 NAMESPACES = {"": lars_optax, "mxnet.": lars_optax.mxnet, "sparse.": lars_optax.sparse,
               "porting.": lars_optax.porting}
@@ -48,27 +46,15 @@ def test_the_table_lists_every_public_optimizer():
   assert len(BY_NAME) == len(TABLE)  # one row each
 
 
-def _params():
-  rng = np.random.default_rng(0)
-  return {"dense": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
-                    "bias": jnp.asarray(rng.normal(size=(4,)), jnp.float32)},
-          "embed": jnp.asarray(rng.normal(size=(6, 4)), jnp.float32)}
-
-
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_two_jitted_steps_give_finite_updates_shaped_as_the_params(name):
-  tx = BY_NAME[name].make()
-  params = _params()
-  grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p), params)
+  tx, step = optimizers.step(name)
+  params = optimizers.canonical_params()
+  grads = optimizers.canonical_grads(params)
   state = tx.init(params)
-
-  @jax.jit
-  def step(params, state):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state, updates
-
   for _ in range(2):
-    params, state, updates = step(params, state)
+    params, state, updates = step(params, state, grads)
   chex.assert_trees_all_equal_shapes_and_dtypes(updates, params)
   chex.assert_tree_all_finite(updates)
   assert any(float(jnp.abs(u).max()) > 0 for u in jax.tree.leaves(updates)), name
@@ -97,7 +83,7 @@ def test_non_float_params_are_refused_at_init_by_the_leafs_name(name, dtype):
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_non_float_params_are_refused_at_update_by_the_leafs_name(name):
   tx = BY_NAME[name].make()
-  state = tx.init(_params())
-  bad = {**_params(), "embed": jnp.ones((6, 4), jnp.int32)}
+  state = tx.init(optimizers.canonical_params())
+  bad = {**optimizers.canonical_params(), "embed": jnp.ones((6, 4), jnp.int32)}
   with pytest.raises(TypeError, match="'embed'"):
     tx.update(bad, state, bad)

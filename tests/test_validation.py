@@ -32,7 +32,6 @@ import lars_optax
 from lars_optax import _validation as v
 from lars_optax import _masks
 
-pytestmark = pytest.mark.unit  # (the inner-loop subset: pytest -m unit)
 
 # --------------------------------------------------------------------------
 # Hyperparameters
@@ -431,6 +430,7 @@ def test_building_block_bad_argument(name):
 LARGEST_BEGIN = 2**31 - 2
 
 
+@pytest.mark.numeric
 def test_begin_num_update_at_its_largest_value_gives_the_converged_bias_correction():
   # t = 2**31 - 1 at the first step and stays there: both bias corrections are 1.
   tx = lars_optax.mxnet.adam(0.1, begin_num_update=LARGEST_BEGIN)
@@ -803,6 +803,15 @@ VARIANTS = {o.name: o.make for o in optimizers.TABLE} | {
 # The lazy steps (rows of a leaf), which refuse a 0-d leaf.
 LAZY = {"mxnet.adam_lazy", "mxnet.sgd_lazy_mp", "porting.torch_sparse_adam"}
 
+# The trees are checked by the first link every optimizer shares (check_inputs) and
+# the wrappers around it: the whole matrix of bad and odd trees runs on one
+# representative per family in the default tier (the rest in the slow one), and every
+# optimizer is seen refusing a gradient of another shape under its own name.
+FAMILIES = {"lars", "tf_lars", "lamb", "mxnet.adam", "mxnet.adam_lazy", "sparse.adam",
+            "porting.timm_lamb", "lars_mp", "mxnet.sgd_lazy_mp"}
+TREE_MATRIX = [n if n in FAMILIES else pytest.param(n, marks=pytest.mark.slow)
+               for n in sorted(VARIANTS)]
+
 
 def _params(dtype=jnp.float32):
   return {"w": jnp.arange(1.0, 7.0, dtype=dtype).reshape(2, 3),
@@ -818,7 +827,7 @@ def _step(tx, params, grads, jit=False):
   return update(grads, tx.init(params), params)
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("name", TREE_MATRIX)
 @pytest.mark.parametrize("grads, msg", [
     ({"w": jnp.ones((2, 3))}, r"missing from gradients: \['fc_bias'\]"),
     ({"w": jnp.ones((2, 3)), "fc_bias": jnp.ones(3), "extra": jnp.ones(1)},
@@ -835,6 +844,15 @@ def test_mismatched_gradients(name, grads, msg):
   state = tx.init(params)
   with pytest.raises(ValueError, match=msg):
     tx.update(grads, state, params)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_optimizer_refuses_a_gradient_of_another_shape_by_its_name(name):
+  tx = VARIANTS[name]()
+  params = _params()
+  with pytest.raises(ValueError, match=r"gradient 'w' has shape \(3,\) but the parameter has "
+                                       r"shape \(2, 3\)"):
+    tx.update({"w": jnp.ones((3,)), "fc_bias": jnp.ones(3)}, tx.init(params), params)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -877,6 +895,7 @@ WITHOUT_DECAY = {
        if "lazy_update" in inspect.signature(optimizers.BY_NAME[n].fn).parameters}}
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("name", sorted(WITHOUT_DECAY))
 def test_without_weight_decay_params_are_optional_where_the_rule_reads_none(name):
   o = WITHOUT_DECAY[name]
@@ -941,7 +960,8 @@ def test_non_float_gradients_rejected(name, dtype):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 def test_0d_leaf(name):
   tx = VARIANTS[name]()
   params = {"w": jnp.ones((2, 3)), "s": jnp.array(2.0)}
@@ -955,7 +975,8 @@ def test_0d_leaf(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 def test_zero_size_leaf(name):
   tx = VARIANTS[name]()
   params = {**_params(), "empty": jnp.zeros((0, 3))}
@@ -970,7 +991,8 @@ def test_zero_size_leaf(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 @pytest.mark.parametrize("tree", [{}, {"a": {}}, [], (), {"a": None}],
                          ids=["dict", "nested", "list", "tuple", "only_none"])
 def test_empty_trees(name, tree):
@@ -981,7 +1003,8 @@ def test_empty_trees(name, tree):
   assert updates == tree
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 def test_none_leaves(name):
   """``None`` is an empty subtree: it stays None and the other leaves are unaffected."""
   params = {**_params(), "frozen": None}
@@ -993,7 +1016,8 @@ def test_none_leaves(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 def test_masked_node_leaves_inside_optax_masked(name):
   """Inside optax.masked the optimizer sees MaskedNode leaves; masked-out leaves pass through."""
   tx = optax.masked(VARIANTS[name](), {"w": True, "fc_bias": False})
@@ -1013,7 +1037,8 @@ def test_masked_node_leaves_inside_optax_masked(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", TREE_MATRIX)
 def test_gradients_of_another_float_dtype_are_cast_to_the_params(name):
   """float32 gradients for bfloat16 params: state and updates stay bfloat16 (no upcast)."""
   tx = VARIANTS[name]()

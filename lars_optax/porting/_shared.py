@@ -11,9 +11,10 @@ import jax
 import optax
 from optax import GradientTransformation, GradientTransformationExtraArgs
 
-from lars_optax import _grouping, _links
+from lars_optax import _links
 from lars_optax import _assembly as assembly
 from lars_optax import _utils as utils
+from lars_optax import _validation as v
 from lars_optax import _masks as masks
 from lars_optax import _stacked as stacked_mod
 from lars_optax._momentum import unchecked_dampened_trace
@@ -39,7 +40,7 @@ def options(lr_mult: masks.LeafValues, multi_precision: bool, axis_name: Any,
 def check_options(values: Mapping[str, Any]) -> None:
   """The shared options given by keyword (``timm_optimizer``'s), checked."""
   _links.check_declared(values)
-  _grouping.check_group_by_shape(values.get("group_by_shape", False), values.get("axis_name"))
+  v.check_group_by_shape(values.get("group_by_shape", False), values.get("axis_name"))
 
 
 def lr_mult_links(opts: Shared) -> list:
