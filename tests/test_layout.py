@@ -300,4 +300,4 @@ def test_ci_holds_the_default_tier_to_its_budget():
   assert isinstance(budget["default_tier_seconds"], int) and budget["default_tier_seconds"] > 0
   ci = (root / ".ci" / "run").read_text()
   assert "LARS_OPTAX_DURATION_BUDGET=1 python -m pytest -q\n" in ci
-  assert conftest.BUDGET == str(root / "tests" / "budget.json")
+  assert str(root / "tests" / "budget.json") == conftest.BUDGET

@@ -647,7 +647,8 @@ def test_adam_refuses_a_b1_whose_skipped_steps_matter_past_the_window():
   with pytest.raises(ValueError, match=r"sparse.adam: b1: b1 / sqrt\(b2\) is 0.9995.*after "
                      r"27,618 steps, more than the 2,048.*Use b1 <= 0.99"):
     lars_optax.sparse.adam(1e-3, b1=0.999)
-  lars_optax.sparse.adam(1e-3, b1=0.999, window=2048)  # asked for: a tail at the last rate
+  with pytest.raises(ValueError, match=r"window: 2,048 is shorter than the 27,618"):
+    lars_optax.sparse.adam(1e-3, b1=0.999, window=2048)  # (its tail would not be Adam's)
   lars_optax.sparse.adam(1e-3, b1=0.99, b2=0.9999)  # 1,382 steps: within the window
 
 
@@ -668,11 +669,19 @@ def test_a_learning_rate_set_from_outside_each_step_is_refused_under_jit():
   tx = optax.inject_hyperparams(lars_optax.sparse.adam)(learning_rate=1e-2)
   params = {"t": jnp.zeros((10, 2))}
   grads = {"t": BCOO((jnp.ones((1, 2)), jnp.zeros((1, 1), jnp.int32)), shape=(10, 2))}
-  with pytest.raises(ValueError, match=r"sparse.adam: learning_rate is traced"):
+  with pytest.raises(ValueError, match=r"sparse.adam: learning_rate is traced: sparse.adam "
+                     r"does not run under optax.inject_hyperparams in jit"):
     jax.jit(tx.update)(grads, tx.init(params), params)
-  fixed = optax.inject_hyperparams(lars_optax.sparse.adam, static_args=(
-      "learning_rate", "b1", "b2", "eps", "eps_root", "window", "poles"))(learning_rate=1e-2)
-  jax.jit(fixed.update)(grads, fixed.init(params), params)  # static: taken
+  dense = {"t": grads["t"].todense()}  # (so on dense gradients too)
+  with pytest.raises(ValueError, match=r"learning_rate is traced"):
+    jax.jit(tx.update)(dense, tx.init(params), params)
+  # The ways out it names: a schedule, and the plain lazy step set from outside.
+  for way_out in (lars_optax.sparse.adam(optax.linear_schedule(1e-2, 1e-3, 100)),
+                  lars_optax.sparse.lazy_update(
+                      optax.inject_hyperparams(optax.adam)(learning_rate=1e-2))):
+    updates, _ = jax.jit(way_out.update)(grads, way_out.init(params), params)
+    moved = lars_optax.sparse.apply_updates(params, updates)["t"] != params["t"]
+    assert bool(moved[0].all()) and not bool(moved[1:].any())
 
 
 @pytest.mark.parametrize("make", [

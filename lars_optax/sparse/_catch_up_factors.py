@@ -200,6 +200,41 @@ def _geometric(ratio: jax.Array, m: jax.Array) -> jax.Array:
   return jnp.where(zero, 0.0, total)
 
 
+def _decayed_geometric(a: jax.Array, c: jax.Array, m: jax.Array) -> jax.Array:
+  """``sum_{j=1}^{m} a**j c**(m - j)`` (``a``, ``c`` > 0), from the larger ratio's powers."""
+  big = a > c
+  return jnp.where(big, a ** m.astype(jnp.float32) * (1.0 + _geometric(c / a, m - 1)),
+                   c ** m.astype(jnp.float32) * _geometric(a / jnp.where(big, a, c), m))
+
+
+def _decay_after(rule: Rule, lr: jax.Array, t: jax.Array, valid: jax.Array, n: jax.Array,
+                 m_tail: jax.Array, decays: bool
+                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Per term: the decay of the window's skipped steps after it; per row: the window's
+  last step's decay, the tail's (that decay a step) and the log of the whole estimate."""
+  ones = jnp.ones_like(lr)
+  if not decays:
+    return ones, ones[:, -1], ones[:, -1], jnp.zeros(n.shape, jnp.float32)
+  assert rule.wd is not None
+  tail = m_tail.astype(jnp.float32)
+  if not rule.tracks_log_decay:  # one decay a step: powers of it, exact to float32
+    log_c = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
+    k = jnp.arange(1, lr.shape[1] + 1, dtype=jnp.float32)
+    later = jnp.maximum(jnp.minimum(n, lr.shape[1]).astype(jnp.float32)[:, None] - k, 0.0)
+    return (jnp.exp(later * log_c), jnp.exp(log_c) * ones[:, -1], jnp.exp(tail * log_c),
+            n.astype(jnp.float32) * log_c)
+  wd = rule.wd
+  dec = jnp.where(valid, 1.0 - lr * wd(t - 1), 1.0)  # each term's own step's decay
+  # The next step's, 1 past the row's gap and at the window's last term, so that one
+  # reverse product gives each term's prod_{i > k} dec_i.
+  k = jnp.arange(1, lr.shape[1] + 1, dtype=jnp.int32)[None, :]
+  later = (k < jnp.minimum(n, lr.shape[1])[:, None])
+  within = jax.lax.cumprod(jnp.where(later, 1.0 - rule.lr(t) * wd(t), 1.0), axis=1,
+                           reverse=True)
+  c = dec[:, -1]
+  return within, c, c ** tail, jnp.sum(jnp.log(dec), axis=1) + tail * jnp.log(c)
+
+
 # The two-node rule's worst error over a run whose points u spread by a factor e**L is
 # about _GAUSS_ERROR * L**4 of the run's share of the sum (measured in float64 over
 # geometric runs: 2.2e-5 at L = 0.5, 3.8e-4 at L = 1, 6.5e-3 at L = 2).
@@ -346,20 +381,14 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
   sf = s.astype(jnp.float32)[:, None]
   lr = jnp.broadcast_to(rule.lr(t - 1), t.shape)
   decays = decays and rule.decays
-  if decays:
-    assert rule.wd is not None
-    dec = jnp.where(valid, 1.0 - lr * rule.wd(t - 1), 1.0)
-    d_k = jnp.cumprod(dec, axis=1)
-  else:
-    dec = d_k = jnp.ones_like(lr)
   out: dict[str, jax.Array] = {}
   m_tail = jnp.maximum(n - window, 0)
   if rule.kind == "sgd":
     mu = jnp.float32(rule.momentum)
     mom = mu ** (kf + 1.0) if rule.nesterov else mu ** kf
-    w = jnp.where(valid, lr * mom / d_k, 0.0)
+    w = jnp.where(valid, lr * mom, 0.0)
     if future is None:  # a constant rate: the tail is geometric, exactly
-      h = w.sum(axis=1) + w[:, -1] * _geometric(mu / dec[:, -1], m_tail)
+      h = w.sum(axis=1) + w[:, -1] * _geometric(mu, m_tail)
     else:  # the window's terms one by one; past it, P(s) - mu**n P(count), exactly
       p_s, p_now = future
       lead = mu if rule.nesterov else jnp.float32(1.0)
@@ -380,16 +409,23 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     b1_k, b1_s = b1 ** kf, b1 ** sf
     mom = ((b1 * b1_k) / (1.0 - (b1 * b1_s) * b1_k) if rule.nesterov
            else b1_k / (1.0 - b1_s * b1_k))
-    w = jnp.where(valid, lr * mom / d_k if decays else lr * mom, 0.0)
+    # With the decay, term k is taken times D / D_k, the decay of the steps after it
+    # (D's estimate: the window's own, then its last step's per tail step), at most 1:
+    # the sum is of the moves as the dense run makes them, so that a strong decay
+    # neither overflows 1 / D_k nor cancels D (w - sum) against w.
+    rel, last_dec, tail_decay, out["est_log"] = _decay_after(rule, lr, t, valid, n, m_tail,
+                                                              decays)
+    w = jnp.where(valid, lr * mom * rel if decays else lr * mom, 0.0)
     # u_k = sqrt(1 - b2**(s+k)) / b2**(k/2): b2**(s+k) may underflow (to 0, harmlessly);
     # 1 / b2**(k/2) is a column constant, below e**60 (the build keeps it there).
     u = jnp.sqrt(1.0 - (b2 ** sf) * (b2 ** kf)) * jnp.exp(-kf * log_q)
     h = w * u
     # The tail, with the schedule frozen at the window's end, joins the last run
     # (its terms are below 1e-6 of the first, at the default window).
-    rho = b1 / dec[:, -1]
-    tail_w = w[:, -1] * _geometric(rho, m_tail)
-    tail_h = h[:, -1] * _geometric(rho * jnp.exp(-log_q), m_tail)
+    # (The window's terms are decayed through the tail below, by tail_decay; the last
+    # term's own factor is 1, and the tail's terms are decayed by the steps after each.)
+    tail_w = w[:, -1] * _decayed_geometric(b1, last_dec, m_tail)
+    tail_h = h[:, -1] * _decayed_geometric(b1 * jnp.exp(-log_q), last_dec, m_tail)
     # Each run's two-node Gauss rule for the weights w at the points u: its mean
     # and central second and third moments give the nodes and their shares. The
     # moments are taken of z = u / u0 - 1, u0 the run's first point (so that float32
@@ -408,7 +444,7 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
 
     def per_run(x):
-      return jnp.dot(x, member, precision=hi)
+      return jnp.dot(x, member, precision=hi) * tail_decay[:, None]
 
     w_p = per_run(w).at[:, -1].add(tail_w)
     h_p = per_run(h).at[:, -1].add(tail_h)
@@ -422,12 +458,14 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     out["e"] = jnp.float32(rule.eps) * jnp.concatenate(nodes, axis=1)
     out["m_decay"] = b1 ** n.astype(jnp.float32)
     out["v_decay"] = b2 ** n.astype(jnp.float32)
-  if decays and not rule.tracks_log_decay:
+  if decays and not rule.tracks_log_decay:  # (a constant rate's D: the drift's own)
     assert rule.wd is not None
     step = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
     out["w_log"] = n.astype(jnp.float32) * step
   else:
     out["w_log"] = jnp.zeros(n.shape, jnp.float32)
+  if "est_log" in out:
+    out["past_window"] = n > window
   return out
 
 
@@ -631,9 +669,14 @@ def catch_up_rows(rule: Rule, sc: dict[str, jax.Array], w: jax.Array, bufs: dict
   new_w = w32 - drift
   if decays:
     # D w as w + (D - 1) w, D - 1 from expm1: a decay of 1e-5 a step stays exact to
-    # float32's resolution of the weights (as optax adds its small decay term).
+    # float32's resolution of the weights (as optax adds its small decay term). The
+    # drift is already decayed, by the factors' estimate of D: with a schedule, D past
+    # the window is the state's, and the drift takes the ratio of the two.
     log_d = sc["w_log"] if extra_log is None else sc["w_log"] + extra_log
-    new_w = new_w + _bcast(jnp.expm1(log_d), nd) * new_w
+    if extra_log is not None and "est_log" in sc:  # (b1 = 0 has no drift)
+      beyond = jnp.where(sc["past_window"], jnp.exp(log_d - sc["est_log"]), 1.0)
+      new_w = w32 - _bcast(beyond, nd) * drift
+    new_w = new_w + _bcast(jnp.expm1(log_d), nd) * w32
   return new_w.astype(w.dtype), decayed(sc, bufs)
 
 

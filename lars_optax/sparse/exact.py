@@ -90,12 +90,16 @@ def _known(arg: _links.Arg) -> _links.Arg:
   """
   def check(label: str, value: Any) -> None:
     if isinstance(value, jax.core.Tracer):
-      name = label.rpartition(": ")[2]
+      where = label.rpartition(": ")[0]
       raise ValueError(
-          f"{label} is traced (optax.inject_hyperparams passes its arguments as "
-          f"arrays): the catch-up of the steps a row skipped needs {name}'s value for each "
-          "of them. Pass a number, or for a learning rate or weight decay an optax "
-          f"schedule, and leave it out of inject_hyperparams (static_args=({name!r}, ...)).")
+          f"{label} is traced: {where} does not run under optax.inject_hyperparams in "
+          f"jit, which passes its arguments as arrays traced from the state. The catch-up "
+          "of the steps a row skipped needs every one of their rates and the decay rates "
+          "when it is built, which a value set from outside each step does not give. For "
+          "a rate that changes, pass an optax schedule as learning_rate (or "
+          "weight_decay); to set one from outside each step, take the plain lazy step "
+          "(lars_optax.sparse.lazy_update(optax.inject_hyperparams(optax.adam)(...))), or "
+          "optax's own on dense gradients.")
     arg.check(label, value)
 
   return dataclasses.replace(arg, check=check)
@@ -191,8 +195,8 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
   float32 ``optax.adam``'s own error, over b1 from 0 to 0.99, b2 from below b1
   to 0.9999, eps, gradients from 1e-9 to 1e3, any gap, constant rates and
   schedules (docs/sparse.md states the domain as tested). Refused when built:
-  a b1 whose skipped steps matter for more than 2,048 steps, such as 0.999
-  (unless ``window`` is given), b2 <= b1**2, and a b2 so far below b1 that
+  a b1 whose skipped steps matter for more than 2,048 steps, such as 0.999,
+  a ``window`` shorter than that, b2 <= b1**2, and a b2 so far below b1 that
   the sum would need more than 32 runs. On a dense leaf this is
   ``optax.adam``'s step. For a model that reads the table, bring a batch's
   rows up to date before its forward pass (``catch_up(tx, params, state,
@@ -208,10 +212,11 @@ def adam(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 
       precision.)
     eps_root: must be 0 (its default): with it the skipped steps have no
       closed form here.
-    window: how many skipped steps are summed term by term (the rest: a
-      geometric tail at the window's last rate); default: until
-      :math:`(\beta_1/\sqrt{\beta_2})^k < 10^{-6}`, at most 2,048. A larger
-      one is cut where the terms fall below 1e-9 of the first.
+    window: how many skipped steps are summed term by term (the rest, below
+      1e-6 of the first: a geometric tail at the window's last step); default
+      and least: until :math:`(\beta_1/\sqrt{\beta_2})^k < 10^{-6}`, at most
+      2,048 (a shorter one is refused). A larger one is cut where the terms
+      fall below 1e-9 of the first.
     poles: at most this many runs of the window, each summed by a two-node
       Gauss rule (1 to 32); default: as many as keep each run's estimated
       error below 1e-6 of the sum (7 at the default betas). Fewer trade
@@ -245,8 +250,10 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
 
   As :func:`adam`, with ``optax.adamw``'s decoupled decay: a row untouched
   for :math:`n` steps is multiplied by :math:`\prod (1 - \alpha_t\lambda_t)`
-  over them. With a schedule for the learning rate or ``weight_decay`` the
-  state keeps one float32 per row more (the log of the decay applied so far).
+  over them, up to the refusal at :math:`\alpha\lambda \ge 1` (each skipped
+  step's move is taken decayed by the steps after it, as the dense run makes
+  it). With a schedule for the learning rate or ``weight_decay`` the state
+  keeps one float32 per row more (the log of the decay applied so far).
 
   Args:
     learning_rate, b1, b2, eps, mu_dtype, weight_decay, mask, nesterov: as
@@ -282,15 +289,25 @@ def _adam_rule(where, learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov, 
         "sum over a window of them is dense Adam's. Use b2 > b1**2 (b2 >= b1 is cheapest), "
         "or a plain lazy step (lars_optax.sparse.lazy_update(optax.adam(...)), another "
         "optimizer).")
-  window_given = window is not None
-  if not window_given and need > factors.MAX_WINDOW:
+  if window is None and need > factors.MAX_WINDOW:
     raise ValueError(
         f"{where}: b1: b1 / sqrt(b2) is {ratio:.6g}: a row's skipped steps matter until "
         f"(b1 / sqrt(b2))**k < 1e-6, after {need:,} steps, "
         f"more than the {factors.MAX_WINDOW:,} the catch-up sums a row at a lazy step's cost, so "
         "it would not be dense Adam's. Use b1 <= 0.99; or a plain lazy step "
-        "(lars_optax.sparse.lazy_update(optax.adam(...)), another optimizer); or pass "
-        "window= to accept a tail past it taken at the window's last rate.")
+        "(lars_optax.sparse.lazy_update(optax.adam(...)), another optimizer).")
+  if window is not None and window < need:
+    # Past the window the terms are taken as one geometric tail at its last step: its
+    # rate, but also its bias corrections and its point of the eps sum, which is Adam's
+    # only where the terms left are below 1e-6 of the first.
+    raise ValueError(
+        f"{where}: window: {window:,} is shorter than the {need:,} skipped steps that "
+        f"matter at b1={b1f:g}, b2={b2f:g} (until (b1 / sqrt(b2))**k < 1e-6); the tail past "
+        "it would not be dense Adam's. "
+        + (f"Leave window out (it is then {need:,}) or pass window >= {need:,}."
+           if need <= factors.MAX_WINDOW else
+           f"No window holds it (at most {factors.MAX_WINDOW:,}): use b1 <= 0.99, or a plain "
+           "lazy step (lars_optax.sparse.lazy_update(optax.adam(...)))."))
   window = factors.effective_window(
       b1f, b2f, factors.default_window(ratio) if window is None else window)
   runs = factors.adam_runs(where, b1f, b2f, window, nesterov, poles)
