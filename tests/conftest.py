@@ -177,6 +177,16 @@ UNIT_MODULES = {"test_api.py", "test_layout.py", "test_links.py", "test_optimize
                 "test_validation.py"}
 
 
+def pytest_ignore_collect(collection_path, config):
+  """``-m unit`` collects only the unit modules: the others hold no unit test, and
+  importing them (Flax, Haiku, Equinox, ...) is most of a short run's time."""
+  name = collection_path.name
+  if (config.option.markexpr == "unit" and name.startswith("test_") and name.endswith(".py")
+      and name not in UNIT_MODULES):
+    return True
+  return None
+
+
 @pytest.hookimpl(tryfirst=True)  # (before -m selects by the marks)
 def pytest_collection_modifyitems(config, items):
   for item in items:
