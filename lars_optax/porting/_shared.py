@@ -75,13 +75,14 @@ def assembled(opts: Shared, layer_wise: Callable[[Shared, dict[str, Any]], list]
 def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str, *,
                 keep_zero: bool = False) -> list:
   """``u + weight_decay * w``, none on the ``exempt`` leaves (the peer's argument
-  ``arg_name``, named in errors); nothing for 0 unless ``keep_zero`` (optax's chains
-  keep the link, so that the state's structure is the same whatever the value: under
+  ``arg_name``, named in errors); nothing for 0, or with ``keep_zero`` a link that
+  does nothing and keeps the decay's empty state (optax's chains keep the link, so
+  that the state's structure is the same whatever the value: under
   ``optax.inject_hyperparams`` it is an array). A schedule (optax's drop-ins take
   one) is called with its own count, from 0 at the first update, as
   :func:`optax.add_decayed_weights` calls it."""
-  if utils.is_const(weight_decay, 0) and not keep_zero:
-    return []
+  if utils.is_const(weight_decay, 0):
+    return [optax.identity()] if keep_zero else []
   if callable(weight_decay):
     def applies(params: Any) -> Any:  # optax's polarity: True = decayed
       # (A stacked leaf is judged as one layer, as the constant's per-leaf link judges it.)
