@@ -27,6 +27,8 @@ import lars_optax
 import optimizers
 from lars_optax._utils import LOW_PRECISION
 
+# Not the one table's rows: each carries the options whose casts the dtypes test (rescale,
+# clip, multipliers, bounds), which the canonical configurations leave out.
 OPTIMIZERS = {
     "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, wd=1e-3, rescale_grad=0.5,
                                          clip_gradient=1.0, **kw),

@@ -47,6 +47,8 @@ from lars_optax import masks
 import optimizers
 
 STEPS = 8
+# The training loops of each framework, on four representatives (the whole table runs
+# through every framework's tree below, TABLE_NAMES).
 OPTIMIZERS = ("lars", "tf_lars", "signum", "adam")
 LARS_LIKE = ("lars", "tf_lars")
 

@@ -38,6 +38,7 @@ def _np_ratio(w, g, eta, wd=0.0, eps=0.0):
   return 1.0
 
 
+# The two LARS rules this module checks against the formula (the table's rows carry a wd).
 OPTIMIZERS = {
     "lars": lambda **kw: lars_optax.lars(0.1, momentum=0.9, **kw),
     "tf_lars": lambda **kw: lars_optax.tf_lars(0.1, momentum=0.9, **kw),
@@ -453,6 +454,7 @@ def test_trust_ratios_wrong_params():
 # dtypes
 # --------------------------------------------------------------------------
 
+# LARS's own dtype paths (schedules, Nesterov, skip_list), which the table's rows leave out.
 DTYPE_OPTIMIZERS = {
     "lars": lambda: lars_optax.lars(0.1, momentum=0.9, wd=1e-4, clip_gradient=1.0,
                                     rescale_grad=0.5, skip=lars_optax.by_suffix("bias")),

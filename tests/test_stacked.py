@@ -103,6 +103,8 @@ def _per_layer(value_of_layer):
           {f"blocks_{i}/kernel": value_of_layer(i) for i in range(L)})
 
 
+# The layer-wise rules with the options stacking changes (skip, Nesterov, bounds); the
+# table's other stacked rows are added below.
 CASES = {
   "lars": lambda **kw: lars_optax.lars(0.5, momentum=0.9, eta=0.01, wd=1e-3, **kw),
   "lars_skip_flax": lambda **kw: lars_optax.lars(0.5, momentum=0.9, wd=1e-3, skip="flax", **kw),
@@ -474,6 +476,8 @@ def _params():
   p["stack"] = {"kernel": jnp.asarray(rng.normal(size=(3, 16, 16)), jnp.float32)}
   return p
 
+# Stacks named by stacked= on this module's tree ("stack/kernel"), which the table's
+# configurations do not name.
 OPTIMIZERS = {
     "lamb": lambda: lars_optax.lamb(1e-2, wd=0.01, stacked={"stack/kernel": 1}),
     "lamb_by_shape": lambda: lars_optax.lamb(1e-2, wd=0.01, group_by_shape=True),
