@@ -117,3 +117,33 @@ def test_lars_vs_sgd_labels_runs_that_diverge_together_apart():
   boxes = [t.get_window_extent() for t in labels]
   assert not boxes[0].overlaps(boxes[1])
   plt.close(fig)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_a_notebook_reads_no_file_of_the_repository(path):
+  """Each runs from the wheel alone (Colab): the values it compares with are in its cells."""
+  nb = json.loads(path.read_text())
+  code = "\n".join(line.split("#")[0] for c in nb["cells"] if c["cell_type"] == "code"
+                   for line in "".join(c["source"]).splitlines())  # (comments may name files)
+  for reach in ('"tests"', "tests/reference", "lars_optax.__file__", ".json"):
+    assert reach not in code, (path.name, reach)
+
+
+def test_the_porting_notebooks_mxnet_run_is_the_reference_files():
+  """The seeded gradients and MXNet's last weights written in the notebook are the
+  reference file's (tests/reference/mxnet_schedules.json, run lars_poly_warmup)."""
+  import numpy as np
+  nb = json.loads((ROOT / "notebooks" / "porting_from_mxnet_and_tensorflow.ipynb").read_text())
+  cell = next("".join(c["source"]) for c in nb["cells"]
+              if c["cell_type"] == "code" and "def mxnet_run_data" in "".join(c["source"]))
+  scope = {"np": np}
+  exec(cell.split("kwargs = ")[0], scope)  # the generator and the weights, not the run
+  ref = json.loads((ROOT / "tests" / "reference" / "mxnet_schedules.json").read_text())
+  run = next(r for r in ref["runs"] if r["name"] == "lars_poly_warmup")
+  params, grads = scope["mxnet_run_data"]()
+  for k in params:
+    np.testing.assert_array_equal(params[k], np.asarray(run["params"][k], np.float32))
+    for g, want in zip(grads, run["grads"]):
+      np.testing.assert_array_equal(g[k], np.asarray(want[k], np.float32))
+    np.testing.assert_array_equal(np.asarray(scope["MXNET_WEIGHTS_AFTER_12"][k], np.float32),
+                                  np.asarray(run["weights"][-1][k], np.float32))
