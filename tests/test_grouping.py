@@ -96,8 +96,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_grouped_step_equals_the_per_leaf_step(name):
-  # Two 0-d leaves (a CLIP temperature) share a stack too.
-  params = {**_unrolled(), "logit_scale": jnp.asarray(2.6), "bias_scale": jnp.asarray(-0.5)}
+  params = _unrolled()
   expected, expected_state = _run(CASES[name](), params)
   got, state = _run(CASES[name](group_by_shape=True), params)
   chex.assert_trees_all_close(got, expected, rtol=1e-6, atol=1e-7)
@@ -105,6 +104,18 @@ def test_grouped_step_equals_the_per_leaf_step(name):
                              lars_optax.trust_ratios(expected_state), rtol=1e-6)
   named = lars_optax.trust_ratios(state, params)
   assert named.keys() == lars_optax.trust_ratios(expected_state, params).keys()
+
+
+@pytest.mark.parametrize("name", ["lamb", "lars", "porting.timm_lamb"])
+def test_0d_leaves_share_a_stack_and_keep_their_shape(name):
+  """A 0-d leaf (a CLIP temperature) is stacked as a (1,) one (the stacking every rule
+  shares, so a few rules show it): the per-leaf step, and 0-d updates."""
+  params = {**_unrolled(blocks=1), "logit_scale": jnp.asarray(2.6),
+            "bias_scale": jnp.asarray(-0.5)}
+  expected, _ = _run(CASES[name](), params)
+  got, _ = _run(CASES[name](group_by_shape=True), params)
+  chex.assert_trees_all_close(got, expected, rtol=1e-6, atol=1e-7)
+  assert got["logit_scale"].shape == ()
 
 
 def test_leaves_share_a_stack_only_when_shape_and_settings_agree():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -134,33 +133,32 @@ def keras_lamb(
   tx = assembly.finish(clip, "keras_lamb", **shared.assembled(
       opts, layer_wise, masks_by_arg={"exclude_from_weight_decay": exempt}, with_lr_mult=False))
   if exempt is not None:
-    tx = _warning_unmatched(tx, named, "exclude_from_weight_decay")
+    tx = shared.warning_at_init(tx, _unmatched(named, "exclude_from_weight_decay"))
   if every > 1:
     return optax.with_extra_args_support(
         optax.MultiSteps(tx, every_k_schedule=every).gradient_transformation())
   return tx
 
 
-def _warning_unmatched(tx: Any, named: masks.Mask, arg_name: str) -> Any:
-  """``tx`` whose ``init`` warns of the names given to ``named`` that match no leaf.
+def _unmatched(named: masks.Mask, arg_name: str) -> Callable[[Any], str | None]:
+  """The warning for the names given to ``named`` that match no leaf.
 
   Keras skips such a name silently, and its numbers do not change; but a Keras script's
   names (``gamma``, ``beta``) are not a JAX model's (``scale``, ``bias``), so the leaf
   the user meant to exempt is decayed. Elsewhere this library refuses such a name.
   """
-  def init_fn(params):
+  def message(params: Any) -> str | None:
     missing = named.unmatched(params)
-    if missing:
-      names = [n for n, _ in masks.named_leaves(params)]
-      warnings.warn(
-          f"{arg_name}: no parameter name " + ", and none ".join(missing)
-          + f" (names look like {names[:3]}, {len(names)} in all), so those names exempt "
-          "nothing, as in Keras. A Keras model's names (gamma, beta) are not a JAX "
-          "model's (scale, bias): give the names the leaves have here "
-          "(lars_optax.leaf_names(params)).", UserWarning, stacklevel=2)
-    return tx.init(params)
+    if not missing:
+      return None
+    names = [n for n, _ in masks.named_leaves(params)]
+    return (f"{arg_name}: no parameter name " + ", and none ".join(missing)
+            + f" (names look like {names[:3]}, {len(names)} in all), so those names exempt "
+            "nothing, as in Keras. A Keras model's names (gamma, beta) are not a JAX "
+            "model's (scale, bias): give the names the leaves have here "
+            "(lars_optax.leaf_names(params)).")
 
-  return tx._replace(init=init_fn)
+  return message
 
 
 def _keras_accumulation(steps: Any) -> int:

@@ -4,6 +4,7 @@ tails, and the peers' masks and argument forms."""
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,18 @@ def assembled(opts: Shared, layer_wise: Callable[[Shared, dict[str, Any]], list]
 
   return {**keywords, "layer_wise": build, "group_by_shape": opts["group_by_shape"],
           "masks_by_arg": dict(masks_by_arg or {}), "values_by_arg": {"lr_mult": opts["lr_mult"]}}
+
+
+def warning_at_init(tx: Any, message: Callable[[Any], str | None]) -> Any:
+  """``tx`` whose ``init`` warns (``UserWarning``) with ``message(params)``, unless None: a
+  peer's argument it accepts silently that here would quietly change the numbers."""
+  def init_fn(params: Any) -> Any:
+    text = message(params)
+    if text is not None:
+      warnings.warn(text, UserWarning, stacklevel=2)
+    return tx.init(params)
+
+  return tx._replace(init=init_fn)
 
 
 def decay_links(weight_decay: Any, exempt: masks.MaskLike, opts: Shared, arg_name: str, *,

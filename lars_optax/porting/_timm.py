@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import re
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -504,33 +503,29 @@ def timm_optimizer(
   del fallback_list, fallback_no_weight_decay, foreach  # (change no number here)
   # A pattern may be spelt as leaf_names prints the leaves ("head/kernel"), or dotted.
   no_weight_decay = [p.replace("/", ".") for p in _names_list("no_weight_decay", no_weight_decay)]
-  return _warning_unmatched(_timm_optimizer(opt, lr, weight_decay, momentum, filter_bias_and_bn,
-                                            no_weight_decay, layer_decay, group_matcher,
-                                            layer_decay_min_scale, layer_decay_no_opt_scale,
-                                            kwargs), no_weight_decay)
+  tx = _timm_optimizer(opt, lr, weight_decay, momentum, filter_bias_and_bn, no_weight_decay,
+                       layer_decay, group_matcher, layer_decay_min_scale,
+                       layer_decay_no_opt_scale, kwargs)
+  return shared.warning_at_init(tx, _unmatched(no_weight_decay)) if no_weight_decay else tx
 
 
-def _warning_unmatched(tx: Any, patterns: list[str]) -> Any:
-  """``tx`` whose ``init`` warns of the ``no_weight_decay`` patterns that match no leaf.
+def _unmatched(patterns: list[str]) -> Callable[[Any], str | None]:
+  """The warning for the ``no_weight_decay`` patterns that match no leaf.
 
   timm skips such a pattern silently (a model's ``no_weight_decay()`` may name what a
   variant lacks), and its numbers do not change; but the leaf the user meant to keep out
   is then decayed, so it is told."""
-  if not patterns:
-    return tx
-
-  def init_fn(params: Any) -> Any:
+  def message(params: Any) -> str | None:
     dotted = [n.replace("/", ".") for n, _ in masks.named_leaves(params)]
     missing = [p for p in patterns if not any(fnmatch.fnmatchcase(d, p) for d in dotted)]
-    if missing:
-      warnings.warn(
-          f"no_weight_decay: {missing} match no parameter name (names look like "
-          f"{dotted[:3]}, {len(dotted)} in all), so they keep nothing out of the weight "
-          "decay, as in timm. Give the names the leaves have here "
-          "(lars_optax.leaf_names(params)), with '/' or '.'.", UserWarning, stacklevel=2)
-    return tx.init(params)
+    if not missing:
+      return None
+    return (f"no_weight_decay: {missing} match no parameter name (names look like "
+            f"{dotted[:3]}, {len(dotted)} in all), so they keep nothing out of the weight "
+            "decay, as in timm. Give the names the leaves have here "
+            "(lars_optax.leaf_names(params)), with '/' or '.'.")
 
-  return tx._replace(init=init_fn)
+  return message
 
 
 def _timm_optimizer(opt: str, lr: Any, weight_decay: Any, momentum: Any,

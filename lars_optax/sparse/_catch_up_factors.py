@@ -209,20 +209,20 @@ def _decayed_geometric(a: jax.Array, c: jax.Array, m: jax.Array) -> jax.Array:
 
 def _decay_after(rule: Rule, lr: jax.Array, t: jax.Array, valid: jax.Array, n: jax.Array,
                  m_tail: jax.Array, decays: bool
-                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
   """Per term: the decay of the window's skipped steps after it; per row: the window's
-  last step's decay, the tail's (that decay a step) and the log of the whole estimate."""
-  ones = jnp.ones_like(lr)
+  last step's decay, the tail's (that decay a step) and, with a schedule, the log of the
+  whole estimate (a constant rate's is exact: None)."""
+  ones = jnp.ones_like(lr[:, -1])
   if not decays:
-    return ones, ones[:, -1], ones[:, -1], jnp.zeros(n.shape, jnp.float32)
+    return jnp.ones_like(lr), ones, ones, None
   assert rule.wd is not None
   tail = m_tail.astype(jnp.float32)
   if not rule.tracks_log_decay:  # one decay a step: powers of it, exact to float32
     log_c = jnp.log1p(-rule.lr(jnp.int32(0)) * rule.wd(jnp.int32(0)))
     k = jnp.arange(1, lr.shape[1] + 1, dtype=jnp.float32)
     later = jnp.maximum(jnp.minimum(n, lr.shape[1]).astype(jnp.float32)[:, None] - k, 0.0)
-    return (jnp.exp(later * log_c), jnp.exp(log_c) * ones[:, -1], jnp.exp(tail * log_c),
-            n.astype(jnp.float32) * log_c)
+    return jnp.exp(later * log_c), jnp.exp(log_c) * ones, jnp.exp(tail * log_c), None
   wd = rule.wd
   dec = jnp.where(valid, 1.0 - lr * wd(t - 1), 1.0)  # each term's own step's decay
   # The next step's, 1 past the row's gap and at the window's last term, so that one
@@ -413,8 +413,9 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     # (D's estimate: the window's own, then its last step's per tail step), at most 1:
     # the sum is of the moves as the dense run makes them, so that a strong decay
     # neither overflows 1 / D_k nor cancels D (w - sum) against w.
-    rel, last_dec, tail_decay, out["est_log"] = _decay_after(rule, lr, t, valid, n, m_tail,
-                                                              decays)
+    rel, last_dec, tail_decay, est_log = _decay_after(rule, lr, t, valid, n, m_tail, decays)
+    if est_log is not None:  # (read by catch_up_rows past the window)
+      out["est_log"], out["past_window"] = est_log, n > window
     w = jnp.where(valid, lr * mom * rel if decays else lr * mom, 0.0)
     # u_k = sqrt(1 - b2**(s+k)) / b2**(k/2): b2**(s+k) may underflow (to 0, harmlessly);
     # 1 / b2**(k/2) is a column constant, below e**60 (the build keeps it there).
@@ -444,7 +445,8 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     hi = jax.lax.Precision.HIGHEST  # float32 sums on GPU and TPU too
 
     def per_run(x):
-      return jnp.dot(x, member, precision=hi) * tail_decay[:, None]
+      summed = jnp.dot(x, member, precision=hi)
+      return summed * tail_decay[:, None] if decays else summed
 
     w_p = per_run(w).at[:, -1].add(tail_w)
     h_p = per_run(h).at[:, -1].add(tail_h)
@@ -464,8 +466,6 @@ def row_scalars(rule: Rule, s: jax.Array, count: jax.Array, decays: bool,
     out["w_log"] = n.astype(jnp.float32) * step
   else:
     out["w_log"] = jnp.zeros(n.shape, jnp.float32)
-  if "est_log" in out:
-    out["past_window"] = n > window
   return out
 
 
