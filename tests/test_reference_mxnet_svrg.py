@@ -57,22 +57,20 @@ def _rel(a, b):
   return np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
 
 
-def _run(carry_over: bool):
+def _run(carry_over: bool, inner=None):
   """Runs the SVRG loop; returns the params after each update and each mu."""
   batches = _batches()
-  tx = lars_optax.svrg.svrg(optax.sgd(REF["learning_rate"]))
+  tx = lars_optax.svrg.svrg(inner or optax.sgd(REF["learning_rate"]))
   grads_fn = lars_optax.svrg.value_and_grads(_loss)
   update = jax.jit(tx.update)
   params = _init()
   state = tx.init(params)
-  mu_prev = None
   history, mus = [], []
   for epoch in range(REF["num_epoch"]):
     if lars_optax.svrg.due(epoch, update_freq=REF["update_freq"]):
       mu = lars_optax.svrg.full_gradient(_loss, params, batches)
-      if carry_over and mu_prev is not None:
-        mu = jax.tree.map(lambda m, p: m + p / len(batches), mu, mu_prev)
-      mu_prev = mu
+      if carry_over and state.full_grad is not None:  # docs/optimizers.md's snippet
+        mu = jax.tree.map(lambda m, prev: m + prev / len(batches), mu, state.full_grad)
       mus.append(mu)
       state = lars_optax.svrg.refresh(state, params, mu)
     for batch in batches:
@@ -116,17 +114,46 @@ def test_per_batch_gradients_match_mxnet():
     prev = {k: w[k] for k in ("fc_weight", "fc_bias")}
 
 
-def test_plain_sgd_matches_mxnets_module():
-  """The same loss and data with optax.sgd reproduce MXNet's plain-SGD run."""
-  tx = optax.sgd(REF["learning_rate"])
+def _run_sgd(tx):
+  """Plain SGD through a ``Module``: the params after each update."""
   params = _init()
   state = tx.init(params)
   grad = jax.jit(jax.grad(_loss))
-  refs = iter(REF["sgd_weights"])
+  history = []
   for _ in range(REF["num_epoch"]):
     for batch in _batches():
-      updates, state = tx.update(grad(params, batch), state)
+      updates, state = tx.update(grad(params, batch), state, params)
       params = optax.apply_updates(params, updates)
-      ref = next(refs)
-      for k in ("fc_weight", "fc_bias"):
-        assert _rel(params[k], ref[k]) <= RTOL
+      history.append(params)
+  return history
+
+
+def _worst(history, expected):
+  return max(_rel(ours[k], ref[k]) for ours, ref in zip(history, expected, strict=True)
+             for k in ("fc_weight", "fc_bias"))
+
+
+def test_plain_sgd_matches_mxnets_module():
+  """The same loss and data with optax.sgd reproduce MXNet's plain-SGD run."""
+  assert _worst(_run_sgd(optax.sgd(REF["learning_rate"])), REF["sgd_weights"]) <= RTOL
+
+
+# MXNet 1.x's Module gives wd_mult 0 to every name ending in neither _weight nor
+# _gamma (docs/porting.md): the rule as a wd_mult rule, on MXNet's names.
+MODULE_WD_RULE = [(~lars_optax.masks.by_suffix("_weight", "_gamma").optional(), 0.0)]
+
+
+@pytest.mark.parametrize("module", ["svrg", "sgd"])
+def test_mxnet1_module_weight_decay_rule(module):
+  """With momentum and ``wd``, SVRGModule and Module decay ``fc_weight`` only."""
+  runs = REF["wd_runs"]
+  assert runs["wd_mult_set_by_mxnet"] == {"fc_bias": 0.0}
+  kw = runs["optimizer_params"]
+
+  def history(wd_mult):
+    inner = lars_optax.mxnet.sgd(kw["learning_rate"], momentum=kw["momentum"], wd=kw["wd"],
+                                 wd_mult=wd_mult)
+    return _run(True, inner)[0] if module == "svrg" else _run_sgd(inner)
+
+  assert _worst(history(MODULE_WD_RULE), runs[module]) <= RTOL
+  assert _worst(history(None), runs[module]) > 100 * RTOL  # every leaf decayed: MXNet 2.0

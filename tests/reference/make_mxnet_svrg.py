@@ -87,6 +87,19 @@ What MXNet 1.9.1's SVRGModule does (read from
   the same ``learning_rate`` and ``rescale_grad``, and does not pass ``sym``).
   wd = 0 here, so lr_mult/wd_mult play no part.
 
+Weight decay: MXNet 1.x's name rule
+-----------------------------------
+``wd_runs`` repeats the SVRG run and the plain ``Module`` run with
+``optimizer_params={"learning_rate": 0.025, "momentum": 0.9, "wd": 0.01}``.
+MXNet 1.x's optimizer, when it is given ``param_idx2name`` (``Module`` and
+``SVRGModule`` always give it), sets ``wd_mult = 0`` for every parameter whose
+name ends in neither ``_weight`` nor ``_gamma`` (``Optimizer.set_wd_mult``). Here
+that is ``fc_bias``: it is never decayed. MXNet 2.0 dropped the rule. The script
+asserts the rule (the inner SGD's ``wd_mult`` is ``{"fc_bias": 0.0}``), records
+it as ``wd_mult_set_by_mxnet``, and checks that it is visible: the same runs
+with every parameter decayed (the rule patched out) end more than 1e-3 away.
+The weights are recorded after each update (``weights``), as for plain SGD.
+
 Checks made while generating
 ----------------------------
 The error measure is, for each leaf and step, max|a - b| / max|b|. The script
@@ -131,7 +144,10 @@ Output format (read by the project's tests)::
      "batch_grads": [{"epoch": e, "batch": i,
                       "at_w": {...}, "at_snapshot": {...}, "svrg": {...}}, ...],
      "sgd_weights": [{"epoch", "batch", "fc_weight", "fc_bias"}, ...],
-     "svrg_reset": {"note": "...", "full_grads": [...], "weights": [...]}}
+     "svrg_reset": {"note": "...", "full_grads": [...], "weights": [...]},
+     "wd_runs": {"optimizer_params": {...}, "wd_mult_set_by_mxnet": {...},
+                 "svrg": [{"epoch", "batch", "fc_weight", "fc_bias"}, ...],
+                 "sgd": [...], "rule_visible": ...}}
 
 ``weights[k]`` holds the parameters after the k-th update (60 in all; ``epoch``
 and ``batch`` are 0-based, with ``batch`` counted within the epoch).
@@ -303,22 +319,37 @@ def run_svrg(X, y, init, reset_full_grads=False):
     return mod.rec_full, mod.rec_updates
 
 
-def run_sgd(X, y, init):
-    mod = mx.mod.Module(make_symbol(), data_names=["data"], label_names=["lin_reg_label"])
+def run_sgd(X, y, init, optimizer_params=None, svrg=False, name_rule=True):
+    """Plain SGD through ``Module`` (or ``SVRGModule`` with ``svrg``); the weights
+    after each update. ``name_rule=False`` patches out MXNet 1.x's wd rule."""
+    optimizer_params = optimizer_params or {"learning_rate": LEARNING_RATE}
+    if svrg:
+        mod = SVRGModule(make_symbol(), data_names=["data"], label_names=["lin_reg_label"],
+                         update_freq=UPDATE_FREQ)
+    else:
+        mod = mx.mod.Module(make_symbol(), data_names=["data"], label_names=["lin_reg_label"])
     records = []
+    set_wd_mult = mx.optimizer.Optimizer.set_wd_mult
+    if not name_rule:  # decay every parameter: the rule's names get wd_mult 1
+        mx.optimizer.Optimizer.set_wd_mult = lambda self, mult: set_wd_mult(
+            self, dict(dict.fromkeys(self.idx2name.values(), 1.0), **mult))
 
     def callback(param):
         arg, _ = mod.get_params()
         records.append({"epoch": param.epoch, "batch": param.nbatch,
                         "weights": {name: _np(arg[name]) for name in PARAM_NAMES}})
 
-    mod.fit(make_iter(X, y), eval_metric="mse", optimizer="sgd",
-            optimizer_params={"learning_rate": LEARNING_RATE},
-            arg_params={k: mx.nd.array(v) for k, v in init.items()},
-            num_epoch=NUM_EPOCH, kvstore="local", batch_end_callback=callback)
-    assert mod._optimizer.rescale_grad == 1.0 / BATCH_SIZE
+    try:
+        mod.fit(make_iter(X, y), eval_metric="mse", optimizer="sgd",
+                optimizer_params=optimizer_params,
+                arg_params={k: mx.nd.array(v) for k, v in init.items()},
+                num_epoch=NUM_EPOCH, kvstore="local", batch_end_callback=callback)
+    finally:
+        mx.optimizer.Optimizer.set_wd_mult = set_wd_mult
+    opt = mod._optimizer.default_opt if svrg else mod._optimizer
+    assert opt.rescale_grad == 1.0 / BATCH_SIZE
     assert len(records) == NUM_EPOCH * NUM_BATCHES
-    return records
+    return records, dict(opt.wd_mult)
 
 
 # --------------------------------------------------------------------------
@@ -456,7 +487,22 @@ def main():
 
     full, updates = run_svrg(X, y, init)
     full_reset, updates_reset = run_svrg(X, y, init, reset_full_grads=True)
-    sgd = run_sgd(X, y, init)
+    sgd, _ = run_sgd(X, y, init)
+    wd_params = {"learning_rate": LEARNING_RATE, "momentum": 0.9, "wd": 0.01}
+    wd_runs = {"optimizer_params": wd_params}
+    for svrg in (True, False):
+        recs, wd_mult = run_sgd(X, y, init, wd_params, svrg=svrg)
+        # MXNet 1.x's name rule (SVRGModule's names also hold its "*_full" accumulators)
+        wd_mult = {k: v for k, v in wd_mult.items() if k in PARAM_NAMES}
+        assert wd_mult == {"fc_bias": 0.0}, wd_mult
+        recs_all, _ = run_sgd(X, y, init, wd_params, svrg=svrg, name_rule=False)
+        visible = max_rel_diff([r["weights"] for r in recs], [r["weights"] for r in recs_all])
+        print(f"wd rule ({'SVRGModule' if svrg else 'Module'}): weights {visible:.2e} away "
+              "from every parameter decayed")
+        assert visible > MIN_VISIBLE_DIFF, visible
+        wd_runs["wd_mult_set_by_mxnet"] = wd_mult
+        wd_runs["svrg" if svrg else "sgd"] = _weights_json(recs)
+        wd_runs.setdefault("rule_visible", {})["svrg" if svrg else "sgd"] = float(f"{visible:.3g}")
 
     # 2. MXNet's own numbers are consistent with the rule.
     d_int = check_mxnet_internal(init, full, updates, reset=False)
@@ -537,6 +583,7 @@ def main():
         "sgd_weights": _weights_json(sgd),
         "svrg_reset": {"note": RESET_NOTE, "full_grads": _full_grads_json(full_reset),
                        "weights": _weights_json(updates_reset)},
+        "wd_runs": wd_runs,
     }
     with open(OUT_PATH, "w") as f:
         json.dump(data, f, indent=1)
