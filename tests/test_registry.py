@@ -104,6 +104,12 @@ def test_index_maps_are_not_needed(arg):
     lars_optax.mxnet.create("sgd", **{arg: {0: "fc1_weight"}})
 
 
+def test_a_trainers_param_dict_points_to_skip_none():
+  """A Gluon Trainer's LARS skips nothing (tests/test_reference_mxnet_gluon.py)."""
+  with pytest.raises(ValueError, match="Gluon Trainer gives MXNet only param_dict.*skip=None"):
+    lars_optax.mxnet.create("lars", param_dict={0: "fc1_weight"})
+
+
 def test_fused_path_switches_are_accepted_and_ignored():
   a = _run(lars_optax.mxnet.create("sgd", momentum=0.9, use_fused_step=False, aggregate_num=4))
   chex.assert_trees_all_close(a, _run(lars_optax.mxnet.sgd(momentum=0.9)), rtol=0, atol=0)

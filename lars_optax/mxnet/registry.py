@@ -414,8 +414,10 @@ def create(
                          f"got {value!r}: {why}.")
   if "param_idx2name" in kwargs or "sym" in kwargs or "param_dict" in kwargs:
     bad = next(k for k in ("param_idx2name", "sym", "param_dict") if k in kwargs)
+    trainer = (" A Gluon Trainer gives MXNet only param_dict, so its LARS skips no "
+               "parameter by name: port its run with skip=None." if bad == "param_dict" else "")
     raise ValueError(f"{bad}: not needed; parameter names come from the paths of the "
-                     "params tree (use lr_mult / wd_mult dicts keyed by leaf name).")
+                     "params tree (use lr_mult / wd_mult dicts keyed by leaf name)." + trainer)
   valid = sorted(set(BASE_ARGS) | own | set(_NO_OP_ARGS))
   unknown = sorted(set(kwargs) - set(valid))
   if unknown:
