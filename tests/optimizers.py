@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import lars_optax
 
@@ -112,6 +113,17 @@ def lazy_step(o: Optimizer, **kw: Any) -> Any:
   assert o.lazy, o.name
   takes_flag = "lazy_update" in inspect.signature(o.fn).parameters
   return o.make(**({"lazy_update": True} if takes_flag else {}), **kw)
+
+
+# One row per family: MXNet's LARS, TF's LARS, LAMB, MXNet's lazy Adam, the dense-exact
+# sparse Adam and a port. A matrix that checks, row by row, a mechanism every optimizer
+# shares runs these rows in the default tier and the others in the slow one (tiered).
+FAMILIES = ("lars", "tf_lars", "lamb", "mxnet.adam", "sparse.adam", "porting.timm_lamb")
+
+
+def tiered(names: list[str]) -> list[Any]:
+  """``names`` as pytest parameters: the families' rows as they are, the others slow."""
+  return [n if n in FAMILIES else pytest.param(n, marks=pytest.mark.slow) for n in names]
 
 
 LAZY = [o.name for o in TABLE if o.lazy]

@@ -675,10 +675,41 @@ def _table_specs(tree, spec):
           and not a.sharding.is_equivalent_to(NamedSharding(a.sharding.mesh, q), a.ndim)]
 
 
-@pytest.mark.parametrize("split,explicit", [("rows", False), ("rows", True), ("columns", True)],
-                         ids=["rows-automatic_axes", "rows-explicit_axes",
-                              "columns-explicit_axes"])
-def test_split_table_under_jit_equals_one_device(split, explicit):
+# A lazy optimizer, a plain lazy step, a dense-exact one and its schedule path: each
+# split-table layout runs these in the default tier, and every row-sparse optimizer in
+# the slow one; one layout of each kind runs every optimizer in the default tier.
+_TABLE_REPRESENTATIVES = ("mxnet.adam", "sparse.lazy_update", "sparse.adam",
+                          "sparse.adamw(schedule)")
+
+
+def _layout_cases(layouts, whole, names=None):
+  """``(layout, representatives_only)`` cases: ``whole`` on every optimizer; each other
+  layout on the representatives, and on every optimizer in the slow tier."""
+  names = names or {}
+  cases = []
+  for layout in layouts:
+    every = names.get(layout, list(_TABLE_OPTIMIZERS))
+    if layout == whole or set(every) <= set(_TABLE_REPRESENTATIVES):
+      cases.append(pytest.param(layout, False, id=layout))
+    else:
+      cases.append(pytest.param(layout, True, id=f"{layout}-representatives"))
+      cases.append(pytest.param(layout, False, id=layout, marks=pytest.mark.slow))
+  return cases
+
+
+def _only(names, representatives_only):
+  """The optimizers a case runs: ``names`` (default: all), or their representatives."""
+  names = list(_TABLE_OPTIMIZERS) if names is None else names
+  return [n for n in names if n in _TABLE_REPRESENTATIVES] if representatives_only else names
+
+
+_JIT_LAYOUTS = {"rows-automatic_axes": ("rows", False), "rows-explicit_axes": ("rows", True),
+                "columns-explicit_axes": ("columns", True)}
+
+
+@pytest.mark.parametrize("layout,representatives_only",
+                         _layout_cases(_JIT_LAYOUTS, whole="rows-automatic_axes"))
+def test_split_table_under_jit_equals_one_device(layout, representatives_only):
   """#53: a table split over 8 devices by rows (under jit with automatic or explicit
   mesh axes, where the lookup reads ``table.at[ids].get(out_sharding=)``) or by
   columns (explicit axes, where JAX types the split; automatic axes split columns
@@ -686,12 +717,14 @@ def test_split_table_under_jit_equals_one_device(split, explicit):
   every row-sparse optimizer, the dense-exact ones with catch_up(rows=) first, equals
   one device. The table and its state stay split, and no collective of the step moves
   anything of the table's size."""
+  split, explicit = _JIT_LAYOUTS[layout]
   spec = P("x", None) if split == "rows" else P(None, "x")
   mesh = explicit_mesh((8,), ("x",)) if explicit else Mesh(np.array(jax.devices()[:8]), ("x",))
   params, ids, ys = _tables()
   grad_fn = lars_optax.sparse.value_and_grad(
       functools.partial(_table_loss, out_sharding=P() if explicit else None), sparse="table")
-  init, step, finish = _table_steps(grad_fn)
+  init, step, finish = _table_steps(grad_fn, names=_only(None, representatives_only))
+  params = {k: params[k] for k in init.names}
   with use_mesh(mesh) if explicit else contextlib.nullcontext():
     def put(tree):  # (the per-row vectors too: split by rows, else replicated)
       return jax.device_put(tree, jax.tree.map(
@@ -709,7 +742,8 @@ def test_split_table_under_jit_equals_one_device(split, explicit):
     for i, y in zip(ids, ys):
       params, states = f(params, states, i, y)
     got = jax.jit(finish)(params, states)
-  chex.assert_trees_all_close(got, _one_device_tables(), rtol=1e-6, atol=1e-6)
+  want = _one_device_tables()
+  chex.assert_trees_all_close(got, {k: want[k] for k in got}, rtol=1e-6, atol=1e-6)
   assert not _table_specs((params, states), spec)
   block = (_ROWS // 8, 16) if split == "rows" else (_ROWS, 2)
   assert {s.data.shape for s in params["mxnet.adam"]["table"].addressable_shards} == {block}
@@ -731,8 +765,10 @@ _CATCH_UP_ONLY = {"replicated_table": ["sparse.adam", "sparse.adamw", "sparse.ad
                   "ids_on_every_device": ["sparse.lazy_update", "sparse.adam"]}
 
 
-@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
-def test_split_table_in_shard_map_equals_one_device(layout):
+@pytest.mark.parametrize("layout,representatives_only",
+                         _layout_cases(sorted(_LAYOUTS), whole="data_x_table",
+                                       names=_CATCH_UP_ONLY))
+def test_split_table_in_shard_map_equals_one_device(layout, representatives_only):
   """#53: inside shard_map, sparse.value_and_grad(..., axis_name=) and
   catch_up(..., axis_name=) take a table whose rows are split over that axis and the
   global ids of a model written for one device: every row-sparse optimizer equals one
@@ -746,7 +782,8 @@ def test_split_table_in_shard_map_equals_one_device(layout):
   per_batch = mesh.shape[data] if data else 1  # jax.grad sums the batch's parts
   grad_fn = lars_optax.sparse.value_and_grad(
       lambda p, i, y: _table_loss(p, i, y) / per_batch, sparse="table", axis_name=axis)
-  init, step, finish = _table_steps(grad_fn, {"axis_name": axis}, _CATCH_UP_ONLY.get(layout))
+  init, step, finish = _table_steps(grad_fn, {"axis_name": axis},
+                                    _only(_CATCH_UP_ONLY.get(layout), representatives_only))
   params, ids, ys = _tables()
   params = {k: params[k] for k in init.names}
   states = init(params)
@@ -859,6 +896,7 @@ def test_two_processes_run_the_recipe_over_300_steps():
     assert err <= (1e-6 if check == "teacher-forced:" else 1e-5), (process, check, err)
 
 
+@pytest.mark.slow  # (a benchmark's quick run)
 def test_split_table_benchmark_quick_run():
   """``benchmarks/sparse_embedding.py --devices 8 --quick`` (one small table, one round): each
   split step holds 1/8 of the one-device step's arguments, and its collectives are

@@ -1,6 +1,6 @@
 """The examples in the package's docstrings run and print what they show.
 
-Every ``>>>`` example in a module of ``lars_optax`` is run with the standard
+Every ``>>>`` example in a module of ``lars_optax`` or of its subpackages is run with the standard
 library's ``doctest``, with nothing in scope but the module's own names (the
 examples import what else they use). Code that is not meant to run (shell
 commands in the demo's docstring) is a ``::`` literal block, not a ``>>>``
@@ -17,7 +17,8 @@ import pytest
 
 import lars_optax
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(lars_optax.__path__, "lars_optax."))
+# Every module, those of the subpackages (mxnet, sparse, porting) too.
+MODULES = sorted(m.name for m in pkgutil.walk_packages(lars_optax.__path__, "lars_optax."))
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 

@@ -560,8 +560,10 @@ def _table_tx(name):
   return optimizers.BY_NAME[name].make()
 
 
+# (Boxes and whole models meet every optimizer in the wrapper they share: one row per
+# family in the default tier, the others in the slow one.)
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", TABLE_NAMES)
+@pytest.mark.parametrize("name", optimizers.tiered(TABLE_NAMES))
 def test_every_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
   pytest.importorskip("flax")
   import flax.linen as nn
@@ -590,7 +592,7 @@ def test_every_optimizer_on_boxed_flax_params_equals_the_unboxed_run(name):
 
 
 @pytest.mark.op_by_op
-@pytest.mark.parametrize("name", TABLE_NAMES)
+@pytest.mark.parametrize("name", optimizers.tiered(TABLE_NAMES))
 def test_every_optimizer_takes_the_whole_equinox_model(name):
   pytest.importorskip("equinox")
   import equinox as eqx

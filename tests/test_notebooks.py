@@ -80,7 +80,14 @@ def test_install_cell_names_the_packages_wheel():
   assert "pip\", \"install\", \"-q\", \"lars_optax\"" not in INSTALL_CELL
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# The front door and the porting recipes run in the default tier; the other notebooks'
+# training runs (10 to 20 s each) in the slow one.
+DEFAULT_TIER_NOTEBOOKS = {"quickstart", "porting_from_mxnet_and_tensorflow"}
+
+
+@pytest.mark.parametrize("path", [
+    p if p.stem in DEFAULT_TIER_NOTEBOOKS else pytest.param(p, marks=pytest.mark.slow)
+    for p in NOTEBOOKS], ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
   nb = nbformat.read(path, as_version=4)
   client = NotebookClient(nb, timeout=600, kernel_name="python3",

@@ -586,6 +586,7 @@ def test_sparse_psum_unbound_axis_names_the_option():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # (a benchmark's quick run)
 def test_benchmark_quick_run_prints_a_markdown_table():
   import importlib.util
 

@@ -496,7 +496,8 @@ def test_skip_nonfinite_skips_a_nan_step_and_the_rest_is_exact():
   _assert_close_to(params, want)
 
 
-@pytest.mark.parametrize("fmt", ["flax-bytes", "pickle"])
+@pytest.mark.parametrize("fmt", [
+    "flax-bytes", pytest.param("pickle", marks=pytest.mark.slow)])  # (40 + 40 steps each)
 def test_a_checkpoint_taken_mid_run_restores_and_continues_exactly(fmt):
   tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1)
   params, state = _train(tx, sparse=True, steps=40)
@@ -835,6 +836,7 @@ def test_the_docs_nnx_recipe_runs():
   assert set(np.asarray(state.last_step["embedding"][...])[[3, 17]].tolist()) == {0}
 
 
+@pytest.mark.slow  # (a benchmark's quick run)
 def test_the_benchmark_quick_run_reports_the_targets():
   import importlib.util
   import pathlib

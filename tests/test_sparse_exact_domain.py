@@ -335,7 +335,9 @@ def test_poles_given_caps_the_runs():
     lambda: lars_optax.sparse.adamw(optax.cosine_decay_schedule(1e-3, 20_000),
                                     weight_decay=0.1),
     lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.9),
-    lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000), momentum=0.999),
+    # (each row's sum of the rates to come, 2**15 terms of it: a long run, in the slow tier)
+    pytest.param(lambda: lars_optax.sparse.sgd(optax.cosine_decay_schedule(0.1, 20_000),
+                                               momentum=0.999), marks=pytest.mark.slow),
     lambda: lars_optax.sparse.sgd(0.1, momentum=0.99, nesterov=True),
 ], ids=["adam", "adamw-schedule", "sgd-schedule", "sgd-0.999-schedule", "sgd-nesterov"])
 def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):

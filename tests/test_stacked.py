@@ -514,6 +514,7 @@ def run():
 '''
 
 
+@pytest.mark.slow  # (a second process)
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a path of the CPU backend")
 def test_one_cpu_device_sums_small_leaves_in_one_reduction_with_the_same_numbers():
   """On one CPU device, a small leaf's two norms (up to 1,024 elements a layer)

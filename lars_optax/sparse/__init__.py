@@ -33,43 +33,10 @@ O(rows touched), not O(table). This namespace brings that to JAX with
 * :func:`psum` sums gradient trees with row-sparse leaves over a
   ``pmap``/``shard_map`` axis (data parallelism).
 
-A whole training loop (Flax linen; the other frameworks work the same way)::
-
-  import jax, jax.numpy as jnp, numpy as np, optax
-  import flax.linen as nn
-  import lars_optax
-
-  class Bag(nn.Module):  # an embedding bag: mean of the ids' rows, then a linear layer
-    @nn.compact
-    def __call__(self, ids):
-      return nn.Dense(1)(nn.Embed(10_000, 16)(ids).mean(axis=1))[:, 0]
-
-  model = Bag()
-  params = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
-  tx = lars_optax.mxnet.adam(1e-2, lazy_update=True)
-  state = tx.init(params)
-
-  def loss_fn(params, ids, y):
-    return jnp.mean((model.apply({"params": params}, ids) - y) ** 2)
-
-  # Gradients of the leaves named "embedding" come back as row-sparse BCOOs
-  # holding at most 256 rows (the distinct ids of a batch of 32 x 4 ids: 128).
-  grad_fn = lars_optax.sparse.value_and_grad(loss_fn, sparse="embedding", max_rows=256)
-
-  @jax.jit
-  def train_step(params, state, ids, y):
-    loss, grads = grad_fn(params, ids, y)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state, loss
-
-  rng = np.random.default_rng(0)
-  for step in range(20):
-    ids = jnp.asarray(rng.zipf(1.3, size=(32, 4)) % 10_000, jnp.int32)
-    y = jnp.asarray(rng.normal(size=32), jnp.float32)
-    params, state, loss = train_step(params, state, ids, y)
-
-With ``jax.jit(train_step, donate_argnums=(0, 1))`` the table, Adam's moments
-and the step are updated in place.
+docs/sparse.md opens with a whole training loop (any model: Flax, nnx, Haiku,
+Equinox) and shows each piece below in code that its test runs as written.
+With the train step jitted with ``donate_argnums=(0, 1)``, the table, Adam's
+moments and the step are updated in place.
 
 Out-of-range indices (negative or > the number of rows) in a row-sparse
 gradient raise a ValueError naming the leaf: at once outside ``jit``, at run

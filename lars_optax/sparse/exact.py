@@ -22,32 +22,9 @@ How the sum is taken, and over which hyperparameters it holds (what it cannot
 hold is refused when built): :mod:`lars_optax.sparse._catch_up_factors`;
 docs/sparse.md gives the envelope.
 
-A whole loop: each batch's rows brought up to date before the forward pass,
-and every row before evaluation::
-
-  import jax, jax.numpy as jnp, numpy as np, optax, lars_optax
-
-  params = {"table": jnp.zeros((10_000, 16)), "w": jnp.ones(16)}
-  tx = lars_optax.sparse.adam(optax.warmup_cosine_decay_schedule(0.0, 1e-2, 10, 100))
-  state = tx.init(params)
-
-  def loss_fn(params, ids, y):
-    return jnp.mean((params["table"][ids].mean(axis=1) @ params["w"] - y) ** 2)
-
-  grad_fn = lars_optax.sparse.value_and_grad(loss_fn, sparse="table")
-
-  @jax.jit
-  def train_step(params, state, ids, y):
-    params, state = lars_optax.sparse.catch_up(tx, params, state, rows={"table": ids})
-    loss, grads = grad_fn(params, ids, y)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state, loss
-
-  rng = np.random.default_rng(0)
-  for step in range(20):
-    ids = jnp.asarray(rng.zipf(1.3, size=(32, 4)) % 10_000, jnp.int32)
-    params, state, loss = train_step(params, state, ids, jnp.ones(32))
-  params, state = lars_optax.sparse.catch_up(tx, params, state)  # every row at step 20
+docs/sparse.md has whole loops, run as written by its test: each batch's rows
+brought up to date before the forward pass (``catch_up(rows=)``), and every row
+before evaluation (``catch_up``).
 
 References:
   Kingma and Ba, `Adam: A Method for Stochastic Optimization

@@ -20,31 +20,8 @@ equivalent dense gradients, in O(rows in the gradient):
 * :func:`dense_updates` turns a lazy optimizer's row-sparse updates into
   arrays, for code that maps over the updates first (``eqx.apply_updates``).
 
-A training step with gradient accumulation and clipping::
-
-  import jax, jax.numpy as jnp, optax, lars_optax
-
-  params = {"table": jnp.zeros((100_000, 16)), "w": jnp.ones(16)}
-
-  def loss_fn(params, ids, y):
-    return jnp.mean((params["table"][ids].mean(axis=1) @ params["w"] - y) ** 2)
-
-  grad_fn = lars_optax.sparse.value_and_grad(loss_fn, sparse="table")  # 8 x 4 ids: 32 entries
-  tx = lars_optax.sparse.multi_steps(
-      optax.chain(lars_optax.sparse.clip_by_global_norm(1.0),
-                  lars_optax.mxnet.adam(1e-2, lazy_update=True)),
-      every_k_schedule=4, sparse="table", nse=32)
-  state = tx.init(params)
-
-  @jax.jit
-  def train_step(params, state, ids, y):
-    loss, grads = grad_fn(params, ids, y)
-    updates, state = tx.update(grads, state, params)  # a step every 4th call
-    return optax.apply_updates(params, updates), state, loss
-
-  for step in range(8):
-    ids = (jnp.arange(32).reshape(8, 4) * (step + 1)) % 100_000
-    params, state, loss = train_step(params, state, ids, jnp.ones(8))
+docs/sparse.md's example of gradient accumulation and clipping (``tree_add``,
+and ``multi_steps`` around ``clip_by_global_norm``) runs as written in its test.
 """
 
 from __future__ import annotations
@@ -141,17 +118,19 @@ def apply_updates(model: Any, updates: Any) -> Any:
   the updates first, and a row-sparse update is a pytree node (so that it can
   leave ``jit`` and pass through ``lax.cond``) where the model holds an array.
 
-  Example (an Equinox model with a row-sparse gradient)::
+  An Equinox model with a row-sparse gradient:
 
-    import equinox as eqx, jax, jax.numpy as jnp, lars_optax
-
-    model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
-    tx = lars_optax.mxnet.adam(1e-2, lazy_update=True)
-    state = tx.init(eqx.filter(model, eqx.is_array))
-    rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]), num_rows=100)
-    grads = eqx.tree_at(lambda m: m.weight, model, rows)
-    updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
-    model = lars_optax.sparse.apply_updates(model, updates)
+  >>> import equinox as eqx, jax, jax.numpy as jnp, lars_optax
+  >>> model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
+  >>> tx = lars_optax.mxnet.adam(1e-2, lazy_update=True)
+  >>> state = tx.init(eqx.filter(model, eqx.is_array))
+  >>> rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]),
+  ...                                     num_rows=100)
+  >>> grads = eqx.tree_at(lambda m: m.weight, model, rows)
+  >>> updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
+  >>> new = lars_optax.sparse.apply_updates(model, updates)
+  >>> [int(i) for i in jnp.nonzero((new.weight != model.weight).any(axis=1))[0]]
+  [3, 7]
   """
 
   def apply(u: Any, p: Any) -> Any:
@@ -206,21 +185,21 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
   then widens a float16 param to float32 (as for any ``multi_precision``
   update); ``optax.apply_updates`` and :func:`apply_updates` cast back.
 
-  Example (an Equinox model, applied with ``eqx.apply_updates``)::
+  An Equinox model, applied with ``eqx.apply_updates``:
 
-    import equinox as eqx, jax, jax.numpy as jnp, lars_optax
-
-    model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
-    tx = lars_optax.sparse.dense_updates(lars_optax.mxnet.adam(1e-2, lazy_update=True))
-    state = tx.init(eqx.filter(model, eqx.is_array))
-
-    @eqx.filter_jit(donate="all")
-    def step(model, state, grads):
-      updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
-      return eqx.apply_updates(model, updates), state
-
-    rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]), num_rows=100)
-    model, state = step(model, state, eqx.tree_at(lambda m: m.weight, model, rows))
+  >>> import equinox as eqx, jax, jax.numpy as jnp, lars_optax
+  >>> model = eqx.nn.Embedding(100, 8, key=jax.random.key(0))
+  >>> tx = lars_optax.sparse.dense_updates(lars_optax.mxnet.adam(1e-2, lazy_update=True))
+  >>> state = tx.init(eqx.filter(model, eqx.is_array))
+  >>> @eqx.filter_jit(donate="all")
+  ... def step(model, state, grads):
+  ...   updates, state = tx.update(grads, state, eqx.filter(model, eqx.is_array))
+  ...   return eqx.apply_updates(model, updates), state
+  >>> rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]),
+  ...                                     num_rows=100)
+  >>> model, state = step(model, state, eqx.tree_at(lambda m: m.weight, model, rows))
+  >>> model.weight.shape
+  (100, 8)
 
   Args:
     inner: the optimizer, typically a lazy one (``lazy_update=True``,
