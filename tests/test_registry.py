@@ -106,7 +106,7 @@ def test_index_maps_are_not_needed(arg):
 
 def test_a_trainers_param_dict_points_to_skip_none():
   """A Gluon Trainer's LARS skips nothing (tests/test_reference_mxnet_gluon.py)."""
-  with pytest.raises(ValueError, match="Gluon Trainer gives MXNet only param_dict.*skip=None"):
+  with pytest.raises(ValueError, match=r"Gluon Trainer gives MXNet only param_dict.*skip=None"):
     lars_optax.mxnet.create("lars", param_dict={0: "fc1_weight"})
 
 

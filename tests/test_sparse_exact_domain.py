@@ -375,15 +375,19 @@ def test_a_full_catch_up_computed_per_gap_equals_each_rows_own(make):
     lambda: lars_optax.sparse.sgd(0.1, momentum=0.99, nesterov=True),
 ], ids=["adam", "adam-schedule-nesterov", "adamw-schedule", "sgd-nesterov"])
 def test_a_batchs_factors_computed_per_gap_equal_each_rows_own(make):
-  """A step's (and catch_up(rows=)'s) rows: the factors of each gap below NEAR computed
-  once, the rows away longer FAR_BLOCK at a time (here over two turns of the loop),
+  """A step's (and catch_up(rows=)'s) rows, more than the plain path's PLAIN_TERMS: the
+  factors of each gap below NEAR computed once, the rows away longer FAR_BLOCK at a
+  time (here over two turns of the loop),
   equal every row's own computation (to float32's rounding: the per-run sums are
   products of another shape, and a run's two nodes move apart by a few ulps)."""
   rule = make().update.catch_up_rule
   rng = np.random.default_rng(1)
   count = 6_000
-  gaps = np.concatenate([rng.integers(0, factors.NEAR, 500),
-                         rng.integers(factors.NEAR, count, factors.FAR_BLOCK + 100)])
+  far = factors.FAR_BLOCK + 100
+  near = max(500, factors.PLAIN_TERMS // rule.window + 1 - far)  # (past the plain path)
+  gaps = np.concatenate([rng.integers(0, factors.NEAR, near),
+                         rng.integers(factors.NEAR, count, far)])
+  assert gaps.size * rule.window > factors.PLAIN_TERMS
   s = jnp.asarray(count - rng.permutation(gaps), jnp.int32)
   got = jax.jit(lambda s: factors.row_scalars_of_batch(rule, s, jnp.int32(count), True))(s)
   want = jax.jit(lambda s: factors.row_scalars(rule, s, jnp.int32(count), True))(s)

@@ -64,6 +64,11 @@ SGD_WINDOW = 512  # SGD: past its window the sum is taken whole, exactly
 _BLOCK = 4096  # gaps computed once each, and rows at a time (catch_up over a whole table)
 NEAR = 32  # a batch's gaps computed once each (catch_up(rows=) and the step)
 FAR_BLOCK = 256  # a batch's rows away longer, computed this many at a time
+# Up to this many terms (rows x window) a batch's factors are computed row by row, in one
+# program: half the compile of the near table and the far loop (about 0.5 s a copy on 2
+# CPU cores, and a train step has two), at their speed to 3% (2,048 rows, the window 132
+# of the default betas).
+PLAIN_TERMS = 1 << 18
 GAP_BLOCK = 128  # many leaves' rows: the factors of this many distinct gaps at a time
 
 
@@ -515,7 +520,8 @@ def row_scalars_of_batch(rule: Rule, s: jax.Array, count: jax.Array, decays: boo
   """:func:`row_scalars` for a batch's rows: the factors of each gap below ``NEAR``
   computed once and gathered (most rows of a Zipfian batch were touched a few steps
   ago), and the rows away longer as their own rows, ``FAR_BLOCK`` at a time."""
-  if future is not None or s.shape[0] <= NEAR + FAR_BLOCK:
+  rows = s.shape[0]
+  if future is not None or rows <= NEAR + FAR_BLOCK or rows * rule.window <= PLAIN_TERMS:
     return row_scalars(rule, s, count, decays, future)
   gap = jnp.maximum(count - s, 0)
   table = row_scalars(rule, jnp.maximum(count - jnp.arange(NEAR, dtype=s.dtype), 0), count,
