@@ -602,25 +602,6 @@ def test_benchmark_quick_run_prints_a_markdown_table():
   assert "not run (no --mxnet-python)" in report
 
 
-def test_module_docstring_training_loop_runs():
-  import textwrap
-
-  doc = lars_optax.sparse.__doc__
-  block = doc.split("::\n\n", 1)[1].split("\n\n", 1)[0]
-  lines = doc.split("::\n\n", 1)[1].splitlines()
-  code = []
-  for line in lines:  # the indented block, blank lines included
-    if line and not line.startswith("  "):
-      break
-    code.append(line)
-  assert block.strip() and "train_step" in "\n".join(code)
-  namespace = {}
-  exec(textwrap.dedent("\n".join(code)), namespace)
-  emb = namespace["params"]["Embed_0"]["embedding"]
-  assert np.isfinite(np.asarray(emb)).all()
-  assert int(optax.tree_utils.tree_get(namespace["state"], "count")) == 20
-
-
 def test_shard_map_step_equals_single_device_step_on_the_whole_batch():
   from jax.sharding import Mesh
   from jax.sharding import PartitionSpec as P

@@ -307,37 +307,7 @@ def test_multi_steps_sparse_leaf_not_named_raises():
     tx.update(SPARSE_GRAD(params, _batches(1)[0])[1], tx.init(params), params)
 
 
-def test_module_docstring_training_loop_runs():
-  import textwrap
-
-  doc = lars_optax.sparse.optax_compat.__doc__
-  lines = doc.split("::\n\n", 1)[1].splitlines()
-  code = []
-  for line in lines:
-    if line and not line.startswith("  "):
-      break
-    code.append(line)
-  namespace = {}
-  exec(textwrap.dedent("\n".join(code)), namespace)
-  state = namespace["state"]
-  assert int(state.gradient_step) == 2  # 8 calls, a step every 4th
-  assert np.isfinite(np.asarray(namespace["params"]["table"])).all()
-  assert float(jnp.abs(namespace["params"]["table"]).max()) > 0
-
-
-@pytest.mark.parametrize("fn", [lars_optax.sparse.apply_updates, lars_optax.sparse.dense_updates],
-                         ids=["apply_updates", "dense_updates"])
-def test_equinox_docstring_example_runs(fn):
-  """The ``::`` example of each (an Equinox embedding, rows 3 and 7 in the gradient)."""
-  import textwrap
-
-  block = textwrap.dedent(fn.__doc__.split("::\n\n", 1)[1].split("\n  Args:", 1)[0])
-  namespace = {}
-  exec(block, namespace)
-  weight = np.asarray(namespace["model"].weight)
-  moved = np.nonzero(np.any(weight != np.asarray(namespace["eqx"].nn.Embedding(
-      100, 8, key=namespace["jax"].random.key(0)).weight), axis=1))[0]
-  np.testing.assert_array_equal(moved, [3, 7])
+# (The Equinox examples of apply_updates and dense_updates are doctests: tests/test_docstrings.py.)
 
 
 # --------------------------------------------------------------------------

@@ -198,8 +198,9 @@ def dense_updates(inner: GradientTransformation) -> GradientTransformationExtraA
   >>> rows = lars_optax.sparse.row_sparse(jnp.ones((2, 8)), rows=jnp.array([3, 7]),
   ...                                     num_rows=100)
   >>> model, state = step(model, state, eqx.tree_at(lambda m: m.weight, model, rows))
-  >>> model.weight.shape
-  (100, 8)
+  >>> start = eqx.nn.Embedding(100, 8, key=jax.random.key(0)).weight  # (the old was donated)
+  >>> [int(i) for i in jnp.nonzero((model.weight != start).any(axis=1))[0]]
+  [3, 7]
 
   Args:
     inner: the optimizer, typically a lazy one (``lazy_update=True``,
