@@ -66,8 +66,8 @@ NEAR = 32  # a batch's gaps computed once each (catch_up(rows=) and the step)
 FAR_BLOCK = 256  # a batch's rows away longer, computed this many at a time
 # Up to this many terms (rows x window) a batch's factors are computed row by row, in one
 # program: half the compile of the near table and the far loop (about 0.5 s a copy on 2
-# CPU cores, and a train step has two), at their speed to 3% (2,048 rows, the window 132
-# of the default betas).
+# CPU cores, and a train step has two), at their speed at 1,024 rows (3 to 7% slower at
+# 4,096, past the switch at the default betas' window of 132).
 PLAIN_TERMS = 1 << 18
 GAP_BLOCK = 128  # many leaves' rows: the factors of this many distinct gaps at a time
 
