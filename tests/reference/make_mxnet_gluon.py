@@ -72,10 +72,14 @@ values. Dense weights have MXNet's layout ``(units, in_units)``.
 
 import json
 import os
+import sys
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_mxnet_schedules import _short, _tolist  # the same JSON spelling of float32
 
 OUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mxnet_gluon.json")
 GENERATOR = "tests/reference/make_mxnet_gluon.py"
@@ -155,17 +159,6 @@ def train(x, y, init, given_names=False, set_lr_mult=None):
       history.append({k: p.data().asnumpy().copy() for k, p in params.items()})
   assert trainer.optimizer.num_update == STEPS
   return history, trainer.optimizer
-
-
-def _short(a):
-  """Nested lists of the shortest decimals that give back the same float32."""
-  a = np.asarray(a)
-  flat = [float(np.format_float_scientific(v, unique=True)) for v in a.ravel()]
-  return np.array(flat, dtype=np.float64).reshape(a.shape).tolist()
-
-
-def _tolist(tree):
-  return {k: _short(v) for k, v in tree.items()}
 
 
 def _max_diff(a, b):
