@@ -148,6 +148,39 @@ def test_a_dense_step_after_sparse_steps_brings_every_row_up_to_date_first():
   _assert_close_to(params, want)
 
 
+def test_a_dense_step_after_sparse_steps_on_leaves_of_both_decays_is_optax_adamw():
+  """Several leaves behind at once, of three shapes and on both sides of AdamW's mask: the
+  dense step takes their rows' factors from one vector of gaps per decay, each leaf its
+  own slice of it."""
+  mask = {"t": True, "u": False, "v": True, "b": False}
+  tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1, mask=mask)
+  twin = optax.adamw(SCHEDULE, weight_decay=0.1, mask=mask)
+  shapes = {"t": (ROWS, DIM), "u": (300,), "v": (50, 2)}
+  rng = np.random.default_rng(1)
+  params = {"t": jnp.asarray(W0), "u": jnp.asarray(rng.normal(size=300), jnp.float32),
+            "v": jnp.asarray(rng.normal(size=(50, 2)), jnp.float32), "b": jnp.ones(3)}
+
+  def grads(i, sparse):
+    out = {"b": jnp.asarray(VALUES[i, :3, 0])}
+    for k, shape in shapes.items():
+      ids = jnp.asarray(IDS[i] % shape[0])
+      values = jnp.asarray(VALUES[i][:, :shape[1]] if len(shape) > 1 else VALUES[i, :, 0])
+      out[k] = (BCOO((values, ids[:, None]), shape=shape) if sparse
+                else jnp.zeros(shape).at[ids].add(values))
+    return out
+
+  def run(tx, sparse_steps):
+    p, state = params, tx.init(params)
+    step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(
+        *tx.update(g, s, p)))
+    for i in range(35):
+      p, state = step(p, state, grads(i, i < sparse_steps))
+    return p
+
+  got, want = run(tx, 30), run(twin, 0)
+  _assert_close_to(got, want)
+
+
 def test_training_continues_exactly_after_catch_up():
   tx = lars_optax.sparse.adam(SCHEDULE)
   params, state = _train(tx, sparse=True, steps=60)
