@@ -150,8 +150,7 @@ def test_a_dense_step_after_sparse_steps_brings_every_row_up_to_date_first():
 
 def test_a_dense_step_after_sparse_steps_on_leaves_of_both_decays_is_optax_adamw():
   """Several leaves behind at once, of three shapes and on both sides of AdamW's mask: the
-  dense step takes their rows' factors from one vector of gaps per decay, each leaf its
-  own slice of it."""
+  dense step brings every row of each up to date, each with its own decay."""
   mask = {"t": True, "u": False, "v": True, "b": False}
   tx = lars_optax.sparse.adamw(SCHEDULE, weight_decay=0.1, mask=mask)
   twin = optax.adamw(SCHEDULE, weight_decay=0.1, mask=mask)

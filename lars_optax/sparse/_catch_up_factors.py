@@ -57,7 +57,6 @@ import numpy as np
 import optax
 
 from lars_optax import _masks as masks
-from lars_optax import _utils as utils
 from lars_optax import _validation as v
 
 MAX_WINDOW = 2048  # Adam: b1 <= 0.99 needs at most 1,447 terms (b1 / sqrt(b2) <= 0.9905)
@@ -575,16 +574,7 @@ def row_scalars_shared(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,
   row, exactly. The leaves' last steps must vary over the same mesh axes (inside
   ``shard_map``): the loop runs on what one device holds.
   """
-  # The leaves' gaps, joined into one vector per decay (a leaf whose sharding is part of
-  # its type keeps its own): the loop's work and its program then do not grow with the
-  # leaves, and each leaf takes its slice back.
-  flat = [jnp.maximum(count - s.reshape(-1), 0) for s in lasts]
-  joined: dict[Any, list[int]] = {}
-  for i, (g, d) in enumerate(zip(flat, decays)):
-    joined.setdefault((d, None if utils.typed_sharding(g) is None else i), []).append(i)
-  parts = list(joined.values())
-  gaps = [jnp.concatenate([flat[i] for i in idx]) for idx in parts]
-  decays = [decays[idx[0]] for idx in parts]
+  gaps = [jnp.maximum(count - s.reshape(-1), 0) for s in lasts]
   none = jnp.iinfo(jnp.int32).max
   variants = sorted(set(decays))
 
@@ -627,15 +617,12 @@ def row_scalars_shared(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,
   # The loop's carry starts at gap -1, not done, typed as the gaps are (varying axes).
   start = functools.reduce(jnp.minimum, [jnp.min(g * 0, initial=0) for g in gaps]) - 1
   outs = jax.lax.while_loop(lambda carry: ~carry[1], body, (start, start != start, outs))[2]
-  done: list[Any] = [None] * len(lasts)
-  for idx, out in zip(parts, outs):
-    at = np.cumsum([0] + [flat[i].shape[0] for i in idx])
-    for i, a, b in zip(idx, at[:-1], at[1:]):
-      done[i] = {k: x[a:b] for k, x in out.items()}
-      if futures is not None and p_now is not None:
-        p_s = futures[i]
-        assert p_s is not None
-        done[i] = _past_window(rule, flat[i], (p_s.reshape(-1), p_now), done[i])
+  if futures is None or p_now is None:
+    return outs
+  done = []
+  for g, p_s, out in zip(gaps, futures, outs):
+    assert p_s is not None
+    done.append(_past_window(rule, g, (p_s.reshape(-1), p_now), out))
   return done
 
 
