@@ -169,9 +169,12 @@ def test_a_dense_step_after_sparse_steps_on_leaves_of_both_decays_is_optax_adamw
     return out
 
   def run(tx, sparse_steps):
+    @jax.jit
+    def step(p, state, g):
+      updates, state = tx.update(g, state, p)
+      return optax.apply_updates(p, updates), state
+
     p, state = params, tx.init(params)
-    step = jax.jit(lambda p, s, g: (lambda u, s: (optax.apply_updates(p, u), s))(
-        *tx.update(g, s, p)))
     for i in range(35):
       p, state = step(p, state, grads(i, i < sparse_steps))
     return p
