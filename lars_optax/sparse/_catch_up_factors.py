@@ -539,19 +539,14 @@ def row_scalars_of_leaves(rule: Rule, lasts: Sequence[jax.Array], count: jax.Arr
   of the leaves up to ``_BLOCK`` rows, computed once per gap for all of them together
   (:func:`row_scalars_shared`); of a larger leaf (a table), by gap on its own
   (:func:`row_scalars_by_gap`)."""
+  futures = [None] * len(lasts) if futures is None else futures
   small = [i for i, s in enumerate(lasts) if s.size <= _BLOCK]
-  out: list[Any] = [None] * len(lasts)
-  if small:
-    for i, sc in zip(small, row_scalars_shared(
-        rule, [lasts[i] for i in small], count, [decays[i] for i in small],
-        None if futures is None else [futures[i] for i in small], p_now)):
-      out[i] = sc
-  for i, (s, d) in enumerate(zip(lasts, decays)):
-    if out[i] is None:
-      fut = None if futures is None else futures[i]
-      out[i] = row_scalars_by_gap(rule, s.reshape(-1), count, d, None if fut is None or
-                                  p_now is None else (fut.reshape(-1), p_now))
-  return out
+  shared = dict(zip(small, row_scalars_shared(
+      rule, [lasts[i] for i in small], count, [decays[i] for i in small],
+      None if p_now is None else [futures[i] for i in small], p_now))) if small else {}
+  return [shared[i] if i in shared else row_scalars_by_gap(
+      rule, s.reshape(-1), count, d, None if f is None or p_now is None
+      else (f.reshape(-1), p_now)) for i, (s, d, f) in enumerate(zip(lasts, decays, futures))]
 
 
 def row_scalars_shared(rule: Rule, lasts: Sequence[jax.Array], count: jax.Array,

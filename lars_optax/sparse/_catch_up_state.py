@@ -67,36 +67,20 @@ def _fields(x: Any) -> tuple[str, ...]:
   return _row_wise.row_wise_fields().get(type(x), ())
 
 
-def _is_buffer_state(x: Any) -> bool:
-  return bool(_fields(x))
-
-
 def _buffer_trees(inner: Any) -> dict[str, Any]:
   """The twin's params-shaped buffers by field name (``mu``, ``nu``, ``trace``)."""
-  out: dict[str, Any] = {}
-  for node in jax.tree.leaves(inner, is_leaf=_is_buffer_state):
-    if _is_buffer_state(node):
-      for f in _fields(node):
-        out[f] = getattr(node, f)
-  return out
+  nodes = jax.tree.leaves(inner, is_leaf=lambda x: bool(_fields(x)))
+  return {f: getattr(node, f) for node in nodes for f in _fields(node)}
 
 
 def _with_buffer_trees(inner: Any, trees: dict[str, Any]) -> Any:
-  def visit(node):
-    if _is_buffer_state(node):
-      return node._replace(**{f: trees[f] for f in _fields(node)})
-    return node
-  return jax.tree.map(visit, inner, is_leaf=_is_buffer_state)
+  return jax.tree.map(lambda node: node._replace(**{f: trees[f] for f in _fields(node)})
+                      if _fields(node) else node, inner, is_leaf=lambda x: bool(_fields(x)))
 
 
 # --------------------------------------------------------------------------
 # The transformation
 # --------------------------------------------------------------------------
-
-
-def _row_count(p: Any) -> int | None:
-  shape = np.shape(p)
-  return shape[0] if len(shape) else None
 
 
 class _Leaf(NamedTuple):
@@ -216,12 +200,12 @@ def _factors_of(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
                                        log_now if shared else None)
 
 
-def _by_axes(leaves: list[_Leaf]) -> list[list[int]]:
-  """The leaves' indices grouped by the mesh axes their last steps vary over (inside
-  ``shard_map``; one group outside it): each group's factors are computed together."""
+def _by_axes(leaves: list[_Leaf], among: list[int]) -> list[list[int]]:
+  """The indices ``among`` grouped by the mesh axes their leaves' last steps vary over
+  (inside ``shard_map``; one group outside it): each group's factors are computed together."""
   groups: dict[frozenset, list[int]] = {}
-  for i, x in enumerate(leaves):
-    groups.setdefault(utils.vma(x.last), []).append(i)
+  for i in among:
+    groups.setdefault(utils.vma(leaves[i].last), []).append(i)
   return list(groups.values())
 
 
@@ -230,26 +214,14 @@ def _bring_up_dense(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
   """Dense leaves, every row brought up to date: a branch taken only when a row of one
   of them is behind (a dense step after sparse ones).
 
-  The factors of the leaves whose last steps vary over the same mesh axes (all of
-  them, outside ``shard_map``) are computed together, once per gap
-  (:func:`factors.row_scalars_of_leaves`), in one branch; in it each leaf's drift is
-  computed in a branch of its own, taken where that leaf is behind.
-  Only the weights' drift and the row-sized decay factors leave the branches; the
-  buffers are decayed outside them (the identity factors otherwise), in the step's
-  own fused pass. A branch that passed param-sized buffers through would copy them on
-  every step.
+  The leaves' last steps vary over the same mesh axes (:func:`_by_axes`): their factors
+  are computed together, once per gap (:func:`factors.row_scalars_of_leaves`), in one
+  branch; in it each leaf's drift is computed in a branch of its own, taken where that
+  leaf is behind. Only the weights' drift and the row-sized decay factors leave the
+  branches; the buffers are decayed outside them (the identity factors otherwise), in
+  the step's own fused pass. A branch that passed param-sized buffers through would
+  copy them on every step.
   """
-  caught: list[Any] = [None] * len(leaves)
-  for idx in _by_axes(leaves):
-    for i, c in zip(idx, _bring_up_group(rule, [leaves[i] for i in idx], count, log_now,
-                                         [decays[i] for i in idx])):
-      caught[i] = c
-  return caught
-
-
-def _bring_up_group(rule: factors.Rule, leaves: list[_Leaf], count: jax.Array,
-                    log_now: jax.Array | None, decays: list[bool]) -> list[_Caught]:
-  """:func:`_bring_up_dense` of leaves whose last steps vary over the same mesh axes."""
   names = [sorted({factors.BUFFER_DECAY[f] for f in x.bufs}) for x in leaves]
 
   # The branches' types, typed shardings included (explicit mesh axes): a drift is
@@ -473,9 +445,10 @@ def dense_exact(rule: factors.Rule) -> GradientTransformationExtraArgs:
         _Caught(None, x.grad, x.param, x.param, x.bufs, None, None) if _plain(x)
         else None if i in dense else _bring_up(rule, x, state.count, log_now, d)
         for i, (x, d) in enumerate(zip(leaves, decays))]
-    for i, c in zip(dense, _bring_up_dense(rule, [leaves[i] for i in dense], state.count,
-                                           log_now, [decays[i] for i in dense])):
-      caught[i] = c  # (the dense leaves' factors computed together)
+    for idx in _by_axes(leaves, dense):  # (each group's factors computed together)
+      for i, c in zip(idx, _bring_up_dense(rule, [leaves[i] for i in idx], state.count,
+                                           log_now, [decays[i] for i in idx])):
+        caught[i] = c
 
     def tree(values):
       return jax.tree.unflatten(treedef, list(values))
@@ -639,8 +612,7 @@ def caught_up_tree(rule: factors.Rule, params: Any, state: CatchUpState,
            if r is None and not isinstance(x.last, optax.MaskedNode)]
   together = [i for i in whole if not _rows.splits_rows(leaves[i].param)]
   scs: dict[int, dict[str, jax.Array]] = {}
-  for idx in _by_axes([leaves[i] for i in together]):
-    idx = [together[j] for j in idx]
+  for idx in _by_axes(leaves, together):
     scs.update(zip(idx, _factors_of(rule, [leaves[i] for i in idx], count, log_now,
                                     [decay_mask[i] for i in idx])))
   out = []

@@ -14,10 +14,6 @@ from lars_optax import _masks as masks
 from lars_optax._utils import raise_at_run_time
 from lars_optax.sparse import _rows
 
-# --------------------------------------------------------------------------
-# Checks
-# --------------------------------------------------------------------------
-
 
 # What walks into a BCOO: the likely cause and the replacement, for the errors.
 BEFORE_HINT = (

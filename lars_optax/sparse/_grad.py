@@ -15,11 +15,6 @@ from lars_optax import _masks as masks
 from lars_optax.sparse import _checks, _interpreter, _rows, _types
 
 
-def _is_dynamic(x: Any) -> bool:
-  """An argument ``jax.value_and_grad`` would hand on as an array (not a Python value)."""
-  return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
 def by_name(name: str) -> masks.Mask:
   """A string ``sparse``: a leaf's full path (as leaf_names prints it) or last component."""
   return masks.by_predicate(
@@ -147,7 +142,7 @@ def value_and_grad(
     # The other arguments: arrays are traced, Python values stay as they are.
     rest = (args[:pos] + args[pos + 1:], kwargs)
     rest_leaves, rest_def = jax.tree.flatten(rest)
-    dynamic = [_is_dynamic(x) for x in rest_leaves]
+    dynamic = [isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in rest_leaves]
 
     def call(params, *dyn):
       it = iter(dyn)

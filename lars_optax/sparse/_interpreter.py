@@ -18,10 +18,6 @@ from jax.extend import core as _jcore
 from lars_optax import _utils as utils
 from lars_optax.sparse import _checks, _rowwise_jaxpr
 
-# --------------------------------------------------------------------------
-# Row-sparse gradients from unchanged models
-# --------------------------------------------------------------------------
-
 
 class Table:
   """A sparse leaf inside the interpreted loss: only row lookups may read it.

@@ -14,10 +14,6 @@ from jax.extend import core as _jcore
 from lars_optax import _row_wise
 from lars_optax.sparse import _checks, _rows, _rowwise_jaxpr, _types
 
-# --------------------------------------------------------------------------
-# The lazy step on row-sparse leaves
-# --------------------------------------------------------------------------
-
 
 def _has_rows(x: Any, shape: tuple) -> bool:
   """``x`` is an array whose leading axis has the rows of a param of ``shape``."""
@@ -100,16 +96,6 @@ def _ungathered_message(where: str, what: str, names: list[str], sparse: list[bo
       "its other axes) and it sits in a subtree with the params' tree structure, as "
       "optax keeps its buffers. Keep row-wise buffers that way, or pass the dense "
       "gradient (grad.todense()).")
-
-
-def _raise_ungathered(error: Exception, where: str, names: list[str], sparse: list[bool],
-                      shapes: list[tuple], state: Any, gathered_leaves: list) -> None:
-  """Raises a ValueError naming the state leaves not gathered, if any may be the cause."""
-  leaves = _ungathered(state, gathered_leaves, {sh[0] for sh, s in zip(shapes, sparse) if s})
-  if leaves:
-    first = (str(error).strip() or type(error).__name__).splitlines()[0]
-    raise ValueError(_ungathered_message(
-        where, f"the inner transformation fails ({first})", names, sparse, leaves)) from error
 
 
 def _check_gathered_shapes(out_avals: Sequence[Any], where: str, names: list[str],
@@ -206,8 +192,12 @@ def lazy_update_sparse(inner_tx: Any, updates: Any, state: Any, params: Any,
   # Traced once: the jaxpr is checked, then evaluated as the step itself.
   try:
     closed, out_shapes = jax.make_jaxpr(traced, return_shape=True)(g_in, leaves_s, p_in)
-  except (TypeError, ValueError) as e:
-    _raise_ungathered(e, where, names, sparse, full_shapes, state, leaves_s)
+  except (TypeError, ValueError) as e:  # (naming the state leaves not gathered, if any)
+    leaves = _ungathered(state, leaves_s, {sh[0] for sh, s in zip(full_shapes, sparse) if s})
+    if leaves:
+      first = (str(e).strip() or type(e).__name__).splitlines()[0]
+      raise ValueError(_ungathered_message(
+          where, f"the inner transformation fails ({first})", names, sparse, leaves)) from e
     raise
   _check_gathered_shapes(closed.out_avals, where, names, sparse, full_shapes, g_in, state,
                          leaves_s)

@@ -10,10 +10,6 @@ import jax.numpy as jnp
 from lars_optax import _utils as utils
 from lars_optax.sparse import _checks, _rows, _types
 
-# --------------------------------------------------------------------------
-# Data parallelism
-# --------------------------------------------------------------------------
-
 
 def psum(tree: Any, axis_name: str, *, mean: bool = False) -> Any:
   """``lax.psum`` (or ``pmean``) of a gradient tree with row-sparse leaves.

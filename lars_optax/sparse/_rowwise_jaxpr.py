@@ -6,10 +6,6 @@ from typing import Any
 
 from jax.extend import core as _jcore
 
-# --------------------------------------------------------------------------
-# Row-wise check of the inner transformation (on its traced computation)
-# --------------------------------------------------------------------------
-
 _ROWWISE = frozenset("""
 abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp convert_element_type
 copy copy_p cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite

@@ -56,7 +56,6 @@ from lars_optax.sparse._catch_up_state import CatchUpState
 __all__ = ["CatchUpState", "adam", "adamw", "catch_up", "sgd"]
 
 
-
 def _known(arg: _links.Arg) -> _links.Arg:
   """``arg``, refusing a traced value first.
 
@@ -138,17 +137,13 @@ _OPTAX_WORDS = {
     "beta1": "it takes optax's b1=.", "beta2": "it takes optax's b2=.",
     "epsilon": "it takes optax's eps=.", "lr": "it takes optax's learning_rate=.",
 }
-_ADAM_HINTS = {
-    **_OPTAX_WORDS, "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay).",
-    "wd": _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay)."}
+_ADAM_HINTS = {**_OPTAX_WORDS, **dict.fromkeys(
+    ("weight_decay", "wd"), _COUPLED + "Use lars_optax.sparse.adamw (decoupled decay).")}
 _ADAMW_HINTS = {
     **_OPTAX_WORDS, "wd": "it takes optax's weight_decay= (decoupled: w *= 1 - lr * wd)."}
-_SGD_HINTS = {
-    **_OPTAX_WORDS,
-    "weight_decay": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the "
-                    "sparse leaves (optax.masked).",
-    "wd": _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off the sparse leaves "
-          "(optax.masked)."}
+_SGD_HINTS = {**_OPTAX_WORDS, **dict.fromkeys(
+    ("weight_decay", "wd"), _COUPLED + "Use lars_optax.sparse.adamw, or keep the decay off "
+    "the sparse leaves (optax.masked).")}
 
 
 # --------------------------------------------------------------------------

@@ -135,7 +135,12 @@ def lazy_update(inner: GradientTransformation, *,
   def update_fn(updates, state, params=None, **extra_args):
     if any(_rows.is_row_sparse(g)
            for g in jax.tree.leaves(updates, is_leaf=_rows.is_row_sparse)):
-      return _sparse_update(updates, state, params, extra_args)
+      # Row-sparse (BCOO) leaves: gather, update and scatter their rows
+      # (lars_optax.sparse); dense leaves in the tree follow the rule above.
+      _check_rows(updates, "lazy_update", "gradient")
+      return _lazy_step.lazy_update_sparse(
+          inner_tx, updates, state, params, extra_args,
+          lambda new, old, grad: _keep_rows(new, old, rows_present([grad])[0]), "lazy_update")
     params = v.align_params(updates, params)
     if params is not None:
       v.check_same_structure(updates, params, "lazy_update")
@@ -165,16 +170,6 @@ def lazy_update(inner: GradientTransformation, *,
 
     new_state = jax.tree.map(keep, new_state, state, is_leaf=is_params_like)
     return new_updates, new_state
-
-  def _sparse_update(updates, state, params, extra_args):
-    # Row-sparse (BCOO) leaves: gather, update and scatter their rows
-    # (lars_optax.sparse); dense leaves in the tree follow the rule above.
-    _check_rows(updates, "lazy_update", "gradient")
-    def dense_step(new, old, grad):
-      return _keep_rows(new, old, rows_present([grad])[0])
-
-    return _lazy_step.lazy_update_sparse(inner_tx, updates, state, params, extra_args,
-                                      dense_step, "lazy_update")
 
   return GradientTransformationExtraArgs(init_fn, update_fn)
 

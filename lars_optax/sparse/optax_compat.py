@@ -421,7 +421,7 @@ def multi_steps(
     flat, treedef = jax.tree.flatten(params)
     chosen = ([False] * len(flat) if sparse is None
               else masks.resolve_mask(sparse, params, "sparse"))
-    acc = [_empty_buffer(p, _buffer_size(fixed_k, nse)) if c else jnp.zeros_like(p)
+    acc = [_empty_buffer(p, fixed_k, nse) if c else jnp.zeros_like(p)
            for p, c in zip(flat, chosen)]
     state = MultiStepsState(mini_step=jnp.zeros([], jnp.int32),
                             gradient_step=jnp.zeros([], jnp.int32),
@@ -511,12 +511,9 @@ def _check_multi_steps(opt, every_k_schedule, sparse, nse, use_grad_mean, should
   return fixed_k, sparse
 
 
-def _buffer_size(fixed_k: int | None, nse: int | None) -> int:
-  assert fixed_k is not None and nse is not None  # checked: `sparse` needs both
-  return fixed_k * nse
-
-
-def _empty_buffer(param: jax.Array, size: int) -> _SparseBuffer:
+def _empty_buffer(param: jax.Array, k: int | None, nse: int | None) -> _SparseBuffer:
+  assert k is not None and nse is not None  # checked: `sparse` needs both
+  size = k * nse
   return _SparseBuffer(jnp.zeros((size, *param.shape[1:]), param.dtype),
                        jnp.full((size, 1), param.shape[0], jnp.int32))
 
@@ -531,7 +528,7 @@ def _add_micro_batch(name: str, g: Any, a: Any, mini_step: jax.Array, nse: int |
       raise ValueError(f"multi_steps: gradient {name!r} has {g.nse} entries, but "
                        f"nse={nse}; every micro-batch must give nse entries.")
     idx = _checked_indices(f"gradient {name!r}", g, "multi_steps")
-    start = mini_step * _buffer_size(1, nse)
+    start = mini_step * g.nse
     return _SparseBuffer(
         jax.lax.dynamic_update_slice_in_dim(a.values, g.data.astype(a.values.dtype), start, 0),
         jax.lax.dynamic_update_slice_in_dim(a.rows, idx.astype(jnp.int32), start, 0))
