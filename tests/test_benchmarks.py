@@ -68,6 +68,19 @@ def test_train_step_time_quick_run_times_the_three_optimizers():
 
 
 @pytest.mark.slow
+def test_sparse_whole_model_quick_run_gives_each_pair_its_compile_and_step_ratios():
+  import sparse_whole_model
+
+  result = sparse_whole_model.main(["--quick", "--only", "sgd", "--vocab", "512"])
+  rows = {r["optimizer"]: r for r in result["rows"]}
+  assert set(rows) == {"optax.sgd", "sparse.sgd(sparse='embedding')"}
+  assert rows["optax.sgd"]["compile_ratio"] == 1.0 and rows["optax.sgd"]["step_ratio"] == 1.0
+  exact = rows["sparse.sgd(sparse='embedding')"]
+  assert exact["compile_s"] > 0 and exact["step_ratio"] > 0
+  assert "medians of 1 compile and 3 steps a row" in sparse_whole_model.format_table(result)
+
+
+@pytest.mark.slow
 def test_stacked_layers_quick_run_compares_stacked_with_unrolled():
   import stacked_layers
 
